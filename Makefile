@@ -1,0 +1,47 @@
+# ddplab: `make lab` opens the course, `make test` checks everything. Both set up .venv first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.ddplab-installed
+export MPLBACKEND ?= Agg
+# JupyterLab refuses to run as root unless told to.
+ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
+NB_TIMEOUT ?= 600
+
+.PHONY: setup lab test test-unit test-notebooks course bench strip test-browser clean
+
+setup: $(STAMP)
+
+# Re-installs only when pyproject.toml changes (or the venv is missing).
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[lab,test]'
+	@touch $(STAMP)
+
+lab: setup
+	MPLBACKEND=module://matplotlib_inline.backend_inline \
+	$(BIN)/jupyter lab --notebook-dir=notebooks --ip=127.0.0.1 $(ROOT_FLAG)
+
+test: setup test-unit test-notebooks
+
+test-unit: setup
+	$(BIN)/python -m pytest -q tests
+
+test-notebooks: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
+		--nbval-cell-timeout=$(NB_TIMEOUT) notebooks
+
+# Every notebook executed headless, with outputs, into build/ for reading.
+course: setup
+	$(BIN)/python -m ddplab course
+
+bench: setup
+	$(BIN)/python benchmarks/run_all.py
+
+# Strip outputs and trim metadata of every notebook (run before committing notebooks).
+strip: setup
+	$(BIN)/python -m ddplab.notebook_tools strip notebooks/*.ipynb
+
+clean:
+	rm -rf build .pytest_cache

@@ -1,0 +1,7 @@
+"""``python -m ddplab``: see ddplab/cli.py."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,309 @@
+"""The launcher's helper process: imports torch once, then forks one elastic agent per launch.
+
+``ddplab.launch`` (kernel side) never imports torch. It starts this module once per kernel as
+``python -m ddplab.agent`` and sends it launch requests over a Unix socket, together with the
+write ends of the pipes it reads (one per local rank, one for the agent's own log, one for the
+final report). For each request this process forks a child that becomes a torchrun-equivalent
+agent: it calls PyTorch's own elastic launcher (``torch.distributed.launcher.api``, the engine
+behind ``torchrun``) with ``start_method="fork"``, so the workers start with torch already
+imported and each runs the user's script or module unchanged through ``runpy``.
+
+Process tree and clean-up (nothing may outlive the caller):
+
+    kernel --(own session)--> ddplab.agent --(own session, one per launch)--> agent child
+                                                                               `-> rank 0..N-1
+
+- every process below the kernel asks the kernel (Linux: ``PR_SET_PDEATHSIG``) to be killed
+  when its parent dies; on other systems this process exits when its socket to the kernel
+  closes and kills every agent group it started;
+- each agent child leads its own session and process group, so one ``killpg`` ends a launch
+  and a Jupyter interrupt (SIGINT to the kernel's group) never reaches the workers directly.
+
+Lessons: every notebook that launches a worker (01-09).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn", "torch.optim")
+_MAX_FDS = 64
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(sig), 0, 0, 0)  # 1 == PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+def run_worker(target: str, argv: list[str], rank_fds: list[int], threads: int) -> None:
+    """Entry point of every rank: route output to this rank's pipe, then run the target.
+
+    Runs in a process forked by the elastic agent; the torchrun environment (RANK, LOCAL_RANK,
+    WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) is already set.
+    """
+    set_parent_death_signal()
+    local_rank = int(os.environ["LOCAL_RANK"])
+    mine = rank_fds[local_rank]
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.dup2(mine, 1)
+    os.dup2(mine, 2)
+    for fd in rank_fds:
+        _close(fd)
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    # Tell the launcher which global rank this pipe belongs to (multi-node ranks are assigned
+    # at the rendezvous, so the local rank alone does not say).
+    print("@ddplab " + json.dumps({"kind": "rank", "rank": int(os.environ["RANK"]),
+                                   "local_rank": local_rank, "pid": os.getpid()}), flush=True)
+    import logging
+
+    logging.disable(logging.NOTSET)
+    # The agent's handlers (inherited through fork) would turn SIGTERM into an exception.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    code: Any = 0
+    try:
+        _run_target(target, argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        raise
+    except BaseException as exc:
+        code = 1
+        _print_user_traceback(exc)
+        raise
+    finally:
+        print("@ddplab " + json.dumps({"kind": "exit", "rank": int(os.environ["RANK"]),
+                                       "code": code, "time": time.time()}), flush=True)
+        sys.stderr.flush()
+
+
+def _print_user_traceback(exc: BaseException) -> None:
+    """Print the traceback from the user's code on, without this launcher's frames."""
+    tb = exc.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename == __file__
+                              or "runpy" in tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+
+
+def _run_target(target: str, argv: list[str]) -> None:
+    """Run a script path or a module name as ``__main__``, as ``python`` would."""
+    import runpy
+
+    if target.endswith(".py") or os.sep in target:
+        sys.argv = [target, *argv]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+        runpy.run_path(target, run_name="__main__")
+    else:
+        sys.argv = [target, *argv]
+        sys.path.insert(0, os.getcwd())
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+
+
+# --------------------------------------------------------------------------- agent side
+
+
+def run_agent(req: dict[str, Any], fds: list[int]) -> None:
+    """Body of the forked agent child: run one elastic launch, write a JSON report, exit."""
+    report_fd, log_fd, rank_fds = fds[0], fds[1], fds[2:]
+    os.setsid()
+    set_parent_death_signal()
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    _close(log_fd)
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    os.environ.update(req.get("env") or {})
+    if req.get("cwd"):
+        os.chdir(req["cwd"])
+    report: dict[str, Any]
+    try:
+        report = _elastic_run(req, rank_fds)
+    except BaseException as exc:  # the report must always be written
+        report = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
+                  "traceback": traceback.format_exc()}
+    _write_all(report_fd, json.dumps(report).encode())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _elastic_run(req: dict[str, Any], rank_fds: list[int]) -> dict[str, Any]:
+    """Call PyTorch's elastic launcher exactly as torchrun would, with forked workers."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    # ddplab reports failures itself, rank by rank; torch's copy of them is noise here.
+    # (Workers inherit this through fork; run_worker turns logging back on.)
+    logging.disable(logging.ERROR)
+    exitcodes = _record_exitcodes()
+    nnodes = int(req["nnodes"])
+    configs: dict[str, Any] = {"timeout": int(req.get("rdzv_timeout", 900))}
+    if nnodes > 1:
+        configs["is_host"] = int(req["node_rank"]) == 0
+    config = LaunchConfig(
+        min_nodes=nnodes,
+        max_nodes=nnodes,
+        nproc_per_node=int(req["nproc_per_node"]),
+        run_id=req["run_id"],
+        rdzv_backend="c10d",
+        rdzv_endpoint=req["rdzv_endpoint"],
+        rdzv_configs=configs,
+        max_restarts=0,
+        monitor_interval=0.05,
+        start_method="fork",
+        local_addr=req.get("local_addr"),
+        shutdown_timeout=int(req.get("shutdown_timeout", 5)),
+    )
+    started = time.time()
+    try:
+        elastic_launch(config, run_worker)(req["target"], req["args"], rank_fds,
+                                           int(req["threads"]))
+    except ChildFailedError as err:
+        failures = {
+            str(rank): {
+                "local_rank": f.local_rank,
+                "exitcode": f.exitcode,
+                "signal": f.signal_name() if f.exitcode < 0 else None,
+                "message": f.message if isinstance(f.message, str) else json.dumps(f.message),
+                "timestamp": f.timestamp,
+            }
+            for rank, f in err.failures.items()
+        }
+        return {"status": "failed", "failures": failures, "started": started,
+                "exitcodes": exitcodes}
+    return {"status": "ok", "started": started, "exitcodes": exitcodes}
+
+
+def _record_exitcodes() -> dict[str, int]:
+    """Collect every worker's exit code (pid -> code), not just the first failure's.
+
+    torch's elastic agent reports the first failed rank it notices; when rank 1 is killed and
+    rank 0 then fails on the closed connection, it may notice rank 0 first. The process
+    context that joins the workers knows them all, so record them as it joins.
+    """
+    import torch.multiprocessing  # noqa: F401  (the module is shadowed by the function)
+
+    spawn = sys.modules["torch.multiprocessing.spawn"]
+
+    codes: dict[str, int] = {}
+    join = spawn.ProcessContext.join
+
+    def recording_join(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return join(self, *args, **kwargs)
+        finally:
+            for process in getattr(self, "processes", []):
+                if process.exitcode is not None:
+                    codes[str(process.pid)] = process.exitcode
+
+    spawn.ProcessContext.join = recording_join  # this agent process only
+    return codes
+
+
+# --------------------------------------------------------------------------- server loop
+
+
+def serve(sock: socket.socket) -> None:
+    """Answer launch requests until the kernel closes the socket, then clean up and exit."""
+    children: set[int] = set()
+    while True:
+        _reap(children)
+        if not select.select([sock], [], [], 0.2)[0]:
+            continue
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, _MAX_FDS)
+        except OSError:
+            msg, fds = b"", []
+        if not msg:
+            break
+        req = json.loads(msg.decode())
+        if req.get("op") == "ping":
+            sock.sendall(json.dumps({"ok": True, "pid": os.getpid()}).encode())
+            continue
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            try:
+                run_agent(req, fds)
+            finally:
+                os._exit(70)
+        for fd in fds:
+            _close(fd)
+        children.add(pid)
+        sock.sendall(json.dumps({"pid": pid}).encode())
+    for pid in children:  # the kernel is gone: end every launch it started
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    _reap(children, block=True)
+
+
+def _reap(children: set[int], block: bool = False) -> None:
+    for pid in list(children):
+        try:
+            done, _status = os.waitpid(pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            children.discard(pid)
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    _close(fd)
+
+
+def main() -> None:
+    """``python -m ddplab.agent FD``: serve the kernel on the inherited socket FD."""
+    set_parent_death_signal()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    for name in PRELOAD + tuple(os.environ.get("DDPLAB_PRELOAD", "").split(",")):
+        if name:
+            try:
+                __import__(name)
+            except ImportError:
+                pass
+    sock.sendall(b'{"ready": true}')
+    serve(sock)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,358 @@
+"""Checkpoints that survive crashes: rank-0 atomic save, barrier, map_location load, resume.
+
+Self-contained (torch and the standard library only; numpy's RNG is saved when numpy is
+installed), so you can copy this file into your own project. In a training script::
+
+    from ddplab.checkpoint import save_checkpoint, load_checkpoint
+
+    start = 0
+    if os.path.exists("ckpt/checkpoint.pt"):
+        state = load_checkpoint("ckpt/checkpoint.pt", model, optimizer, device=device)
+        start = state["epoch"]                    # epochs already done
+    for epoch in range(start, epochs):
+        sampler.set_epoch(epoch)
+        ...                                       # train one epoch
+        save_checkpoint("ckpt/checkpoint.pt", model, optimizer, epoch=epoch + 1,
+                        sampler_epoch=epoch + 1)  # rank 0 writes, every rank waits
+
+What it does for you:
+
+- Saves once, on rank 0, the *unwrapped* model (``model.module`` of DDP/DataParallel), the
+  optimizer, the AMP GradScaler, the epoch, the sampler epoch and the RNG states, then waits at a
+  barrier so no rank reads a file that is still being written.
+- Writes atomically: a temporary file in the same folder, flushed to disk (fsync), then renamed
+  over the old one (``os.replace``); a crash mid-write leaves the previous checkpoint intact.
+- Loads with ``map_location`` set to the rank's own device (without it, tensors go back to the
+  GPU they were saved from and every rank piles memory onto GPU 0) and ``weights_only=True``
+  (a checkpoint from a stranger cannot run code).
+- Repairs a ``module.`` key prefix (a state_dict saved from a wrapped model) and says so.
+- Raises ``CheckpointError`` with what to do for a truncated or corrupted file.
+
+Lesson: 05.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import tempfile
+import warnings
+import zipfile
+from typing import Any, Mapping, Optional, Union
+
+import torch
+import torch.distributed as torch_dist
+from torch import nn
+
+PathLike = Union[str, "os.PathLike[str]"]
+PREFIX = "module."
+FORMAT = "ddplab-checkpoint-1"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file cannot be used (truncated, corrupted or not a plain state file)."""
+
+
+# ------------------------------------------------------------------ helpers for any script
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """Return the model inside a DDP or DataParallel wrapper (or the model itself).
+
+    Example::
+
+        torch.save(unwrap_model(ddp_model).state_dict(), "model.pt")   # no "module." prefix
+
+    Lesson: 02, 05.
+    """
+    wrappers = (nn.DataParallel, nn.parallel.DistributedDataParallel)
+    while isinstance(model, wrappers):
+        model = model.module
+    return model
+
+
+def strip_module_prefix(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """Remove the ``module.`` prefix that DDP/DataParallel put in front of every key.
+
+    Keys without the prefix are kept as they are.
+
+    Example::
+
+        >>> strip_module_prefix({"module.fc.weight": 1, "module.fc.bias": 2})
+        {'fc.weight': 1, 'fc.bias': 2}
+
+    Lesson: 02, 05.
+    """
+    return {(k[len(PREFIX):] if k.startswith(PREFIX) else k): v for k, v in state_dict.items()}
+
+
+def map_location_for(device: Union[torch.device, str, None] = None) -> torch.device:
+    """Return where this rank should load tensors: its own GPU, or the CPU.
+
+    Args:
+        device: the rank's device. None picks ``cuda:LOCAL_RANK`` when CUDA is available and
+            the CPU otherwise; ``"cuda"`` without an index also means ``cuda:LOCAL_RANK``.
+
+    Returns:
+        The device to pass as ``torch.load(..., map_location=...)``.
+
+    Example::
+
+        >>> map_location_for("cpu")
+        device(type='cpu')
+
+    Lesson: 05.
+    """
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device is None:
+        return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", local_rank)
+    return device
+
+
+def _rank() -> int:
+    return torch_dist.get_rank() if torch_dist.is_available() and torch_dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        torch_dist.barrier()
+
+
+# ---------------------------------------------------------------------------------- RNG
+
+
+def rng_states() -> dict[str, Any]:
+    """Capture the RNG states of torch (CPU and CUDA), numpy and Python's ``random``.
+
+    Stored as tensors and plain numbers so the checkpoint loads with ``weights_only=True``.
+
+    Lesson: 05.
+    """
+    version, state, gauss = random.getstate()
+    states: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "python": {"version": version, "state": torch.tensor(state, dtype=torch.int64),
+                   "gauss": gauss},
+        "numpy": None,
+    }
+    try:
+        import numpy as np
+    except ImportError:  # numpy is optional for this file
+        return states
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    states["numpy"] = {"name": name, "keys": torch.from_numpy(keys.astype("int64")),
+                       "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)}
+    return states
+
+
+def set_rng_states(states: Mapping[str, Any]) -> None:
+    """Restore RNG states captured by ``rng_states`` (missing parts are left alone).
+
+    Lesson: 05.
+    """
+    torch.set_rng_state(states["torch"].cpu())
+    cuda = states.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
+    py = states["python"]
+    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss"]))
+    if states.get("numpy") is not None:
+        import numpy as np
+
+        n = states["numpy"]
+        keys = n["keys"].numpy().astype("uint32")
+        np.random.set_state((n["name"], keys, n["pos"], n["has_gauss"], n["cached"]))
+
+
+# ---------------------------------------------------------------------------------- save
+
+
+def atomic_save(obj: Any, path: PathLike) -> None:
+    """``torch.save`` to a temporary file in the same folder, fsync it, then rename it.
+
+    ``os.replace`` is atomic on one file system, so readers see the old file or the new one,
+    never half of one. The temporary file is removed if anything fails.
+
+    Lesson: 05.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=folder)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            torch.save(obj, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable (POSIX)
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def save_checkpoint(
+    path: PathLike,
+    model: nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    *,
+    scaler: Optional[torch.amp.GradScaler] = None,
+    epoch: int = 0,
+    sampler_epoch: Optional[int] = None,
+    extra: Optional[Mapping[str, Any]] = None,
+) -> None:
+    """Save a training checkpoint on rank 0, atomically, then wait for every rank.
+
+    Call it on every rank: only rank 0 writes, and all ranks leave together after a barrier,
+    so the file is complete before anyone can read (or delete) it.
+
+    Args:
+        path: the checkpoint file (its folder is created).
+        model: the model, wrapped or not; the unwrapped state_dict is saved.
+        optimizer: its state (momentum buffers, ...) is saved too.
+        scaler: the AMP GradScaler (its scale and growth tracker).
+        epoch: epochs finished so far (resume starts at this epoch index).
+        sampler_epoch: the value to give ``sampler.set_epoch`` next (default: ``epoch``).
+        extra: anything else made of tensors, numbers, strings, lists and dicts.
+
+    Lesson: 05.
+    """
+    if _rank() == 0:
+        state = {
+            "format": FORMAT,
+            "model": unwrap_model(model).state_dict(),
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "epoch": int(epoch),
+            "sampler_epoch": int(epoch if sampler_epoch is None else sampler_epoch),
+            "rng": rng_states(),
+            "extra": dict(extra or {}),
+        }
+        atomic_save(state, path)
+    _barrier()
+
+
+# ---------------------------------------------------------------------------------- load
+
+
+def read_checkpoint(path: PathLike, device: Union[torch.device, str, None] = None) -> dict:
+    """Read a checkpoint file onto ``device`` with ``weights_only=True``.
+
+    Args:
+        path: the file.
+        device: where tensors go (see ``map_location_for``; None: this rank's device).
+
+    Returns:
+        The saved dictionary.
+
+    Raises:
+        FileNotFoundError: there is no file at ``path``.
+        CheckpointError: the file is truncated, corrupted, or holds pickled objects.
+
+    Lesson: 05.
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"no checkpoint at {os.fspath(path)!r}: check --checkpoint-dir, or start without "
+            "--resume."
+        )
+    try:
+        return torch.load(path, map_location=map_location_for(device), weights_only=True)
+    except pickle.UnpicklingError as error:
+        if "weights_only" in str(error) or "Weights only" in str(error):
+            raise CheckpointError(
+                f"{os.fspath(path)!r} holds pickled Python objects, not plain tensors, so it is "
+                "not loaded with weights_only=True (loading it could run arbitrary code). Save "
+                "model.state_dict() instead of the model; load it with weights_only=False only "
+                f"if you trust its author. ({error})"
+            ) from error
+        raise _corrupted(path, error) from error
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, KeyError) as error:
+        raise _corrupted(path, error) from error
+
+
+def _corrupted(path: PathLike, error: BaseException) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {os.fspath(path)!r} is truncated or corrupted ({type(error).__name__}: "
+        f"{str(error).splitlines()[0] if str(error) else ''}). A crash while it was written, or "
+        "a copy that did not finish, does this. Delete it and resume from an earlier checkpoint, "
+        "or start again without --resume."
+    )
+
+
+def load_model_state(model: nn.Module, state_dict: Mapping[str, Any]) -> None:
+    """Load ``state_dict`` into ``model`` (wrapped or not), repairing a ``module.`` prefix.
+
+    Raises:
+        RuntimeError: the keys or shapes do not match the model (PyTorch's message).
+
+    Lesson: 02, 05.
+    """
+    target = unwrap_model(model)
+    if any(k.startswith(PREFIX) for k in state_dict) and not any(
+        k.startswith(PREFIX) for k in target.state_dict()
+    ):
+        warnings.warn(
+            "checkpoint keys start with 'module.' (it was saved from a DDP/DataParallel "
+            "wrapper); the prefix was stripped. Save model.module.state_dict() (or use "
+            "ddplab.checkpoint.save_checkpoint) to avoid this.",
+            stacklevel=2,
+        )
+        state_dict = strip_module_prefix(state_dict)
+    target.load_state_dict(state_dict)
+
+
+def load_checkpoint(
+    path: PathLike,
+    model: nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    *,
+    scaler: Optional[torch.amp.GradScaler] = None,
+    device: Union[torch.device, str, None] = None,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
+    """Load a checkpoint into the model (and optimizer, scaler, RNG) on this rank's device.
+
+    Works on any world size: the model and optimizer state do not depend on how many ranks
+    saved them. A plain ``state_dict`` file (not made by ``save_checkpoint``) is loaded into the
+    model too.
+
+    Args:
+        path: the checkpoint file.
+        model: the model, wrapped or not, already on its device.
+        optimizer: restore its state if given.
+        scaler: restore the GradScaler if given (and saved).
+        device: where tensors go; None means this rank's device (``map_location_for``).
+        restore_rng: also restore the saved RNG states.
+
+    Returns:
+        ``{"epoch", "sampler_epoch", "extra"}`` of the checkpoint (zeros and {} for a plain
+        state_dict).
+
+    Raises:
+        CheckpointError: unreadable file (see ``read_checkpoint``).
+
+    Lesson: 05.
+    """
+    state = read_checkpoint(path, device)
+    if state.get("format") != FORMAT:  # a bare state_dict, e.g. torch.save(model.state_dict())
+        load_model_state(model, state)
+        return {"epoch": 0, "sampler_epoch": 0, "extra": {}}
+    load_model_state(model, state["model"])
+    if optimizer is not None and state["optimizer"] is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    if scaler is not None and state["scaler"]:
+        scaler.load_state_dict(state["scaler"])
+    if restore_rng:
+        set_rng_states(state["rng"])
+    return {k: state[k] for k in ("epoch", "sampler_epoch", "extra")}

@@ -1,0 +1,246 @@
+"""Worker-side helpers for torch.distributed: setup, rank info, barrier, print0, save_on_main.
+
+Everything here needs only torch and the standard library, so any function can be copied into
+your own training script. A torchrun-style worker reads::
+
+    from ddplab.dist import setup, cleanup, print0
+
+    info = setup()                     # reads RANK, LOCAL_RANK, WORLD_SIZE from torchrun
+    model = MyModel().to(info.device)
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=info.device_ids)
+    print0(f"training on {info.world_size} processes with {info.backend}")
+    ...
+    cleanup()
+
+Lessons: 03 (setup by hand and with mp.spawn), 05 (barrier, save on rank 0), 07 (torchrun).
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Who this process is: what ``setup()`` returns.
+
+    ``device_ids`` is what DDP's ``device_ids=`` argument wants: ``[local_rank]`` on CUDA, and
+    None on CPU (DDP refuses device ids for CPU modules).
+    """
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def device_ids(self) -> Optional[list[int]]:
+        return [self.device.index] if self.device.type == "cuda" else None
+
+
+def pick_backend(requested: Optional[str] = None) -> str:
+    """Return the process-group backend: ``nccl`` when CUDA is usable, else ``gloo``.
+
+    Args:
+        requested: force a backend (``"gloo"``, ``"nccl"``, ``"mpi"``) or None for automatic
+            (``ddplab.launch(..., backend=...)`` passes its choice as ``DDPLAB_BACKEND``).
+
+    Raises:
+        RuntimeError: ``nccl`` was requested on a machine without a CUDA GPU.
+
+    Example::
+
+        >>> pick_backend()          # on a laptop
+        'gloo'
+    """
+    requested = requested or os.environ.get("DDPLAB_BACKEND") or None
+    if requested in (None, "", "auto"):
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if requested == "nccl" and not torch.cuda.is_available():
+        raise RuntimeError(
+            "nccl was requested but no CUDA GPU is visible: use backend='gloo' (or leave it "
+            "unset so ddplab picks gloo on CPU)."
+        )
+    return requested
+
+
+def pick_device(local_rank: int, backend: str) -> torch.device:
+    """Return the device of this process: ``cuda:<local_rank>`` with nccl, else the CPU.
+
+    Raises:
+        RuntimeError: more processes on this node than GPUs (each nccl rank needs its own GPU).
+    """
+    if backend == "nccl":
+        count = torch.cuda.device_count()
+        if local_rank >= count:
+            raise RuntimeError(
+                f"local rank {local_rank} has no GPU: this node has {count} GPU(s). Start at "
+                f"most {count} processes per node (--nproc-per-node {count}) or use gloo on CPU."
+            )
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def env_info() -> tuple[int, int, int]:
+    """Return ``(rank, local_rank, world_size)`` from the torchrun environment (0, 0, 1 alone)."""
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    return rank, local_rank, world_size
+
+
+def setup(
+    backend: Optional[str] = None,
+    *,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    init_method: Optional[str] = None,
+    timeout_s: float = 300.0,
+) -> DistInfo:
+    """Join the process group and pick this process's device.
+
+    With no arguments it reads torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR`` and ``MASTER_PORT`` (``env://``). For ``mp.spawn`` pass ``rank`` and
+    ``world_size`` (the local rank is the rank on one machine). A world of one process skips
+    the process group entirely, so the same script also runs as plain ``python train.py``.
+
+    Args:
+        backend: None picks ``nccl`` with CUDA, ``gloo`` without (see ``pick_backend``).
+        rank: this process's global rank (default: ``RANK``).
+        world_size: number of processes (default: ``WORLD_SIZE``).
+        init_method: ``env://`` (default), ``tcp://ADDR:PORT`` or ``file:///path``.
+        timeout_s: how long collectives may wait for a peer before failing.
+
+    Returns:
+        A ``DistInfo`` with rank, local_rank, world_size, device and backend.
+
+    Example::
+
+        info = setup()                                  # under torchrun
+        info = setup(rank=rank, world_size=2)           # inside mp.spawn's function
+    """
+    env_rank, local_rank, env_world = env_info()
+    rank = env_rank if rank is None else rank
+    if os.environ.get("DDPLAB_RANK_PREFIX") == "1":
+        prefix_output(rank)
+    world_size = env_world if world_size is None else world_size
+    if "LOCAL_RANK" not in os.environ:
+        local_rank = rank
+    chosen = pick_backend(backend)
+    device = pick_device(local_rank, chosen)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world_size > 1 and not dist.is_initialized():
+        kwargs: dict[str, Any] = {"timeout": timedelta(seconds=timeout_s)}
+        if device.type == "cuda":
+            kwargs["device_id"] = device  # lets nccl bind the communicator to this GPU early
+        dist.init_process_group(
+            chosen, init_method=init_method, rank=rank, world_size=world_size, **kwargs
+        )
+    return DistInfo(rank, local_rank, world_size, device, chosen)
+
+
+class _Prefixed:
+    """A text stream that starts every line with ``[rankN]``, so merged logs stay readable.
+
+    Whole lines are written at once: processes sharing one pipe then never cut into each
+    other's lines (writes under 4 KiB to a pipe are atomic).
+    """
+
+    def __init__(self, stream: Any, prefix: str) -> None:
+        self.stream, self.prefix, self.pending = stream, prefix, ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        if "\n" in self.pending:
+            *lines, self.pending = self.pending.split("\n")
+            self.stream.write("".join(f"{self.prefix}{line}\n" for line in lines))
+            self.stream.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def prefix_output(rank: int) -> None:
+    """Prefix this process's printed lines with ``[rank<rank>]``.
+
+    ``torch.multiprocessing.spawn`` children share one stdout; ddplab's launcher sets
+    ``DDPLAB_RANK_PREFIX=1`` for them so it can tell the ranks' lines apart.
+    """
+    import sys
+
+    if not isinstance(sys.stdout, _Prefixed):
+        sys.stdout = _Prefixed(sys.stdout, f"[rank{rank}] ")
+        sys.stderr = _Prefixed(sys.stderr, f"[rank{rank}] ")
+
+
+def cleanup() -> None:
+    """Leave the process group (safe to call when none was created)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def get_rank() -> int:
+    """This process's rank, 0 when no process group exists."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def get_world_size() -> int:
+    """The number of processes, 1 when no process group exists."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def is_main() -> bool:
+    """True on rank 0 (the process that prints and saves)."""
+    return get_rank() == 0
+
+
+def barrier() -> None:
+    """Wait until every rank arrives here; a no-op without a process group."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def print0(*args: Any, **kwargs: Any) -> None:
+    """``print`` on rank 0 only, flushed, so a job's log is not N copies of the same line."""
+    if is_main():
+        kwargs.setdefault("flush", True)
+        builtins.print(*args, **kwargs)
+
+
+def save_on_main(save: Callable[[], Any]) -> Any:
+    """Run ``save()`` on rank 0 only, then wait at a barrier so nobody reads too early.
+
+    Example::
+
+        save_on_main(lambda: torch.save(model.module.state_dict(), "model.pt"))
+        state = torch.load("model.pt", map_location=info.device, weights_only=True)
+    """
+    result = save() if is_main() else None
+    barrier()
+    return result
+
+
+def all_reduce_mean(value: float, device: Optional[torch.device] = None) -> float:
+    """Average a Python number over all ranks (for logging a loss or accuracy)."""
+    if get_world_size() == 1:
+        return float(value)
+    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return float(tensor.item()) / get_world_size()

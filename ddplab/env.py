@@ -1,0 +1,194 @@
+"""Hardware facts for the launcher and the notebooks, without initialising CUDA in the caller.
+
+Asking ``torch.cuda`` about devices in a notebook kernel would create a CUDA context there, and a
+kernel holding a context cannot safely start workers by fork and keeps GPU memory for nothing.
+So the facts come from a short-lived ``python -m ddplab.env`` subprocess, cached per process.
+Ports, shared memory and the process start method are read directly.
+
+Example::
+
+    >>> import ddplab
+    >>> ddplab.doctor()            # prints a report and returns it as a dict
+
+Lessons: 01 (hardware cell of every notebook), 07 (ports and backends).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from typing import Any, Optional
+
+_PROBE: Optional[dict[str, Any]] = None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that is free on ``host`` right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when nothing listens on ``host:port`` and we may bind it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, int(port)))
+        except OSError:
+            return False
+    return True
+
+
+def shm_bytes() -> Optional[int]:
+    """Size of ``/dev/shm`` in bytes (DataLoader workers share tensors there), None if absent."""
+    try:
+        return shutil.disk_usage("/dev/shm").total
+    except OSError:
+        return None
+
+
+def _probe_here() -> dict[str, Any]:
+    """Collect torch facts in this process (run by ``python -m ddplab.env``, never in a kernel)."""
+    import torch
+    import torch.distributed as dist
+
+    devices = []
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            devices.append({"index": index, "name": props.name,
+                            "memory_gb": round(props.total_memory / 2**30, 1)})
+    available = dist.is_available()
+    return {
+        "torch": torch.__version__,
+        "cuda_build": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "gpu_count": len(devices),
+        "gpus": devices,
+        "backends": {
+            "gloo": available and dist.is_gloo_available(),
+            "nccl": available and dist.is_nccl_available(),
+            "mpi": available and dist.is_mpi_available(),
+        },
+        "threads": torch.get_num_threads(),
+    }
+
+
+def probe(refresh: bool = False) -> dict[str, Any]:
+    """Return torch and GPU facts, measured once in a subprocess and cached.
+
+    Returns:
+        ``torch``, ``cuda_build``, ``cuda_available``, ``gpu_count``, ``gpus`` (name, memory),
+        ``backends`` (gloo/nccl/mpi available), ``threads``.
+    """
+    global _PROBE
+    if _PROBE is None or refresh:
+        out = subprocess.run(
+            [sys.executable, "-m", "ddplab.env", "--json"],
+            capture_output=True, text=True, timeout=300, check=False,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(
+                "could not inspect torch in a subprocess:\n" + out.stderr[-2000:]
+                + "\nCheck the installation with: python -c 'import torch'"
+            )
+        _PROBE = json.loads(out.stdout.strip().splitlines()[-1])
+    return dict(_PROBE)
+
+
+def gpu_count() -> int:
+    """Number of CUDA GPUs visible to new processes (does not initialise CUDA here)."""
+    return int(probe()["gpu_count"])
+
+
+def default_backend() -> str:
+    """The backend ``ddplab.dist.setup()`` will pick in a worker: nccl with GPUs, else gloo."""
+    return "nccl" if gpu_count() > 0 else "gloo"
+
+
+def problems(facts: dict[str, Any]) -> list[tuple[str, str]]:
+    """Return ``(problem, fix)`` pairs found in ``facts`` (the ``doctor`` report)."""
+    found = []
+    if not facts["backends"].get("gloo"):
+        found.append(("gloo backend missing: CPU training cannot form a process group",
+                      "install the official torch wheel (pip install torch)"))
+    requested = os.environ.get("DDPLAB_BACKEND", "")
+    if requested == "nccl" and facts["gpu_count"] == 0:
+        found.append(("nccl requested (DDPLAB_BACKEND=nccl) but no GPU is visible",
+                      "unset DDPLAB_BACKEND or set it to gloo"))
+    if facts["gpu_count"] > 0 and not facts["backends"].get("nccl"):
+        found.append(("GPUs present but nccl is unavailable",
+                      "install a CUDA build of torch; gloo works meanwhile, slowly"))
+    shm = facts.get("shm_bytes")
+    if shm is not None and shm < 512 * 2**20:
+        found.append((f"/dev/shm holds only {shm // 2**20} MiB: DataLoader workers may crash",
+                      "run docker with --shm-size=2g or use --loader tensor (no workers)"))
+    if facts["start_method"] != "fork":
+        found.append(("fork is unavailable: launches start slower (subprocess path)",
+                      "nothing to fix; on Linux launches are near-free"))
+    return found
+
+
+def doctor(quiet: bool = False) -> dict[str, Any]:
+    """Report torch, devices, backends, the backend ddplab picks, a free port and problems.
+
+    Args:
+        quiet: return the report without printing it.
+
+    Returns:
+        The report as a dict (``problems`` is a list of ``{"problem", "fix"}``).
+
+    Lesson: the hardware cell of every notebook (01-09).
+    """
+    import multiprocessing
+
+    facts = probe()
+    facts.update({
+        "python": sys.version.split()[0],
+        "cpu_count": os.cpu_count(),
+        "backend": "nccl" if facts["gpu_count"] > 0 else "gloo",
+        "free_port": free_port(),
+        "shm_bytes": shm_bytes(),
+        "start_method": "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn",
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
+    })
+    facts["problems"] = [{"problem": p, "fix": f} for p, f in problems(facts)]
+    if not quiet:
+        print(format_report(facts))
+    return facts
+
+
+def format_report(facts: dict[str, Any]) -> str:
+    """Render the ``doctor`` report as aligned text lines."""
+    gpus = ", ".join(f"{g['name']} ({g['memory_gb']} GB)" for g in facts["gpus"]) or "none"
+    backends = ", ".join(k for k, v in facts["backends"].items() if v) or "none"
+    shm = facts["shm_bytes"]
+    rows = [
+        ("python", facts["python"]),
+        ("torch", f"{facts['torch']} (CUDA build: {facts['cuda_build'] or 'none'})"),
+        ("CPU cores", facts["cpu_count"]),
+        ("GPUs", f"{facts['gpu_count']}: {gpus}"),
+        ("backends available", backends),
+        ("ddplab will use", facts["backend"]),
+        ("free port", facts["free_port"]),
+        ("/dev/shm", f"{shm // 2**20} MiB" if shm else "absent"),
+        ("start method", facts["start_method"]),
+        ("OMP_NUM_THREADS", facts["omp_num_threads"]),
+    ]
+    lines = [f"{name:<20} {value}" for name, value in rows]
+    for item in facts["problems"]:
+        lines.append(f"PROBLEM: {item['problem']}\n  fix: {item['fix']}")
+    if not facts["problems"]:
+        lines.append("no problems found")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if "--json" in sys.argv:
+        print(json.dumps(_probe_here()))
+    else:
+        doctor()

@@ -1,0 +1,753 @@
+"""Run a script or module on N processes from a notebook cell or a terminal.
+
+``launch("ddplab.workers.train", 2, args=["--epochs", "3"])`` starts the job with PyTorch's own
+engines, prints every rank's output live in the calling cell (prefixed ``[rank1]``), turns the
+workers' ``@ddplab`` event lines into a progress bar and a live loss plot, and returns a
+``RunResult`` to assert on. It never leaves a process behind: a timeout, a Jupyter interrupt, an
+exception in the caller or the caller's death ends the whole worker tree.
+
+Engines:
+
+- ``torchrun``: PyTorch's elastic launcher (``torch.distributed.run``). On Linux the job is
+  started by ``ddplab.agent``, a helper process that imported torch once and forks one agent per
+  launch, so a launch costs a fraction of a cold ``torchrun``. Elsewhere, or with
+  ``DDPLAB_LAUNCH_PATH=subprocess``, a plain ``python -m torch.distributed.run`` subprocess.
+- ``spawn``: the script is run as a plain process that calls ``torch.multiprocessing.spawn``
+  itself; it receives ``MASTER_ADDR``, a free ``MASTER_PORT`` and ``--nprocs N``.
+
+Example::
+
+    result = ddplab.launch("ddplab.workers.train", nprocs=2, args=["--epochs", "2"])
+    assert result.ok, result.error
+    print(result.summary["final_accuracy"])
+
+Lessons: every notebook that runs workers (01-09); 07 for the multi-node options.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, Union
+
+from . import env as _env
+from . import events as _events
+
+ENGINES = ("torchrun", "spawn")
+DEFAULT_TIMEOUT = float(os.environ.get("DDPLAB_TIMEOUT", "3600"))
+_RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:? ?")
+# Errors a healthy rank reports when a peer died first: never the root cause.
+_SECONDARY = re.compile(
+    r"Connection closed by peer|Connection reset by peer|ECONNRESET|Broken pipe|"
+    r"SignalException|Socket Timeout|terminated by the launcher",
+    re.IGNORECASE,
+)
+_NOTICE_SHOWN: set[str] = set()
+
+
+class LaunchError(ValueError):
+    """Bad input to ``launch``, found before any process starts. The message says what to do."""
+
+
+@dataclass
+class RankFailure:
+    """Why one rank failed: exit code or signal, and the tail of its traceback."""
+
+    rank: int
+    exitcode: Optional[int]
+    signal: Optional[str] = None
+    message: str = ""
+    traceback: str = ""
+
+    def __str__(self) -> str:
+        how = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exitcode}"
+        text = f"rank {self.rank} {how}"
+        if self.message:
+            text += f": {self.message}"
+        if self.traceback:
+            text += "\n" + self.traceback
+        return text
+
+
+@dataclass
+class RunResult:
+    """What a launch returns: status, per-rank exit codes, logs, events and the root cause.
+
+    ``status`` is one of ``ok``, ``failed``, ``timeout``, ``interrupted``, ``error``; ``ok`` is
+    True only for ``ok``. ``exit_codes[rank]`` is None for a rank the launcher stopped because
+    another rank failed (or a timeout or interrupt came).
+    """
+
+    status: str
+    returncode: int
+    wall_time: float
+    world_size: int
+    exit_codes: dict[int, Optional[int]] = field(default_factory=dict)
+    logs: dict[Union[int, str], list[str]] = field(default_factory=dict)
+    events: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    root_cause: Optional[RankFailure] = None
+    error: str = ""
+    engine: str = "torchrun"
+    pids: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def summary(self) -> Optional[dict[str, Any]]:
+        """The last ``summary`` event (rank 0's final JSON line), or None."""
+        found = self.events_of("summary")
+        return found[-1] if found else None
+
+    def events_of(self, kind: str) -> list[dict[str, Any]]:
+        """All events of one kind, rank by rank, in the order each rank sent them."""
+        return [e for rank in sorted(self.events) for e in self.events[rank] if e["kind"] == kind]
+
+    def log(self, rank: Union[int, str] = 0) -> str:
+        """One rank's output (or ``"launcher"``) as text, event lines left out."""
+        return "\n".join(self.logs.get(rank, []))
+
+    def check(self) -> "RunResult":
+        """Return self when ok, else raise RuntimeError with the root cause."""
+        if not self.ok:
+            raise RuntimeError(self.error or self.status)
+        return self
+
+    def __repr__(self) -> str:
+        cause = f", root_cause=rank {self.root_cause.rank}" if self.root_cause else ""
+        return (f"RunResult(status={self.status!r}, world_size={self.world_size}, "
+                f"wall_time={self.wall_time:.2f}s{cause})")
+
+
+# --------------------------------------------------------------------------- input checks
+
+
+def _resolve_target(target: Union[str, os.PathLike], cwd: str) -> str:
+    """Return an absolute script path or a module name; raise LaunchError if neither exists."""
+    text = os.fspath(target)
+    if text.endswith(".py") or os.sep in text or "/" in text:
+        path = Path(cwd, text).resolve() if not os.path.isabs(text) else Path(text)
+        if not path.is_file():
+            raise LaunchError(
+                f"script not found: {path}. Give a path to an existing .py file (relative to "
+                f"{cwd}) or a module name such as 'ddplab.workers.train'."
+            )
+        return str(path)
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(text)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        raise LaunchError(
+            f"no script or module named {text!r}. Give a path to a .py file or an importable "
+            f"module name such as 'ddplab.workers.train'."
+        )
+    return text
+
+
+def _check_inputs(nprocs: Any, engine: str, backend: Optional[str], nnodes: int,
+                  node_rank: int, port: Optional[int], host: str) -> None:
+    if engine not in ENGINES:
+        raise LaunchError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}.")
+    if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
+        raise LaunchError(f"nprocs must be a whole number >= 1, got {nprocs!r}.")
+    if not 0 <= node_rank < nnodes:
+        raise LaunchError(f"node_rank must be in 0..{nnodes - 1} for nnodes={nnodes}.")
+    if backend not in (None, "auto", "gloo", "nccl", "mpi"):
+        raise LaunchError(f"unknown backend {backend!r}: use gloo, nccl, mpi or None (auto).")
+    if backend == "nccl":
+        gpus = _env.gpu_count()
+        if gpus == 0:
+            raise LaunchError("backend='nccl' needs CUDA GPUs and none is visible: "
+                              "use backend='gloo' (or None to choose automatically).")
+        if nprocs > gpus:
+            raise LaunchError(f"nprocs={nprocs} but only {gpus} GPU(s) for nccl: use "
+                              f"nprocs<={gpus}, or backend='gloo' to run more CPU processes.")
+    if port is not None and node_rank == 0 and not _env.port_is_free(port, host):
+        raise LaunchError(f"port {port} on {host} is busy: pass another master_port, or leave "
+                          f"it out and ddplab picks a free one.")
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+@dataclass
+class _Job:
+    """One started launch: where its output comes from and how to end it."""
+
+    world_size: int
+    engine: str
+    pgid: int
+    sources: dict[int, Union[int, str]]  # fd -> rank label (local rank int) or "launcher"
+    node: str = ""
+    report_fd: Optional[int] = None
+    popen: Optional[subprocess.Popen] = None
+    report: bytes = b""
+    nproc_per_node: int = 1
+    rank_of: dict[Union[int, str], int] = field(default_factory=dict)  # source label -> rank
+    pids: dict[int, int] = field(default_factory=dict)
+    exits: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (code, time)
+
+    def alive(self) -> bool:
+        if self.popen is not None and self.popen.poll() is None:
+            return True
+        try:
+            os.killpg(self.pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def kill(self, sig: int) -> None:
+        try:
+            os.killpg(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class _AgentServer:
+    """The kernel's handle on its ``ddplab.agent`` process (one per calling process)."""
+
+    _lock = threading.Lock()
+    _current: Optional["_AgentServer"] = None
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock = ours
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ddplab.agent", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()], start_new_session=True,
+            stdin=subprocess.DEVNULL, cwd=os.getcwd(), env=_child_env(os.environ),
+        )
+        theirs.close()
+        self.sock.settimeout(300)
+        if self.sock.recv(4096) != b'{"ready": true}':
+            raise RuntimeError("ddplab.agent did not start: see the messages above.")
+        self.sock.settimeout(None)
+
+    @classmethod
+    def get(cls) -> "_AgentServer":
+        if cls._current is None or cls._current.proc.poll() is not None:
+            cls._current = cls()
+        return cls._current
+
+    def request(self, req: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        socket.send_fds(self.sock, [json.dumps(req).encode()], fds)
+        return json.loads(self.sock.recv(1 << 16).decode())
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _child_env(base: Any, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """The environment of the job: the caller's, ``extra`` on top, this package importable."""
+    merged = {str(k): str(v) for k, v in dict(base).items()}
+    merged.update({str(k): str(v) for k, v in (extra or {}).items()})
+    root = str(Path(__file__).resolve().parent.parent)
+    paths = merged.get("PYTHONPATH", "").split(os.pathsep)
+    if root not in paths:
+        merged["PYTHONPATH"] = os.pathsep.join(p for p in [root, *paths] if p)
+    merged.setdefault("PYTHONUNBUFFERED", "1")
+    return merged
+
+
+def fast_path_available() -> bool:
+    """True where launches fork from the preloaded helper (Linux, unless disabled)."""
+    if os.environ.get("DDPLAB_LAUNCH_PATH", "") == "subprocess":
+        return False
+    return sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+
+
+def _start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str], cwd: str,
+                threads: int, nnodes: int, node_rank: int, endpoint: str, run_id: str) -> _Job:
+    """Start a torchrun-engine job through the preloaded ``ddplab.agent`` helper."""
+    rank_pipes = [os.pipe() for _ in range(nprocs)]
+    log_r, log_w = os.pipe()
+    report_r, report_w = os.pipe()
+    req = {
+        "op": "launch", "target": target, "args": args, "nproc_per_node": nprocs,
+        "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint, "run_id": run_id,
+        "env": job_env, "cwd": cwd, "threads": threads, "local_addr": "127.0.0.1"
+        if endpoint.startswith(("127.", "localhost")) else None,
+    }
+    write_ends = [report_w, log_w, *[w for _r, w in rank_pipes]]
+    try:
+        with _AgentServer._lock:
+            reply = _AgentServer.get().request(req, write_ends)
+    finally:
+        for fd in write_ends:
+            os.close(fd)
+    sources: dict[int, Union[int, str]] = {log_r: "launcher"}
+    sources.update({r: i for i, (r, _w) in enumerate(rank_pipes)})
+    return _Job(world_size=nprocs * nnodes, engine="torchrun", pgid=int(reply["pid"]),
+                sources=sources, report_fd=report_r, nproc_per_node=nprocs)
+
+
+def _popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int,
+               engine: str) -> _Job:
+    """Start a subprocess in its own session with merged output (ranks tagged by prefix)."""
+    from .agent import set_parent_death_signal
+
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=job_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=set_parent_death_signal,
+    )
+    return _Job(world_size=world_size, engine=engine, pgid=proc.pid, popen=proc,
+                sources={proc.stdout.fileno(): "launcher"})
+
+
+def _torchrun_cmd(target: str, args: list[str], nprocs: int, nnodes: int, node_rank: int,
+                  endpoint: str, run_id: str) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
+           "--nproc-per-node", str(nprocs), "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts", "0",
+           "--tee", "3", "--log-line-prefix-template", "[rank${rank}]:"]
+    if nnodes > 1:
+        cmd += ["--node-rank", str(node_rank)]
+    if endpoint.startswith("127."):
+        cmd += ["--local-addr", "127.0.0.1"]
+    return cmd + (["-m", target] if not os.path.isabs(target) else [target]) + args
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def launch(
+    target: Union[str, os.PathLike],
+    nprocs: int = 2,
+    *,
+    args: Sequence[Any] = (),
+    engine: str = "torchrun",
+    timeout: Optional[float] = None,
+    env: Optional[dict[str, str]] = None,
+    quiet: bool = False,
+    backend: Optional[str] = None,
+    threads: int = 1,
+    cwd: Optional[Union[str, os.PathLike]] = None,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: Optional[str] = None,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    live: bool = True,
+) -> RunResult:
+    """Run ``target`` on ``nprocs`` processes and return what happened.
+
+    Args:
+        target: a ``.py`` file or a module name (``"ddplab.workers.train"``).
+        nprocs: processes on this node (torchrun's ``--nproc-per-node``).
+        args: command-line arguments for the target.
+        engine: ``"torchrun"`` or ``"spawn"`` (the script calls ``mp.spawn`` itself).
+        timeout: seconds before the whole job is ended and reported as a timeout
+            (default ``DDPLAB_TIMEOUT`` or 3600).
+        env: extra environment variables for the workers.
+        quiet: print nothing (output is still kept in the result).
+        backend: None (auto: nccl with GPUs, gloo without), or force ``gloo``/``nccl``; passed
+            to the workers as ``DDPLAB_BACKEND``, which ``ddplab.dist.setup()`` honours.
+        threads: torch threads per worker (``OMP_NUM_THREADS`` unless already set).
+        cwd: working directory of the job (default: the caller's).
+        nnodes, node_rank, rdzv_endpoint, master_addr, master_port: multi-node options as in
+            torchrun; by default one node with a rendezvous on 127.0.0.1 and a free port.
+        live: show a progress bar and live loss plot from the workers' events.
+
+    Returns:
+        A ``RunResult``; ``result.ok`` is False for any failure, timeout or interrupt.
+
+    Raises:
+        LaunchError: bad input (missing script, nprocs < 1, unknown engine, nccl without
+            enough GPUs, a busy port you asked for), before anything starts.
+    """
+    jobs, view = _start_jobs([dict(target=target, nprocs=nprocs, args=args, engine=engine,
+                                   env=env, backend=backend, threads=threads, cwd=cwd,
+                                   nnodes=nnodes, node_rank=node_rank,
+                                   rdzv_endpoint=rdzv_endpoint, master_addr=master_addr,
+                                   master_port=master_port)], quiet, live)
+    return _run(jobs, view, timeout)[0]
+
+
+def launch_multinode(
+    target: Union[str, os.PathLike],
+    nnodes: int = 2,
+    nproc_per_node: int = 1,
+    *,
+    args: Sequence[Any] = (),
+    timeout: Optional[float] = None,
+    env: Optional[dict[str, str]] = None,
+    quiet: bool = False,
+    live: bool = False,
+    port: Optional[int] = None,
+) -> list[RunResult]:
+    """Pretend this machine is ``nnodes`` machines: one torchrun agent per "node".
+
+    Each agent is started exactly as on a real cluster (``--nnodes``, ``--node-rank`` and one
+    ``--rdzv-endpoint``), here all on 127.0.0.1; they meet at the rendezvous and form one job.
+
+    Returns:
+        One ``RunResult`` per node, in node-rank order.
+
+    Lesson: 07.
+    """
+    port = port or _env.free_port()
+    specs = [dict(target=target, nprocs=nproc_per_node, args=args, engine="torchrun", env=env,
+                  backend=None, threads=1, cwd=None, nnodes=nnodes, node_rank=node,
+                  rdzv_endpoint=f"127.0.0.1:{port}", master_addr=None, master_port=None)
+             for node in range(nnodes)]
+    jobs, view = _start_jobs(specs, quiet, live)
+    return _run(jobs, view, timeout)
+
+
+def _start_jobs(specs: list[dict[str, Any]], quiet: bool, live: bool) -> tuple[list[_Job], Any]:
+    """Check every spec, then start them all; on any error end what already started."""
+    prepared = [_prepare(**spec) for spec in specs]
+    from .widgets import LiveView
+
+    view = LiveView(quiet=quiet, live=live)
+    jobs: list[_Job] = []
+    try:
+        for index, (starter, kwargs) in enumerate(prepared):
+            job = starter(**kwargs)
+            job.node = f"node{index} " if len(prepared) > 1 else ""
+            jobs.append(job)
+    except BaseException:
+        for job in jobs:
+            job.kill(signal.SIGKILL)
+        view.close()
+        raise
+    return jobs, view
+
+
+def _prepare(target: Any, nprocs: Any, args: Sequence[Any], engine: str,
+             env: Optional[dict[str, str]], backend: Optional[str], threads: int,
+             cwd: Any, nnodes: int, node_rank: int, rdzv_endpoint: Optional[str],
+             master_addr: Optional[str], master_port: Optional[int]
+             ) -> tuple[Callable[..., _Job], dict[str, Any]]:
+    """Validate one launch and return the function and arguments that start it."""
+    cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
+    host = master_addr or "127.0.0.1"
+    port = master_port
+    if rdzv_endpoint:
+        host, _, port_text = rdzv_endpoint.rpartition(":")
+        port = int(port_text) if port_text else None
+    _check_inputs(nprocs, engine, backend, nnodes, node_rank, port, host)
+    resolved = _resolve_target(target, cwd)
+    argv = [str(a) for a in args]
+    extra = dict(env or {})
+    if backend not in (None, "auto"):
+        extra["DDPLAB_BACKEND"] = str(backend)
+    extra.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", str(threads)))
+    if host.startswith("127.") and nnodes == 1 or rdzv_endpoint and host.startswith("127."):
+        extra.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+    job_env = _child_env(os.environ, extra)
+    if engine == "spawn":
+        if not resolved.endswith(".py") and not os.path.isabs(resolved):
+            cmd = [sys.executable, "-m", resolved]
+        else:
+            cmd = [sys.executable, resolved]
+        job_env.update(MASTER_ADDR=host, MASTER_PORT=str(port or _env.free_port(host)),
+                       DDPLAB_RANK_PREFIX="1")
+        return _popen_job, dict(cmd=[*cmd, "--nprocs", str(nprocs), *argv], job_env=job_env,
+                                cwd=cwd, world_size=nprocs, engine="spawn")
+    endpoint = f"{host}:{port if port is not None else 0}"
+    run_id = uuid.uuid4().hex if nnodes == 1 else f"ddplab-{endpoint}"
+    if fast_path_available():
+        return _start_fast, dict(target=resolved, args=argv, nprocs=nprocs, job_env=job_env,
+                                 cwd=cwd, threads=threads, nnodes=nnodes, node_rank=node_rank,
+                                 endpoint=endpoint, run_id=run_id)
+    _notice_once("subprocess", "ddplab: launching through a torchrun subprocess (slower): "
+                 "fast launches need Linux.")
+    cmd = _torchrun_cmd(resolved, argv, nprocs, nnodes, node_rank, endpoint, run_id)
+    return _popen_job, dict(cmd=cmd, job_env=job_env, cwd=cwd, world_size=nprocs * nnodes,
+                            engine="torchrun")
+
+
+def _notice_once(key: str, text: str) -> None:
+    if key not in _NOTICE_SHOWN:
+        _NOTICE_SHOWN.add(key)
+        print(text, file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _run(jobs: list[_Job], view: Any, timeout: Optional[float]) -> list[RunResult]:
+    """Stream every job's output until all end; end them all on timeout or interrupt."""
+    start = time.monotonic()
+    deadline = start + (DEFAULT_TIMEOUT if timeout is None else float(timeout))
+    streams = _Streams(jobs, view)
+    status = "done"
+    try:
+        status = streams.pump(deadline)
+    except KeyboardInterrupt:
+        status = "interrupted"
+    except BaseException:
+        for job in jobs:
+            _terminate(job)
+        view.close()
+        raise
+    if status != "done":
+        for job in jobs:
+            _terminate(job)
+        streams.drain()
+    for job in jobs:
+        _reap(job)
+    view.close()
+    wall = time.monotonic() - start
+    results = [_result(i, job, streams, status, wall, timeout) for i, job in enumerate(jobs)]
+    for result in results:
+        if not result.ok:
+            view.failure(result)
+    return results
+
+
+def _terminate(job: _Job, grace: float = 3.0) -> None:
+    """SIGTERM the job's process group, then SIGKILL whatever is left after ``grace``."""
+    job.kill(signal.SIGTERM)
+    end = time.monotonic() + grace
+    while job.alive() and time.monotonic() < end:
+        time.sleep(0.02)
+    job.kill(signal.SIGKILL)
+
+
+def _reap(job: _Job) -> None:
+    """Wait for the job's processes to be gone (killing stragglers that kept running)."""
+    if job.popen is not None:
+        try:
+            job.popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            job.kill(signal.SIGKILL)
+            job.popen.wait()
+    end = time.monotonic() + 5.0
+    while job.alive() and time.monotonic() < end:
+        time.sleep(0.01)
+    if job.alive():
+        job.kill(signal.SIGKILL)
+
+
+class _Streams:
+    """Read every job's pipes in the calling thread: lines, events, reports."""
+
+    def __init__(self, jobs: list[_Job], view: Any) -> None:
+        self.view = view
+        self.sel = selectors.DefaultSelector()
+        self.partial: dict[int, bytes] = {}
+        self.logs: dict[tuple[int, Union[int, str]], list[str]] = {}
+        self.events: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        for index, job in enumerate(jobs):
+            for fd, label in job.sources.items():
+                os.set_blocking(fd, False)
+                self.sel.register(fd, selectors.EVENT_READ, (index, job, label))
+            if job.report_fd is not None:
+                os.set_blocking(job.report_fd, False)
+                self.sel.register(job.report_fd, selectors.EVENT_READ, (index, job, "report"))
+
+    def pump(self, deadline: float) -> str:
+        """Read until every pipe closes ("done") or the deadline passes ("timeout")."""
+        while self.sel.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            for key, _mask in self.sel.select(timeout=min(remaining, 0.5)):
+                self._read(key.fd, *key.data)
+        return "done"
+
+    def drain(self) -> None:
+        """After killing a job, take what is left in the pipes without blocking long."""
+        end = time.monotonic() + 2.0
+        while self.sel.get_map() and time.monotonic() < end:
+            for key, _mask in self.sel.select(timeout=0.1):
+                self._read(key.fd, *key.data)
+        for key in list(self.sel.get_map().values()):
+            self._close(key.fd)
+
+    def _read(self, fd: int, index: int, job: _Job, label: Union[int, str]) -> None:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if label == "report":
+            job.report += chunk
+            if not chunk:
+                self._close(fd)
+            return
+        data = self.partial.pop(fd, b"") + chunk
+        lines = data.split(b"\n")
+        if chunk:
+            self.partial[fd] = lines.pop()
+        else:
+            self._close(fd)
+            if lines and not lines[-1]:
+                lines.pop()
+        for raw in lines:
+            self._line(index, job, label, raw.decode("utf-8", "replace").rstrip("\r"))
+
+    def _close(self, fd: int) -> None:
+        self.sel.unregister(fd)
+        os.close(fd)
+
+    def _line(self, index: int, job: _Job, label: Union[int, str], text: str) -> None:
+        source = label
+        if label == "launcher":
+            match = _RANK_PREFIX.match(text)
+            if match:
+                source, text = int(match.group(1)), text[match.end():]
+        rank = job.rank_of.get(source, source)
+        event = _events.parse(text)
+        if event is not None and event["kind"] == "rank" and isinstance(source, int):
+            job.rank_of[source] = rank = int(event["rank"])
+            job.pids[rank] = int(event.get("pid", 0))
+            return
+        if event is not None and event["kind"] == "exit":
+            job.exits[int(event["rank"])] = (int(event["code"]), float(event["time"]))
+            return
+        if event is not None:
+            self.events.setdefault((index, int(event.get("rank", rank if isinstance(rank, int)
+                                                               else 0))), []).append(event)
+            self.view.event(event)
+            return
+        self.logs.setdefault((index, rank), []).append(text)
+        self.view.line(f"{job.node}rank{rank}" if isinstance(rank, int) else
+                       f"{job.node}{rank}", text)
+
+
+def _result(index: int, job: _Job, streams: _Streams, status: str, wall: float,
+            timeout: Optional[float]) -> RunResult:
+    """Build one job's RunResult from what was read and the agent's report."""
+    logs = {label: lines for (i, label), lines in streams.logs.items() if i == index}
+    events = {rank: evs for (i, rank), evs in streams.events.items() if i == index}
+    result = RunResult(status="ok", returncode=0, wall_time=wall, world_size=job.world_size,
+                       logs=logs, events=events, engine=job.engine, pids=dict(job.pids))
+    if status == "timeout":
+        result.status, result.returncode = "timeout", 124
+        result.error = f"timed out after {timeout if timeout is not None else DEFAULT_TIMEOUT}" \
+                       f" s: every process of the job was ended."
+        return result
+    if status == "interrupted":
+        result.status, result.returncode = "interrupted", 130
+        result.error = "interrupted: every process of the job was ended."
+        return result
+    failures, codes = _failures(job, logs)
+    if failures is None:
+        result.status, result.returncode = "error", 1
+        result.error = "the launcher failed:\n" + "\n".join(logs.get("launcher", [])[-30:])
+        report = _report(job)
+        if report.get("error"):
+            result.error += f"\n{report.get('traceback') or report['error']}"
+        return result
+    result.exit_codes = codes
+    if failures:
+        result.status, result.returncode = "failed", 1
+        result.root_cause = _root_cause(failures, job.exits)
+        result.error = str(result.root_cause)
+    return result
+
+
+def _failures(job: _Job, logs: dict[Union[int, str], list[str]]
+              ) -> tuple[Optional[list[RankFailure]], dict[int, Optional[int]]]:
+    """Failed ranks and every rank's exit code; (None, {}) when the launcher itself failed."""
+    if job.popen is not None:
+        found = _failures_from_output(job, logs)
+        codes: dict[int, Optional[int]] = {r: (None if found else 0) for r in range(job.world_size)}
+        codes.update({f.rank: f.exitcode for f in found})
+        return found, codes
+    report = _report(job)
+    if report.get("status") not in ("ok", "failed"):
+        return None, {}
+    by_pid = report.get("exitcodes", {})
+    codes = {rank: by_pid.get(str(pid)) for rank, pid in job.pids.items()}
+    for rank_text, info in report.get("failures", {}).items():
+        codes[int(rank_text)] = info["exitcode"]
+    found = []
+    for rank, code in sorted(codes.items()):
+        if code in (0, None):
+            continue
+        lines = logs.get(rank, [])
+        found.append(RankFailure(
+            rank=rank, exitcode=code, signal=_signal_name(code),
+            message=_short_message(lines), traceback=_traceback_tail(lines)))
+    return found, codes
+
+
+def _report(job: _Job) -> dict[str, Any]:
+    """The agent's JSON report ({} when it died before writing one)."""
+    try:
+        return dict(json.loads(job.report.decode() or "{}"))
+    except ValueError:
+        return {}
+
+
+def _signal_name(code: Optional[int]) -> Optional[str]:
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _failures_from_output(job: _Job, logs: dict[Union[int, str], list[str]]) -> list[RankFailure]:
+    """Failures of a subprocess job, read from torchrun's or mp.spawn's error report."""
+    code = job.popen.returncode if job.popen is not None else 0
+    if code == 0:
+        return []
+    text = "\n".join(logs.get("launcher", []))
+    found: list[RankFailure] = []
+    for match in re.finditer(r"rank\s*:\s*(\d+).*?\n.*?exitcode\s*:\s*(-?\d+)", text, re.S):
+        found.append(RankFailure(rank=int(match.group(1)), exitcode=int(match.group(2))))
+    for match in re.finditer(r"[Pp]rocess (\d+) terminated with (?:exit code (\d+)|signal "
+                             r"(SIG\w+)|the following error)", text):
+        exitcode = int(match.group(2)) if match.group(2) else (None if match.group(3) else 1)
+        found.append(RankFailure(rank=int(match.group(1)), exitcode=exitcode,
+                                 signal=match.group(3)))
+    if not found:
+        signame = signal.Signals(-code).name if code < 0 else None
+        found.append(RankFailure(rank=0, exitcode=code, signal=signame))
+    for failure in found:
+        lines = logs.get(failure.rank, []) or logs.get("launcher", [])
+        failure.traceback = _traceback_tail(lines)
+        failure.message = _short_message(lines)
+    return found
+
+
+def _root_cause(failures: list[RankFailure],
+                exits: dict[int, tuple[int, float]]) -> RankFailure:
+    """The failure that came first and is not a peer's echo of it (e.g. "connection closed").
+
+    A rank killed by SIGTERM was stopped by the launcher after another rank failed, and a
+    rank that reports a closed connection lost a peer: both rank after a genuine failure.
+    """
+    def key(f: RankFailure) -> tuple[bool, float, int]:
+        echo = bool(_SECONDARY.search(f.message + "\n" + f.traceback)) or f.signal == "SIGTERM"
+        return echo, exits.get(f.rank, (0, 0.0))[1], f.rank
+    return sorted(failures, key=key)[0]
+
+
+def _traceback_tail(lines: list[str], limit: int = 25) -> str:
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback")]
+    tail = lines[starts[-1]:] if starts else lines[-limit:]
+    return "\n".join(tail[-limit:])
+
+
+def _short_message(lines: list[str]) -> str:
+    """The exception line of the last traceback in ``lines``, or ""."""
+    for line in reversed(lines):
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b", line):
+            return line.strip()
+    return ""
