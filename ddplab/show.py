@@ -1,0 +1,79 @@
+"""Show the code a lesson teaches, straight from the real file (never a copy in the notebook).
+
+Worker files mark teachable sections with comments::
+
+    # [setup]
+    info = setup()
+    # [/setup]
+
+Example::
+
+    ddplab.show("ddplab/workers/train.py", "setup")   # one marked section
+    ddplab.show(ddplab.train.train_one_epoch)          # a whole function or class
+
+Lessons: every notebook (01-09).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+from typing import Any, Optional, Union
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def source(obj: Union[str, Path, Any], section: Optional[str] = None) -> str:
+    """Return the source text of a function/class/module, a file, or a marked file section.
+
+    Args:
+        obj: a Python object, or a path (absolute, relative to the repository root, or a
+            module name such as ``"ddplab.workers.train"``).
+        section: the name of a ``# [name]`` ... ``# [/name]`` block in that file.
+
+    Raises:
+        KeyError: the section does not exist (the message lists those that do).
+    """
+    if not isinstance(obj, (str, Path)):
+        return inspect.getsource(obj)
+    path = _find(obj)
+    text = path.read_text()
+    if section is None:
+        return text
+    match = re.search(rf"^[ \t]*# \[{re.escape(section)}\][^\n]*\n(.*?)^[ \t]*# \[/{re.escape(section)}\]",
+                      text, re.S | re.M)
+    if not match:
+        names = re.findall(r"^[ \t]*# \[([\w-]+)\]", text, re.M)
+        raise KeyError(f"no section {section!r} in {path}; sections: {', '.join(names)}")
+    return inspect.cleandoc("\n" + match.group(1)) if match.group(1).startswith((" ", "\t")) \
+        else match.group(1).rstrip("\n")
+
+
+def show(obj: Union[str, Path, Any], section: Optional[str] = None) -> None:
+    """Display ``source(obj, section)`` with syntax highlighting (plain text outside Jupyter)."""
+    text = source(obj, section)
+    try:
+        from IPython import get_ipython
+        from IPython.display import Code, display
+
+        if get_ipython() is not None and hasattr(get_ipython(), "kernel"):
+            display(Code(text, language="python"))
+            return
+    except ImportError:
+        pass
+    print(text)
+
+
+def _find(name: Union[str, Path]) -> Path:
+    candidate = Path(name)
+    for path in (candidate, ROOT / candidate):
+        if path.is_file():
+            return path
+    if isinstance(name, str) and not name.endswith(".py"):
+        import importlib.util
+
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            return Path(spec.origin)
+    raise FileNotFoundError(f"no file or module {name!r} (looked in {ROOT})")
