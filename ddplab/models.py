@@ -52,6 +52,13 @@ class SmallCNN(nn.Sequential):
             nn.Flatten(),
             nn.Linear(2 * width * 4, num_classes),
         )
+        # He initialisation suits ReLU without BatchNorm: PyTorch's default conv init is
+        # smaller, and this net then needs an extra epoch or two before it starts learning.
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
 
 
 def resnet(name: str, num_classes: int = 10, in_channels: int = 3) -> nn.Module:
