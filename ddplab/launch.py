@@ -145,18 +145,27 @@ def _resolve_target(target: Union[str, os.PathLike], cwd: str) -> str:
                 f"{cwd}) or a module name such as 'ddplab.workers.train'."
             )
         return str(path)
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec(text)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None:
+    if not _module_exists(text, [cwd, *sys.path]):
         raise LaunchError(
             f"no script or module named {text!r}. Give a path to a .py file or an importable "
             f"module name such as 'ddplab.workers.train'."
         )
     return text
+
+
+def _module_exists(name: str, path: list[str]) -> bool:
+    """True if ``python -m name`` would find the module (searched like ``-m``, nothing run)."""
+    from importlib.machinery import PathFinder
+
+    search: Optional[list[str]] = path
+    for part in name.split("."):
+        if search is None or not part.isidentifier():
+            return False
+        spec = PathFinder.find_spec(part, search)
+        if spec is None:
+            return False
+        search = list(spec.submodule_search_locations or []) or None
+    return True
 
 
 def _check_inputs(nprocs: Any, engine: str, backend: Optional[str], nnodes: int,
@@ -709,8 +718,10 @@ def _failures_from_output(job: _Job, logs: dict[Union[int, str], list[str]]) -> 
         return []
     text = "\n".join(logs.get("launcher", []))
     found: list[RankFailure] = []
-    for match in re.finditer(r"rank\s*:\s*(\d+).*?\n.*?exitcode\s*:\s*(-?\d+)", text, re.S):
-        found.append(RankFailure(rank=int(match.group(1)), exitcode=int(match.group(2))))
+    for match in re.finditer(r"^\s*rank\s*:\s*(\d+).*\n\s*exitcode\s*:\s*(-?\d+)", text, re.M):
+        code = int(match.group(2))
+        found.append(RankFailure(rank=int(match.group(1)), exitcode=code,
+                                 signal=_signal_name(code)))
     for match in re.finditer(r"[Pp]rocess (\d+) terminated with (?:exit code (\d+)|signal "
                              r"(SIG\w+)|the following error)", text):
         exitcode = int(match.group(2)) if match.group(2) else (None if match.group(3) else 1)
@@ -741,8 +752,7 @@ def _root_cause(failures: list[RankFailure],
 
 def _traceback_tail(lines: list[str], limit: int = 25) -> str:
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback")]
-    tail = lines[starts[-1]:] if starts else lines[-limit:]
-    return "\n".join(tail[-limit:])
+    return "\n".join(lines[starts[-1]:][-limit:]) if starts else ""
 
 
 def _short_message(lines: list[str]) -> str:

@@ -1,0 +1,29 @@
+"""Rank 1 misbehaves as asked: raise | exit | signal | hang | none. Every rank prints its pid."""
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+mode = sys.argv[1]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+print(f"pid {os.getpid()}", flush=True)
+if mode == "sleep":
+    time.sleep(600)
+if rank == 1:
+    if mode == "raise":
+        raise ValueError("boom on rank 1")
+    if mode == "exit":
+        sys.exit(3)
+    if mode == "signal":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "hang":
+        time.sleep(600)
+time.sleep(0.2)
+value = torch.ones(1)
+dist.all_reduce(value)
+print("done", flush=True)
+dist.destroy_process_group()

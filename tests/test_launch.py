@@ -1,0 +1,248 @@
+"""The launcher on real processes (gloo): success, failures, timeouts, interrupts, clean-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import ddplab
+from ddplab import LaunchError, launch
+from ddplab import env as ddenv
+
+SCRIPTS = Path(__file__).parent / "scripts"
+PLAIN = str(SCRIPTS / "plain.py")
+FAULTY = str(SCRIPTS / "faulty.py")
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_gone(pids: list[int], seconds: float = 15.0) -> list[int]:
+    """Wait until every pid is gone; return those still alive after ``seconds``."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and any(alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+def printed_pids(text: str) -> list[int]:
+    return [int(p) for p in re.findall(r"\bpid (\d+)", text)]
+
+
+def test_plain_torchrun_script_runs_unchanged(capsys):
+    result = launch(PLAIN, 2)
+    assert result.ok, result.error
+    assert result.exit_codes == {0: 0, 1: 0}
+    assert result.logs[0] == ["rank 0 of 2: sum 3"]
+    assert result.logs[1] == ["rank 1 of 2: sum 3"]
+    out = capsys.readouterr().out
+    assert "[rank0] rank 0 of 2: sum 3" in out and "[rank1] rank 1 of 2: sum 3" in out
+    assert not wait_gone(list(result.pids.values()))
+
+
+def test_module_target_and_events(tmp_path):
+    (tmp_path / "evmod.py").write_text(
+        "from ddplab import events\nevents.emit('metric', name='x', value=2.5)\nprint('hi')\n")
+    result = launch("evmod", 2, cwd=tmp_path, quiet=True)
+    assert result.ok, result.error
+    metrics = result.events_of("metric")
+    assert [e["rank"] for e in metrics] == [0, 1]
+    assert all(e["value"] == 2.5 for e in metrics)
+    assert result.log(1) == "hi"  # event lines are not part of the log
+
+
+def test_rank_raises_root_cause_is_that_rank():
+    result = launch(FAULTY, 2, args=["raise"], quiet=True)
+    assert not result.ok and result.status == "failed" and result.returncode != 0
+    assert result.root_cause.rank == 1
+    assert "ValueError: boom on rank 1" in result.error
+    assert 'faulty.py", line' in result.root_cause.traceback
+    assert "Connection closed" not in result.error and "agent.py" not in result.error
+
+
+def test_exit_code_is_reported():
+    result = launch(FAULTY, 2, args=["exit"], quiet=True)
+    assert result.status == "failed"
+    assert result.exit_codes[1] == 3
+    assert result.root_cause.rank == 1 and result.root_cause.exitcode == 3
+    assert "rank 1 exited with code 3" in result.error
+
+
+def test_signal_is_reported():
+    result = launch(FAULTY, 2, args=["signal"], quiet=True)
+    assert result.status == "failed"
+    assert result.root_cause.rank == 1
+    assert result.root_cause.signal == "SIGKILL"
+    assert "killed by SIGKILL" in result.error
+
+
+def test_timeout_ends_the_whole_group():
+    result = launch(FAULTY, 2, args=["hang"], timeout=4, quiet=True)
+    assert result.status == "timeout" and not result.ok
+    assert "timed out" in result.error
+    pids = printed_pids(result.log(0) + "\n" + result.log(1))
+    assert len(pids) == 2
+    assert not wait_gone(pids, 5)
+
+
+def _start_caller() -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "caller.py"), FAULTY], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _read_until_pids(proc: subprocess.Popen, count: int = 2) -> tuple[list[int], str]:
+    seen = ""
+    while len(printed_pids(seen)) < count:
+        line = proc.stdout.readline()
+        assert line, f"caller ended early:\n{seen}"
+        seen += line
+    return printed_pids(seen), seen
+
+
+def test_sigint_to_callers_group_interrupts_and_cleans_up():
+    proc = _start_caller()
+    try:
+        pids, _ = _read_until_pids(proc)
+        os.killpg(proc.pid, signal.SIGINT)  # what a Jupyter interrupt does
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    result = json.loads(out.split("RESULT ", 1)[1])
+    assert result == {"status": "interrupted", "ok": False}
+    assert not wait_gone(pids, 10)
+
+
+def test_killed_caller_takes_the_workers_down():
+    proc = _start_caller()
+    try:
+        pids, _ = _read_until_pids(proc)
+        proc.kill()
+        proc.wait()
+    finally:
+        proc.kill()
+    assert not wait_gone(pids, 15)
+
+
+def test_large_output_is_not_lost_or_deadlocked():
+    result = launch(str(SCRIPTS / "chatty.py"), 2, quiet=True, timeout=120)
+    assert result.ok, result.error
+    for rank in (0, 1):
+        lines = result.logs[rank]
+        assert len(lines) == 3001 and lines[-1] == "last line"
+        assert lines[2999] == "02999 " + str(rank) * 94
+        assert sum(len(line) + 1 for line in lines) > 300_000
+
+
+def test_concurrent_launches_both_succeed():
+    results: dict[int, ddplab.RunResult] = {}
+
+    def run(i: int) -> None:
+        results[i] = launch(PLAIN, 2, quiet=True, timeout=120)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(results[i].ok for i in range(2)), [results[i].error for i in range(2)]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_ten_launches_leave_nothing_behind():
+    launch(PLAIN, 2, quiet=True)  # make sure the helper process exists before counting
+    fds_before = len(os.listdir("/proc/self/fd"))
+    pids: list[int] = []
+    for _ in range(10):
+        result = launch(PLAIN, 2, quiet=True)
+        assert result.ok, result.error
+        pids += result.pids.values()
+    assert not wait_gone(pids, 5)
+    assert len(os.listdir("/proc/self/fd")) <= fds_before  # no pipe or socket leaked
+    from ddplab.launch import _AgentServer
+
+    helper = _AgentServer.get().proc.pid
+    assert [p for p in _children(helper) if alive(p)] == []
+
+
+def test_spawn_engine_runs_and_reports_the_failed_rank():
+    ok = launch(str(SCRIPTS / "spawn_min.py"), 2, engine="spawn", quiet=True)
+    assert ok.ok, ok.error
+    assert ok.logs[0] == ["sum=3.0"] and ok.logs[1] == ["sum=3.0"]
+    bad = launch(str(SCRIPTS / "spawn_min.py"), 2, engine="spawn", quiet=True,
+                 args=["--fail-rank", "1"])
+    assert bad.status == "failed" and bad.root_cause.rank == 1
+    assert "spawned rank 1 fails on purpose" in bad.error
+
+
+def test_subprocess_path_matches(monkeypatch):
+    monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+    result = launch(PLAIN, 2, quiet=True)
+    assert result.ok, result.error
+    assert result.logs[1] == ["rank 1 of 2: sum 3"]
+    bad = launch(FAULTY, 2, args=["exit"], quiet=True)
+    assert bad.status == "failed" and bad.root_cause.rank == 1
+    assert bad.root_cause.exitcode == 3
+
+
+def test_bad_input_is_refused_before_anything_starts(monkeypatch, tmp_path):
+    with pytest.raises(LaunchError, match="script not found"):
+        launch(tmp_path / "missing.py", 2)
+    with pytest.raises(LaunchError, match="no script or module"):
+        launch("no_such_module_here", 2)
+    with pytest.raises(LaunchError, match="nprocs must be"):
+        launch(PLAIN, 0)
+    with pytest.raises(LaunchError, match="unknown engine"):
+        launch(PLAIN, 2, engine="mpirun")
+    monkeypatch.setattr(ddenv, "gpu_count", lambda: 0)
+    with pytest.raises(LaunchError, match="needs CUDA GPUs"):
+        launch(PLAIN, 2, backend="nccl")
+    monkeypatch.setattr(ddenv, "gpu_count", lambda: 1)
+    with pytest.raises(LaunchError, match="only 1 GPU"):
+        launch(PLAIN, 2, backend="nccl")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(LaunchError, match="is busy"):
+            launch(PLAIN, 2, master_port=busy.getsockname()[1])
+
+
+def test_cli_exit_codes_name_the_failed_rank():
+    ok = subprocess.run([sys.executable, "-m", "ddplab", "launch", "--nproc-per-node", "2",
+                         PLAIN], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "[rank1] rank 1 of 2: sum 3" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "ddplab", "launch", "--nproc-per-node", "2",
+                          FAULTY, "exit"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "rank 1 exited with code 3" in bad.stderr
+    usage = subprocess.run([sys.executable, "-m", "ddplab", "launch", "--nproc-per-node", "0",
+                            PLAIN], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2 and "nprocs must be" in usage.stderr
