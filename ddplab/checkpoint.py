@@ -106,7 +106,8 @@ def map_location_for(device: Union[torch.device, str, None] = None) -> torch.dev
     """
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device is None:
-        return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+        has_cuda = torch.cuda.is_available()
+        return torch.device("cuda", local_rank) if has_cuda else torch.device("cpu")
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", local_rank)
@@ -114,10 +115,12 @@ def map_location_for(device: Union[torch.device, str, None] = None) -> torch.dev
 
 
 def _rank() -> int:
+    """This process's rank, 0 without a process group."""
     return torch_dist.get_rank() if torch_dist.is_available() and torch_dist.is_initialized() else 0
 
 
 def _barrier() -> None:
+    """Wait for every rank; a no-op without a process group."""
     if torch_dist.is_available() and torch_dist.is_initialized():
         torch_dist.barrier()
 
@@ -267,26 +270,40 @@ def read_checkpoint(path: PathLike, device: Union[torch.device, str, None] = Non
             "--resume."
         )
     try:
+        _verify_zip(path)
         return torch.load(path, map_location=map_location_for(device), weights_only=True)
     except pickle.UnpicklingError as error:
-        if "weights_only" in str(error) or "Weights only" in str(error):
+        if "Unsupported global" in str(error):
             raise CheckpointError(
-                f"{os.fspath(path)!r} holds pickled Python objects, not plain tensors, so it is "
-                "not loaded with weights_only=True (loading it could run arbitrary code). Save "
-                "model.state_dict() instead of the model; load it with weights_only=False only "
-                f"if you trust its author. ({error})"
+                f"{os.fspath(path)!r} holds pickled Python objects (such as a whole model), not "
+                "only tensors, so it is not loaded with weights_only=True: loading it could run "
+                "arbitrary code. Save model.state_dict() instead of the model; load this file "
+                "with torch.load(..., weights_only=False) only if you trust its author."
             ) from error
         raise _corrupted(path, error) from error
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, KeyError) as error:
+    except (OSError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, KeyError) as error:
         raise _corrupted(path, error) from error
+
+
+def _verify_zip(path: PathLike) -> None:
+    """Check the CRC of every record of a ``torch.save`` zip file (tensor bytes included).
+
+    ``torch.load`` does not check them, so a flipped byte in a tensor would load silently.
+    """
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+        if bad is not None:
+            raise zipfile.BadZipFile(f"record {bad} fails its CRC check")
 
 
 def _corrupted(path: PathLike, error: BaseException) -> CheckpointError:
+    """The error for an unreadable file: what happened, the likely cause, what to do."""
+    detail = (str(error).splitlines() or [""])[0][:120]
     return CheckpointError(
         f"checkpoint {os.fspath(path)!r} is truncated or corrupted ({type(error).__name__}: "
-        f"{str(error).splitlines()[0] if str(error) else ''}). A crash while it was written, or "
-        "a copy that did not finish, does this. Delete it and resume from an earlier checkpoint, "
-        "or start again without --resume."
+        f"{detail}). A crash while it was written, or a copy that did not finish, does this. "
+        "Delete it and resume from an earlier checkpoint, or start again without --resume."
     )
 
 

@@ -106,10 +106,10 @@ def test_interleaved_batches_are_what_each_rank_would_read() -> None:
         single.set_epoch(epoch)
         for loader in ranks:
             loader.set_epoch(epoch)
-        expected = [b for pair in zip(*[list(r) for r in ranks]) for b in pair]
+        expected = [b for pair in zip(*[list(r) for r in ranks], strict=True) for b in pair]
         got = list(single)
         assert len(got) == len(single) == len(expected) == 6
-        for (x, y), (ex, ey) in zip(got, expected):
+        for (x, y), (ex, ey) in zip(got, expected, strict=True):
             assert torch.equal(y, ey) and torch.equal(x, ex)
 
 

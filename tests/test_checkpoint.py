@@ -1,0 +1,182 @@
+"""Checkpoints: round trip, atomic write, prefix repair, map_location, corrupted files."""
+
+from __future__ import annotations
+
+import os
+import random
+import zipfile
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from ddplab import checkpoint
+
+
+def _trained_pair(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A small model and an SGD optimizer with momentum buffers after one step."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(5, 4)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def _retag_locations(path: Path, location: str) -> None:
+    """Rewrite a torch.save file so its tensors claim to come from ``location`` (e.g. cuda:1).
+
+    torch.save pickles each storage's device as a string (protocol 2: opcode ``X``, 4-byte
+    length, bytes); replacing it makes the file look as if it was saved on that GPU.
+    """
+    old = b"X\x03\x00\x00\x00cpu"
+    new = b"X" + len(location).to_bytes(4, "little") + location.encode()
+    with zipfile.ZipFile(path) as archive:
+        records = {info: archive.read(info) for info in archive.infolist()}
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        for info, payload in records.items():
+            if info.filename.endswith("data.pkl"):
+                assert old in payload
+                payload = payload.replace(old, new)
+            archive.writestr(info, payload)
+
+
+def test_round_trip_restores_model_optimizer_epoch_and_extra(tmp_path: Path) -> None:
+    model, optimizer = _trained_pair(0)
+    path = tmp_path / "ckpt" / "checkpoint.pt"
+    checkpoint.save_checkpoint(path, model, optimizer, epoch=2, extra={"history": [{"loss": 1.5}]})
+    fresh, fresh_opt = _trained_pair(1)
+    state = checkpoint.load_checkpoint(path, fresh, fresh_opt, device="cpu")
+    assert state == {"epoch": 2, "sampler_epoch": 2, "extra": {"history": [{"loss": 1.5}]}}
+    for a, b in zip(model.parameters(), fresh.parameters(), strict=True):
+        assert torch.equal(a, b)
+    momentum = [s["momentum_buffer"] for s in optimizer.state_dict()["state"].values()]
+    restored = [s["momentum_buffer"] for s in fresh_opt.state_dict()["state"].values()]
+    assert all(torch.equal(a, b) for a, b in zip(momentum, restored, strict=True))
+
+
+def test_rng_states_are_restored(tmp_path: Path) -> None:
+    model, _ = _trained_pair()
+    torch.manual_seed(11)
+    np.random.seed(12)
+    random.seed(13)
+    checkpoint.save_checkpoint(tmp_path / "c.pt", model)
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+    checkpoint.load_checkpoint(tmp_path / "c.pt", model)
+    assert torch.equal(torch.rand(3), expected[0])
+    np.testing.assert_array_equal(np.random.rand(3), expected[1])
+    assert random.random() == expected[2]
+
+
+def test_wrapped_model_is_saved_without_prefix_and_loads_into_a_wrapper(tmp_path: Path) -> None:
+    model, _ = _trained_pair()
+    wrapped = nn.DataParallel(model)  # on a CPU-only machine this just holds the module
+    checkpoint.save_checkpoint(tmp_path / "c.pt", wrapped)
+    saved = torch.load(tmp_path / "c.pt", weights_only=True)["model"]
+    assert not any(k.startswith("module.") for k in saved)
+    target = nn.DataParallel(_trained_pair(5)[0])
+    checkpoint.load_checkpoint(tmp_path / "c.pt", target)
+    assert torch.equal(target.module[0].weight, model[0].weight)
+
+
+def test_module_prefix_is_repaired_with_a_message(tmp_path: Path) -> None:
+    model, _ = _trained_pair()
+    torch.save(nn.DataParallel(model).state_dict(), tmp_path / "plain.pt")
+    fresh = _trained_pair(7)[0]
+    with pytest.raises(RuntimeError, match="module"):  # the failure the lesson shows first
+        fresh.load_state_dict(torch.load(tmp_path / "plain.pt", weights_only=True))
+    with pytest.warns(UserWarning, match="module.state_dict"):
+        checkpoint.load_checkpoint(tmp_path / "plain.pt", fresh)
+    assert torch.equal(fresh[2].bias, model[2].bias)
+    assert checkpoint.strip_module_prefix({"module.a": 1, "b": 2}) == {"a": 1, "b": 2}
+
+
+def test_atomic_save_leaves_the_old_file_when_writing_fails(tmp_path: Path) -> None:
+    model, _ = _trained_pair()
+    path = tmp_path / "c.pt"
+    checkpoint.save_checkpoint(path, model, epoch=1)
+    before = path.read_bytes()
+    with mock.patch("torch.save", side_effect=OSError("disk full")):
+        with pytest.raises(OSError, match="disk full"):
+            checkpoint.save_checkpoint(path, model, epoch=2)
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["c.pt"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty", "garbage"])
+def test_damaged_file_raises_checkpoint_error(tmp_path: Path, damage: str) -> None:
+    model, optimizer = _trained_pair()
+    path = tmp_path / "c.pt"
+    checkpoint.save_checkpoint(path, model, optimizer, epoch=1)
+    raw = bytearray(path.read_bytes())
+    if damage == "truncate":
+        raw = raw[: len(raw) // 2]
+    elif damage == "flip":  # inside the tensor bytes, which torch.load alone does not check
+        with zipfile.ZipFile(path) as archive:
+            info = next(i for i in archive.infolist() if "/data/" in i.filename)
+        local = info.header_offset  # local header: 30 bytes, then name and extra field
+        name_len = int.from_bytes(raw[local + 26:local + 28], "little")
+        extra_len = int.from_bytes(raw[local + 28:local + 30], "little")
+        raw[local + 30 + name_len + extra_len] ^= 0xFF
+    elif damage == "empty":
+        raw = bytearray()
+    else:
+        raw = bytearray(b"not a checkpoint" * 64)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(checkpoint.CheckpointError, match="without --resume"):
+        checkpoint.load_checkpoint(path, model, optimizer)
+
+
+def test_pickled_module_is_refused_with_advice(tmp_path: Path) -> None:
+    model, _ = _trained_pair()
+    torch.save(model, tmp_path / "whole.pt")  # what one source does; unsafe to load
+    with pytest.raises(checkpoint.CheckpointError, match="state_dict"):
+        checkpoint.load_checkpoint(tmp_path / "whole.pt", model)
+
+
+def test_missing_file_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="--resume"):
+        checkpoint.load_checkpoint(tmp_path / "nothing.pt", _trained_pair()[0])
+
+
+def test_checkpoint_from_a_gpu_loads_onto_this_ranks_device(tmp_path: Path) -> None:
+    model, optimizer = _trained_pair()
+    path = tmp_path / "c.pt"
+    checkpoint.save_checkpoint(path, model, optimizer, epoch=1)
+    _retag_locations(path, "cuda:1")
+    if not torch.cuda.is_available():  # without map_location torch tries to go back to cuda:1
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(path, weights_only=True)
+    fresh, fresh_opt = _trained_pair(3)
+    checkpoint.load_checkpoint(path, fresh, fresh_opt, device="cpu")
+    state = checkpoint.read_checkpoint(path, "cpu")
+    assert {t.device.type for t in state["model"].values()} == {"cpu"}
+    assert all(p.device.type == "cpu" for p in fresh.parameters())
+    assert torch.equal(fresh[0].weight, model[0].weight)
+
+
+def test_map_location_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with mock.patch("torch.cuda.is_available", return_value=False):
+        assert checkpoint.map_location_for() == torch.device("cpu")
+    with mock.patch("torch.cuda.is_available", return_value=True):
+        assert checkpoint.map_location_for() == torch.device("cuda", 1)
+    assert checkpoint.map_location_for("cuda") == torch.device("cuda", 1)
+    assert checkpoint.map_location_for(torch.device("cuda", 3)) == torch.device("cuda", 3)
+    assert checkpoint.map_location_for("cpu") == torch.device("cpu")
+
+
+def test_checkpoint_module_stays_self_contained() -> None:
+    source = Path(checkpoint.__file__).read_text()
+    imports = [line.split()[1] for line in source.splitlines()
+               if line.startswith(("import ", "from "))]
+    allowed = {"__future__", "os", "pickle", "random", "tempfile", "warnings", "zipfile",
+               "typing", "torch", "torch.distributed"}
+    assert set(imports) <= allowed, set(imports) - allowed
+    assert "Example" in source or "::" in source.split('"""')[1]
