@@ -82,3 +82,96 @@ def reference_answer(key: str) -> Any:
 
 # ----------------------------------------------------------------------- exercises 01-06
 # (each notebook's exercise is registered below, in notebook order)
+
+
+# ------------------------------------------------------------- exercises 04-06 (lessons 04-06)
+
+
+def _pair(answer: Any) -> Optional[tuple]:
+    """``answer`` as a tuple of two, or None when it is not a pair."""
+    try:
+        items = tuple(answer)
+    except TypeError:
+        return None
+    return items if len(items) == 2 else None
+
+
+def _compare_04(answer: Any, expected: Any) -> Optional[str]:
+    pair = _pair(answer)
+    if pair is None:
+        return "answer with a pair: (indices per rank, repeated indices per epoch)."
+    try:
+        per_rank, repeats = int(pair[0]), int(pair[1])
+    except (TypeError, ValueError):
+        return "both numbers should be integers."
+    if per_rank != expected[0]:
+        return ("each rank reads ceil(len(dataset) / world_size) indices: the sampler rounds "
+                "up, so no rank gets fewer than another.")
+    if repeats != expected[1]:
+        return ("the ranks read per_rank x world_size indices in total; the dataset has only "
+                "1347 different ones, so the rest are repeats.")
+    return None
+
+
+@exercise("04", "The digits training set has 1347 images. On 8 ranks with DistributedSampler "
+          "(drop_last=False), how many indices does each rank read per epoch, and how many of "
+          "all the indices read in one epoch are repeats? answer = (per_rank, repeats)",
+          _compare_04)
+def _exercise_04() -> tuple[int, int]:
+    from . import lessons
+
+    facts = lessons.padding(1347, 8)
+    return facts["per_rank"], facts["repeats"]
+
+
+def _compare_05(answer: Any, expected: Any) -> Optional[str]:
+    try:
+        epochs = [int(e) for e in answer]
+    except (TypeError, ValueError):
+        return "answer with a list of epoch numbers, e.g. [1, 2]."
+    if epochs == expected:
+        return None
+    if epochs and epochs[0] < expected[0]:
+        return ("the checkpoint is written after every finished epoch, and the crash came "
+                "after epoch 3 was saved: resuming starts after it.")
+    return "the second launch trains every epoch that is not yet in the checkpoint, up to --epochs."
+
+
+@exercise("05", "A job started with `--epochs 5 --checkpoint-dir ckpt --stop-after-epoch 3` "
+          "crashes after its third epoch; you launch it again with `--resume`. Which epochs "
+          "(numbered from 1) does the second launch train? answer = [...]", _compare_05)
+def _exercise_05() -> list[int]:
+    epochs, saved = 5, 3  # the checkpoint holds epochs 1..3 (saved after each epoch)
+    return list(range(saved + 1, epochs + 1))
+
+
+def _dtype_name(value: Any) -> str:
+    return str(value).replace("torch.", "").strip().lower()
+
+
+def _compare_06(answer: Any, expected: Any) -> Optional[str]:
+    pair = _pair(answer)
+    if pair is None:
+        return "answer with a pair: (dtype of the output, dtype of the weights)."
+    out, weight = (_dtype_name(v) for v in pair)
+    want_out, want_weight = (_dtype_name(v) for v in expected)
+    if out != want_out:
+        return ("inside torch.autocast on the CPU, a linear layer computes in autocast's dtype; "
+                "check ddplab.lessons.autocast_facts().")
+    if weight != want_weight:
+        return ("autocast casts copies of the weights for the computation; the parameters "
+                "themselves (and the optimizer's updates) keep their own dtype.")
+    return None
+
+
+@exercise("06", "Under `torch.autocast('cpu', dtype=torch.bfloat16)`, a float32 batch goes "
+          "through `nn.Linear(4, 3)`. What is the dtype of the output, and of the layer's "
+          "weights? answer = (output_dtype, weight_dtype), e.g. (torch.float16, torch.float16)",
+          _compare_06)
+def _exercise_06() -> tuple[Any, Any]:
+    from . import lessons
+
+    import torch
+
+    facts = lessons.autocast_facts("cpu", torch.bfloat16)
+    return facts["linear_output"], facts["weight"]

@@ -1,0 +1,456 @@
+"""Small experiments that run inside the notebook kernel for lessons 04, 05 and 06.
+
+Nothing here starts processes or touches a GPU: each function builds a sampler, a file or a
+layer on the CPU, runs it, and returns plain facts a notebook can print, plot and assert on.
+
+- 04: which indices each rank reads (``sampler_shares``, ``epoch_orders``, ``padding``,
+  ``padded_accuracy``) and the errors PyTorch raises when a sampler is misused (``error_of``).
+- 05: what a checkpoint file holds (``checkpoint_table``), where loaded tensors land
+  (``saved_locations``, ``tensor_devices``, ``as_if_saved_on``), why a pickled module is fragile
+  (``pickled_globals``, ``load_without_class``) and a half-written file (``truncate``).
+- 06: what autocast does to dtypes (``autocast_facts``, ``number_formats``), why fp16 needs a
+  GradScaler and bf16 does not (``tiny_gradient``), and what the scaler does with an overflow
+  (``scaler_overflow_step``).
+
+Lessons: 04, 05, 06.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickletools
+import shutil
+import warnings
+import zipfile
+from collections import Counter
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+import torch
+from torch import nn
+from torch.utils.data import DistributedSampler
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def error_of(fn: Callable[[], Any]) -> Optional[BaseException]:
+    """Run ``fn()`` and return the exception it raised, or None if it raised nothing.
+
+    A notebook shows a failure on purpose this way and Run All carries on.
+
+    Example::
+
+        >>> error_of(lambda: 1 / 0)
+        ZeroDivisionError('division by zero')
+
+    Lesson: 04, 05.
+    """
+    try:
+        fn()
+    except Exception as error:  # the lesson shows whatever PyTorch raises
+        return error
+    return None
+
+
+# ------------------------------------------------------------------------ 04 samplers
+
+
+def sampler_shares(dataset_len: int, world_size: int, *, epoch: Optional[int] = 0,
+                   shuffle: bool = True, seed: int = 0, drop_last: bool = False
+                   ) -> list[list[int]]:
+    """Return the indices every rank reads in one epoch, from real ``DistributedSampler``s.
+
+    Args:
+        dataset_len: number of samples.
+        world_size: number of ranks (``num_replicas``; given explicitly, so no process group
+            is needed).
+        epoch: the value passed to ``sampler.set_epoch``; None means it is never called.
+        shuffle: shuffle with the seed ``seed + epoch`` (the sampler's own rule).
+        seed: the sampler seed (the same on every rank).
+        drop_last: drop the tail instead of padding with repeated indices.
+
+    Returns:
+        ``shares[rank]``: that rank's indices in the order it reads them.
+
+    Lesson: 04.
+    """
+    shares = []
+    for rank in range(world_size):
+        sampler = DistributedSampler(range(dataset_len), num_replicas=world_size, rank=rank,
+                                     shuffle=shuffle, seed=seed, drop_last=drop_last)
+        if epoch is not None:
+            sampler.set_epoch(epoch)
+        shares.append(list(sampler))
+    return shares
+
+
+def epoch_orders(dataset_len: int, world_size: int, epochs: int, *, set_epoch: bool = True,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False
+                 ) -> list[list[list[int]]]:
+    """Return ``orders[epoch][rank]``: what each rank reads in each of ``epochs`` epochs.
+
+    With ``set_epoch=False`` the training loop forgets ``sampler.set_epoch(epoch)``, so every
+    epoch uses the sampler's default epoch 0 and repeats the same order.
+
+    Lesson: 04.
+    """
+    return [
+        sampler_shares(dataset_len, world_size, epoch=epoch if set_epoch else None,
+                       shuffle=shuffle, seed=seed, drop_last=drop_last)
+        for epoch in range(epochs)
+    ]
+
+
+def is_padding(position: int, rank: int, dataset_len: int, world_size: int) -> bool:
+    """True when a rank's ``position``-th index is a repeat added as padding (drop_last=False).
+
+    ``DistributedSampler`` appends the first indices of the epoch's order to the end of it until
+    the length divides by the world size, then gives rank ``r`` every ``world_size``-th index
+    starting at ``r``: global slot ``position * world_size + rank``.
+
+    Lesson: 04.
+    """
+    return position * world_size + rank >= dataset_len
+
+
+def padding(dataset_len: int, world_size: int, drop_last: bool = False) -> dict[str, Any]:
+    """Count what one epoch of ``DistributedSampler`` reads, repeats and leaves out.
+
+    Returns:
+        ``{"per_rank", "read", "repeats", "unread"}``: indices per rank, indices read in total,
+        how many of them are repeats, how many samples no rank reads this epoch.
+
+    Lesson: 04.
+    """
+    shares = sampler_shares(dataset_len, world_size, shuffle=False, drop_last=drop_last)
+    read = [i for share in shares for i in share]
+    return {"per_rank": len(shares[0]), "read": len(read), "repeats": len(read) - len(set(read)),
+            "unread": dataset_len - len(set(read))}
+
+
+def padded_accuracy(correct: Sequence[bool], world_size: int) -> tuple[float, float]:
+    """Score predictions exactly, and as an evaluation sharded by ``DistributedSampler`` would.
+
+    Args:
+        correct: ``correct[i]`` is True when the model is right on test sample ``i``.
+        world_size: number of ranks sharing the evaluation.
+
+    Returns:
+        ``(true accuracy, accuracy from the padded shares)``: the padding repeats samples, so
+        the second number counts some samples twice.
+
+    Lesson: 04.
+    """
+    shares = sampler_shares(len(correct), world_size, shuffle=False)
+    scored = [bool(correct[i]) for share in shares for i in share]
+    return sum(map(bool, correct)) / len(correct), sum(scored) / len(scored)
+
+
+# ------------------------------------------------------------------------ 05 checkpoints
+
+
+class TinyNet(nn.Sequential):
+    """A two-layer network for checkpoint experiments (small enough to read its state_dict).
+
+    Lesson: 05.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def wrapped_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Return the state_dict a DDP or DataParallel wrapper around ``model`` would save.
+
+    The wrapper keeps the model as its ``module`` attribute, so every key gains ``module.``.
+    (Built by hand here so the kernel never wraps a model, which could touch a GPU.)
+
+    Lesson: 05.
+    """
+    return {f"module.{key}": value for key, value in model.state_dict().items()}
+
+
+def tensors_in(obj: Any) -> Iterator[torch.Tensor]:
+    """Yield every tensor inside nested dicts, lists and tuples.
+
+    Lesson: 05.
+    """
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from tensors_in(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from tensors_in(value)
+
+
+def checkpoint_table(path: PathLike) -> list[tuple[str, str]]:
+    """Describe the top-level entries of a checkpoint file, one ``(key, what)`` row each.
+
+    The file is read with ``map_location="cpu"`` and ``weights_only=True``.
+
+    Lesson: 05.
+    """
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    rows = []
+    for key, value in state.items():
+        tensors = list(tensors_in(value))
+        if tensors:
+            size = sum(t.numel() * t.element_size() for t in tensors)
+            what = f"{len(tensors)} tensors, {size / 1024:.1f} KiB"
+        elif isinstance(value, (dict, list)):
+            what = f"{type(value).__name__} of {len(value)} plain values"
+        else:
+            what = repr(value)
+        rows.append((key, what))
+    return rows
+
+
+def saved_locations(path: PathLike) -> Counter:
+    """Count the device tags a file recorded for its tensors (``"cpu"``, ``"cuda:0"``, ...).
+
+    ``torch.save`` writes, next to each tensor's bytes, the device it lived on. ``torch.load``
+    puts it back there unless ``map_location`` says otherwise. Read here without moving
+    anything: a ``map_location`` function sees each tag and keeps the tensor on the CPU.
+
+    Lesson: 05.
+    """
+    tags: Counter = Counter()
+
+    def keep_on_cpu(storage: Any, location: str) -> Any:
+        tags[location] += 1
+        return storage
+
+    torch.load(path, map_location=keep_on_cpu, weights_only=True)
+    return tags
+
+
+def tensor_devices(path: PathLike, map_location: Any = None) -> Counter:
+    """Load ``path`` with ``map_location`` and count the devices its tensors land on.
+
+    Raises:
+        RuntimeError: the file asks for a device this machine does not have (PyTorch's error,
+            which says to pass ``map_location``).
+
+    Lesson: 05.
+    """
+    state = torch.load(path, map_location=map_location, weights_only=True)
+    return Counter(str(t.device) for t in tensors_in(state))
+
+
+def as_if_saved_on(src: PathLike, dst: PathLike, device: str = "cuda:0") -> None:
+    """Copy a CPU checkpoint, changing its device tags to ``device``.
+
+    The copy is what ``torch.save`` writes on a rank whose tensors live on ``device``: the same
+    bytes, a different tag. It lets a machine without GPUs show how a GPU checkpoint loads.
+
+    Lesson: 05.
+    """
+    old = b"X\x03\x00\x00\x00cpu"  # the pickle string "cpu" (protocol 2, BINUNICODE)
+    new = b"X" + len(device).to_bytes(4, "little") + device.encode()
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info.filename)
+            if info.filename.endswith("/data.pkl"):
+                if old not in data:
+                    raise ValueError(f"{os.fspath(src)!r} holds no CPU tensors to re-tag.")
+                data = data.replace(old, new)
+            zout.writestr(info.filename, data)
+
+
+def pickled_globals(path: PathLike) -> list[str]:
+    """List the Python names a ``torch.save`` file will import when it is loaded.
+
+    A state_dict needs only a few torch rebuild functions and ``OrderedDict``; a pickled module
+    names its own class and every layer class, so loading it needs that exact code.
+
+    Lesson: 05.
+    """
+    with zipfile.ZipFile(path) as archive:
+        name = next(n for n in archive.namelist() if n.endswith("/data.pkl"))
+        data = archive.read(name)
+    found = []
+    for opcode, arg, _ in pickletools.genops(data):
+        if opcode.name in ("GLOBAL", "INST"):
+            text = str(arg).replace(" ", ".")
+            if text not in found:
+                found.append(text)
+    return found
+
+
+@contextlib.contextmanager
+def class_removed(cls: type) -> Iterator[None]:
+    """Hide ``cls`` from its module for a while, as a rename or a move in a refactor would.
+
+    Lesson: 05.
+    """
+    import sys
+
+    module = sys.modules[cls.__module__]
+    setattr(module, "_hidden_" + cls.__name__, cls)
+    delattr(module, cls.__name__)
+    try:
+        yield
+    finally:
+        setattr(module, cls.__name__, cls)
+        delattr(module, "_hidden_" + cls.__name__)
+
+
+def load_without_class(path: PathLike, cls: type = TinyNet) -> Optional[BaseException]:
+    """Load a pickled module (trusting it) after its class was renamed; return the error.
+
+    Lesson: 05.
+    """
+    with class_removed(cls):
+        return error_of(lambda: torch.load(path, map_location="cpu", weights_only=False))
+
+
+def truncate(src: PathLike, dst: PathLike, keep: float = 0.5) -> int:
+    """Copy the first ``keep`` fraction of a file, as a crash or a failed copy leaves it.
+
+    Returns:
+        The number of bytes kept.
+
+    Lesson: 05.
+    """
+    size = os.path.getsize(src)
+    kept = int(size * keep)
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        fout.write(fin.read(kept))
+    return kept
+
+
+def copy_file(src: PathLike, dst: PathLike) -> None:
+    """Copy a file (used to keep a checkpoint aside before an experiment overwrites it)."""
+    shutil.copyfile(src, dst)
+
+
+# ------------------------------------------------------------------------ 06 AMP
+
+
+def autocast_facts(device_type: str = "cpu", dtype: Optional[torch.dtype] = None
+                   ) -> dict[str, torch.dtype]:
+    """Run a linear layer, a matmul and a loss under ``torch.autocast`` and report the dtypes.
+
+    Args:
+        device_type: ``"cpu"`` (a GPU is never used in the kernel).
+        dtype: the autocast dtype; None uses autocast's default for the device.
+
+    Returns:
+        ``default`` (autocast's dtype when none is given), ``matmul``, ``linear_output``,
+        ``weight`` (the parameter keeps its dtype), ``loss`` (cross-entropy runs in float32),
+        ``grad`` (gradients have the parameter's dtype) and ``outside`` (after the block).
+
+    Lesson: 06.
+    """
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 3)
+    x = torch.randn(5, 4)
+    with torch.autocast(device_type, dtype=dtype):
+        product = x @ x.T
+        out = layer(x)
+        loss = nn.functional.cross_entropy(out, torch.zeros(5, dtype=torch.long))
+    loss.backward()
+    return {
+        "default": torch.get_autocast_dtype(device_type),
+        "matmul": product.dtype,
+        "linear_output": out.dtype,
+        "weight": layer.weight.dtype,
+        "loss": loss.dtype,
+        "grad": layer.weight.grad.dtype,
+        "outside": layer(x).dtype,
+    }
+
+
+def number_formats() -> list[dict[str, Any]]:
+    """Compare float32, float16 and bfloat16: range, precision, and two telling conversions.
+
+    Returns:
+        One row per dtype: ``dtype``, ``bits``, ``max``, ``smallest`` (smallest normal number,
+        ``finfo.tiny``), ``eps`` (gap after 1.0), ``1e-8`` and ``70000`` (those numbers after
+        conversion: fp16 rounds the first to 0 and overflows the second to inf).
+
+    Lesson: 06.
+    """
+    rows = []
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        info = torch.finfo(dtype)
+        rows.append({
+            "dtype": str(dtype).replace("torch.", ""), "bits": info.bits, "max": info.max,
+            "smallest": info.tiny, "eps": info.eps,
+            "1e-8": torch.tensor(1e-8).to(dtype).item(),
+            "70000": torch.tensor(70000.0).to(dtype).item(),
+        })
+    return rows
+
+
+def tiny_gradient(dtype: torch.dtype, use_scaler: bool, loss_scale: float = 1e-8) -> float:
+    """Train step in miniature: return the largest weight gradient of a layer run in ``dtype``.
+
+    The loss is multiplied by ``loss_scale`` (1e-8), so every gradient is about 1e-8: below
+    the smallest number float16 can hold (6e-8), well inside bfloat16's range. A ``torch.amp.GradScaler``
+    multiplies the loss by 65536 before backward and divides the gradients afterwards.
+
+    Args:
+        dtype: the autocast dtype (``torch.float16`` or ``torch.bfloat16``), on the CPU.
+        use_scaler: scale the loss with a GradScaler.
+        loss_scale: the factor that makes the gradients tiny.
+
+    Returns:
+        ``max |grad|`` of the weight after unscaling: 0.0 means the gradient underflowed.
+
+    Lesson: 06.
+    """
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", enabled=use_scaler)
+    with torch.autocast("cpu", dtype=dtype):
+        out = layer(torch.ones(3, 4))
+    loss = out.float().sum() * loss_scale
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)  # gradients back in true units (a no-op when disabled)
+    return float(layer.weight.grad.abs().max())
+
+
+def scaler_overflow_step() -> dict[str, Any]:
+    """Show what ``GradScaler.step`` does when a gradient is inf: skip the step, halve the scale.
+
+    Returns:
+        ``scale_before``, ``scale_after``, ``weights_changed`` (False: the step was skipped),
+        and ``then_changed`` (a following step with finite gradients does update the weights).
+
+    Lesson: 06.
+    """
+    torch.manual_seed(0)
+    layer = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    before = layer.weight.detach().clone()
+    scale_before = scaler.get_scale()
+    loss = (layer(torch.tensor([[float("inf"), 1.0]]))).sum()  # an overflow in the forward
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    changed = not torch.equal(before, layer.weight)
+    optimizer.zero_grad()
+    scaler.scale(layer(torch.ones(1, 2)).sum()).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return {"scale_before": scale_before, "scale_after": scaler.get_scale(),
+            "weights_changed": changed, "then_changed": not torch.equal(before, layer.weight)}
+
+
+def deprecated_amp_names() -> list[str]:
+    """Return the warning PyTorch gives for the old ``torch.cpu.amp.autocast`` spelling.
+
+    ``torch.cuda.amp.autocast`` and ``torch.cuda.amp.GradScaler`` warn the same way; the CPU
+    one is used here because it never touches a GPU.
+
+    Lesson: 06.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cpu.amp.autocast(dtype=torch.bfloat16)
+    return [f"{w.category.__name__}: {w.message}" for w in caught]

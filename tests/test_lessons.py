@@ -1,0 +1,142 @@
+"""The in-kernel demonstrations of lessons 04-06 state true facts about PyTorch."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from ddplab import lessons
+
+
+# ------------------------------------------------------------------------ 04
+
+
+@pytest.mark.parametrize("length,world", [(10, 3), (12, 4), (7, 8), (1347, 2)])
+def test_shares_cover_the_dataset_with_equal_lengths(length, world):
+    shares = lessons.sampler_shares(length, world)
+    assert len({len(s) for s in shares}) == 1
+    read = [i for s in shares for i in s]
+    assert set(read) == set(range(length))
+    facts = lessons.padding(length, world)
+    assert facts["read"] == len(read) and facts["repeats"] == len(read) - length
+
+
+def test_drop_last_never_repeats_and_may_leave_samples_unread():
+    facts = lessons.padding(10, 3, drop_last=True)
+    assert facts == {"per_rank": 3, "read": 9, "repeats": 0, "unread": 1}
+    shares = lessons.sampler_shares(10, 3, drop_last=True)
+    assert len(set().union(*map(set, shares))) == 9
+
+
+def test_is_padding_marks_exactly_the_repeats():
+    length, world = 10, 4
+    shares = lessons.sampler_shares(length, world, shuffle=False)
+    marked = [shares[r][p] for r in range(world) for p in range(len(shares[r]))
+              if lessons.is_padding(p, r, length, world)]
+    assert sorted(marked) == [0, 1]  # without shuffle the first indices are repeated
+
+
+def test_orders_repeat_without_set_epoch_and_change_with_it():
+    without = lessons.epoch_orders(20, 2, 3, set_epoch=False)
+    with_ = lessons.epoch_orders(20, 2, 3, set_epoch=True)
+    assert without[0] == without[1] == without[2]
+    assert with_[0] == without[0]  # set_epoch(0) is the default epoch
+    assert with_[1] != with_[0] and with_[2] != with_[1]
+
+
+def test_padding_biases_a_sharded_evaluation():
+    correct = [False, False] + [True] * 8
+    true, padded = lessons.padded_accuracy(correct, 4)
+    assert true == 0.8 and padded == pytest.approx(8 / 12)
+
+
+def test_error_of_returns_the_exception_or_none():
+    assert isinstance(lessons.error_of(lambda: 1 / 0), ZeroDivisionError)
+    assert lessons.error_of(lambda: None) is None
+
+
+# ------------------------------------------------------------------------ 05
+
+
+@pytest.fixture
+def state_file(tmp_path):
+    path = tmp_path / "state.pt"
+    torch.save({"model": lessons.TinyNet().state_dict(), "epoch": 2}, path)
+    return path
+
+
+def test_checkpoint_table_lists_top_level_entries(state_file):
+    rows = dict(lessons.checkpoint_table(state_file))
+    assert rows["epoch"] == "2" and rows["model"].startswith("4 tensors")
+
+
+def test_a_gpu_tagged_file_needs_map_location(state_file, tmp_path):
+    gpu = tmp_path / "gpu.pt"
+    lessons.as_if_saved_on(state_file, gpu, "cuda:1")
+    assert lessons.saved_locations(state_file) == {"cpu": 4}
+    assert lessons.saved_locations(gpu) == {"cuda:1": 4}
+    assert lessons.tensor_devices(gpu, "cpu") == {"cpu": 4}
+    if not torch.cuda.is_available():
+        error = lessons.error_of(lambda: lessons.tensor_devices(gpu))
+        assert isinstance(error, RuntimeError) and "map_location" in str(error)
+
+
+def test_pickled_module_is_refused_by_weights_only_and_breaks_on_rename(tmp_path, state_file):
+    path = tmp_path / "module.pt"
+    torch.save(lessons.TinyNet(), path)
+    assert "ddplab.lessons.TinyNet" in lessons.pickled_globals(path)
+    assert not any("TinyNet" in g for g in lessons.pickled_globals(state_file))
+    error = lessons.error_of(lambda: torch.load(path, weights_only=True))
+    assert isinstance(error, pickle.UnpicklingError)
+    error = lessons.load_without_class(path)
+    assert isinstance(error, AttributeError) and "TinyNet" in str(error)
+    assert hasattr(lessons, "TinyNet")  # restored afterwards
+
+
+def test_truncated_file_does_not_load(state_file, tmp_path):
+    half = tmp_path / "half.pt"
+    assert lessons.truncate(state_file, half) < state_file.stat().st_size
+    assert isinstance(lessons.error_of(lambda: torch.load(half, weights_only=True)),
+                      RuntimeError)
+
+
+def test_wrapped_state_dict_has_the_module_prefix():
+    keys = list(lessons.wrapped_state_dict(lessons.TinyNet()))
+    assert keys and all(k.startswith("module.") for k in keys)
+
+
+# ------------------------------------------------------------------------ 06
+
+
+def test_autocast_on_cpu_computes_in_bf16_and_keeps_fp32_weights():
+    facts = lessons.autocast_facts("cpu")
+    assert facts["default"] == torch.bfloat16
+    assert facts["matmul"] == facts["linear_output"] == torch.bfloat16
+    assert facts["weight"] == facts["grad"] == facts["outside"] == torch.float32
+    assert facts["loss"] == torch.float32
+
+
+def test_number_formats():
+    rows = {r["dtype"]: r for r in lessons.number_formats()}
+    assert rows["float16"]["1e-8"] == 0.0 and rows["float16"]["70000"] == float("inf")
+    assert rows["bfloat16"]["1e-8"] > 0 and rows["bfloat16"]["max"] > 1e38
+
+
+def test_fp16_gradients_underflow_without_a_scaler_and_bf16_ones_do_not():
+    assert lessons.tiny_gradient(torch.float16, use_scaler=False) == 0.0
+    scaled = lessons.tiny_gradient(torch.float16, use_scaler=True)
+    bf16 = lessons.tiny_gradient(torch.bfloat16, use_scaler=False)
+    assert scaled == pytest.approx(3e-8, rel=0.01) and bf16 == pytest.approx(3e-8, rel=0.01)
+
+
+def test_scaler_skips_an_overflowing_step_and_halves_the_scale():
+    facts = lessons.scaler_overflow_step()
+    assert facts["scale_after"] == facts["scale_before"] / 2
+    assert not facts["weights_changed"] and facts["then_changed"]
+
+
+def test_old_amp_names_warn():
+    messages = lessons.deprecated_amp_names()
+    assert any("FutureWarning" in m and "torch.amp.autocast" in m for m in messages)
