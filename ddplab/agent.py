@@ -207,7 +207,7 @@ def _record_exitcodes() -> dict[str, int]:
     rank 0 then fails on the closed connection, it may notice rank 0 first. The process
     context that joins the workers knows them all, so record them as it joins.
     """
-    import torch.multiprocessing  # noqa: F401  (the module is shadowed by the function)
+    import torch.multiprocessing  # noqa: F401  (loads the module the function shadows)
 
     spawn = sys.modules["torch.multiprocessing.spawn"]
 

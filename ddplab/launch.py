@@ -31,104 +31,28 @@ import os
 import re
 import selectors
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
 from . import env as _env
 from . import events as _events
+from .jobs import (Job, child_env, fast_path_available, popen_job, start_fast,
+                   torchrun_cmd)
+from .results import (RankFailure, RunResult, failures_from_output, root_cause, short_message,
+                      signal_name, traceback_tail)
 
 ENGINES = ("torchrun", "spawn")
 DEFAULT_TIMEOUT = float(os.environ.get("DDPLAB_TIMEOUT", "3600"))
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:? ?")
-# Errors a healthy rank reports when a peer died first: never the root cause.
-_SECONDARY = re.compile(
-    r"Connection closed by peer|Connection reset by peer|ECONNRESET|Broken pipe|"
-    r"SignalException|Socket Timeout|terminated by the launcher",
-    re.IGNORECASE,
-)
 _NOTICE_SHOWN: set[str] = set()
 
 
 class LaunchError(ValueError):
     """Bad input to ``launch``, found before any process starts. The message says what to do."""
-
-
-@dataclass
-class RankFailure:
-    """Why one rank failed: exit code or signal, and the tail of its traceback."""
-
-    rank: int
-    exitcode: Optional[int]
-    signal: Optional[str] = None
-    message: str = ""
-    traceback: str = ""
-
-    def __str__(self) -> str:
-        how = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exitcode}"
-        text = f"rank {self.rank} {how}"
-        if self.message:
-            text += f": {self.message}"
-        if self.traceback:
-            text += "\n" + self.traceback
-        return text
-
-
-@dataclass
-class RunResult:
-    """What a launch returns: status, per-rank exit codes, logs, events and the root cause.
-
-    ``status`` is one of ``ok``, ``failed``, ``timeout``, ``interrupted``, ``error``; ``ok`` is
-    True only for ``ok``. ``exit_codes[rank]`` is None for a rank the launcher stopped because
-    another rank failed (or a timeout or interrupt came).
-    """
-
-    status: str
-    returncode: int
-    wall_time: float
-    world_size: int
-    exit_codes: dict[int, Optional[int]] = field(default_factory=dict)
-    logs: dict[Union[int, str], list[str]] = field(default_factory=dict)
-    events: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-    root_cause: Optional[RankFailure] = None
-    error: str = ""
-    engine: str = "torchrun"
-    pids: dict[int, int] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    @property
-    def summary(self) -> Optional[dict[str, Any]]:
-        """The last ``summary`` event (rank 0's final JSON line), or None."""
-        found = self.events_of("summary")
-        return found[-1] if found else None
-
-    def events_of(self, kind: str) -> list[dict[str, Any]]:
-        """All events of one kind, rank by rank, in the order each rank sent them."""
-        return [e for rank in sorted(self.events) for e in self.events[rank] if e["kind"] == kind]
-
-    def log(self, rank: Union[int, str] = 0) -> str:
-        """One rank's output (or ``"launcher"``) as text, event lines left out."""
-        return "\n".join(self.logs.get(rank, []))
-
-    def check(self) -> "RunResult":
-        """Return self when ok, else raise RuntimeError with the root cause."""
-        if not self.ok:
-            raise RuntimeError(self.error or self.status)
-        return self
-
-    def __repr__(self) -> str:
-        cause = f", root_cause=rank {self.root_cause.rank}" if self.root_cause else ""
-        return (f"RunResult(status={self.status!r}, world_size={self.world_size}, "
-                f"wall_time={self.wall_time:.2f}s{cause})")
 
 
 # --------------------------------------------------------------------------- input checks
@@ -189,151 +113,6 @@ def _check_inputs(nprocs: Any, engine: str, backend: Optional[str], nnodes: int,
     if port is not None and node_rank == 0 and not _env.port_is_free(port, host):
         raise LaunchError(f"port {port} on {host} is busy: pass another master_port, or leave "
                           f"it out and ddplab picks a free one.")
-
-
-# --------------------------------------------------------------------------- jobs
-
-
-@dataclass
-class _Job:
-    """One started launch: where its output comes from and how to end it."""
-
-    world_size: int
-    engine: str
-    pgid: int
-    sources: dict[int, Union[int, str]]  # fd -> rank label (local rank int) or "launcher"
-    node: str = ""
-    report_fd: Optional[int] = None
-    popen: Optional[subprocess.Popen] = None
-    report: bytes = b""
-    nproc_per_node: int = 1
-    rank_of: dict[Union[int, str], int] = field(default_factory=dict)  # source label -> rank
-    pids: dict[int, int] = field(default_factory=dict)
-    exits: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (code, time)
-
-    def alive(self) -> bool:
-        if self.popen is not None and self.popen.poll() is None:
-            return True
-        try:
-            os.killpg(self.pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-
-    def kill(self, sig: int) -> None:
-        try:
-            os.killpg(self.pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-class _AgentServer:
-    """The kernel's handle on its ``ddplab.agent`` process (one per calling process)."""
-
-    _lock = threading.Lock()
-    _current: Optional["_AgentServer"] = None
-
-    def __init__(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.sock = ours
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ddplab.agent", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()], start_new_session=True,
-            stdin=subprocess.DEVNULL, cwd=os.getcwd(), env=_child_env(os.environ),
-        )
-        theirs.close()
-        self.sock.settimeout(300)
-        if self.sock.recv(4096) != b'{"ready": true}':
-            raise RuntimeError("ddplab.agent did not start: see the messages above.")
-        self.sock.settimeout(None)
-
-    @classmethod
-    def get(cls) -> "_AgentServer":
-        if cls._current is None or cls._current.proc.poll() is not None:
-            cls._current = cls()
-        return cls._current
-
-    def request(self, req: dict[str, Any], fds: list[int]) -> dict[str, Any]:
-        socket.send_fds(self.sock, [json.dumps(req).encode()], fds)
-        return json.loads(self.sock.recv(1 << 16).decode())
-
-    def close(self) -> None:
-        self.sock.close()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def _child_env(base: Any, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
-    """The environment of the job: the caller's, ``extra`` on top, this package importable."""
-    merged = {str(k): str(v) for k, v in dict(base).items()}
-    merged.update({str(k): str(v) for k, v in (extra or {}).items()})
-    root = str(Path(__file__).resolve().parent.parent)
-    paths = merged.get("PYTHONPATH", "").split(os.pathsep)
-    if root not in paths:
-        merged["PYTHONPATH"] = os.pathsep.join(p for p in [root, *paths] if p)
-    merged.setdefault("PYTHONUNBUFFERED", "1")
-    return merged
-
-
-def fast_path_available() -> bool:
-    """True where launches fork from the preloaded helper (Linux, unless disabled)."""
-    if os.environ.get("DDPLAB_LAUNCH_PATH", "") == "subprocess":
-        return False
-    return sys.platform.startswith("linux") and hasattr(socket, "send_fds")
-
-
-def _start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str], cwd: str,
-                threads: int, nnodes: int, node_rank: int, endpoint: str, run_id: str) -> _Job:
-    """Start a torchrun-engine job through the preloaded ``ddplab.agent`` helper."""
-    rank_pipes = [os.pipe() for _ in range(nprocs)]
-    log_r, log_w = os.pipe()
-    report_r, report_w = os.pipe()
-    req = {
-        "op": "launch", "target": target, "args": args, "nproc_per_node": nprocs,
-        "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint, "run_id": run_id,
-        "env": job_env, "cwd": cwd, "threads": threads, "local_addr": "127.0.0.1"
-        if endpoint.startswith(("127.", "localhost")) else None,
-    }
-    write_ends = [report_w, log_w, *[w for _r, w in rank_pipes]]
-    try:
-        with _AgentServer._lock:
-            reply = _AgentServer.get().request(req, write_ends)
-    finally:
-        for fd in write_ends:
-            os.close(fd)
-    sources: dict[int, Union[int, str]] = {log_r: "launcher"}
-    sources.update({r: i for i, (r, _w) in enumerate(rank_pipes)})
-    return _Job(world_size=nprocs * nnodes, engine="torchrun", pgid=int(reply["pid"]),
-                sources=sources, report_fd=report_r, nproc_per_node=nprocs)
-
-
-def _popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int,
-               engine: str) -> _Job:
-    """Start a subprocess in its own session with merged output (ranks tagged by prefix)."""
-    from .agent import set_parent_death_signal
-
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=job_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=set_parent_death_signal,
-    )
-    return _Job(world_size=world_size, engine=engine, pgid=proc.pid, popen=proc,
-                sources={proc.stdout.fileno(): "launcher"})
-
-
-def _torchrun_cmd(target: str, args: list[str], nprocs: int, nnodes: int, node_rank: int,
-                  endpoint: str, run_id: str) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
-           "--nproc-per-node", str(nprocs), "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts", "0",
-           "--tee", "3", "--log-line-prefix-template", "[rank${rank}]:"]
-    if nnodes > 1:
-        cmd += ["--node-rank", str(node_rank)]
-    if endpoint.startswith("127."):
-        cmd += ["--local-addr", "127.0.0.1"]
-    return cmd + (["-m", target] if not os.path.isabs(target) else [target]) + args
 
 
 # --------------------------------------------------------------------------- public API
@@ -423,13 +202,13 @@ def launch_multinode(
     return _run(jobs, view, timeout)
 
 
-def _start_jobs(specs: list[dict[str, Any]], quiet: bool, live: bool) -> tuple[list[_Job], Any]:
+def _start_jobs(specs: list[dict[str, Any]], quiet: bool, live: bool) -> tuple[list[Job], Any]:
     """Check every spec, then start them all; on any error end what already started."""
     prepared = [_prepare(**spec) for spec in specs]
     from .widgets import LiveView
 
     view = LiveView(quiet=quiet, live=live)
-    jobs: list[_Job] = []
+    jobs: list[Job] = []
     try:
         for index, (starter, kwargs) in enumerate(prepared):
             job = starter(**kwargs)
@@ -447,7 +226,7 @@ def _prepare(target: Any, nprocs: Any, args: Sequence[Any], engine: str,
              env: Optional[dict[str, str]], backend: Optional[str], threads: int,
              cwd: Any, nnodes: int, node_rank: int, rdzv_endpoint: Optional[str],
              master_addr: Optional[str], master_port: Optional[int]
-             ) -> tuple[Callable[..., _Job], dict[str, Any]]:
+             ) -> tuple[Callable[..., Job], dict[str, Any]]:
     """Validate one launch and return the function and arguments that start it."""
     cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
     host = master_addr or "127.0.0.1"
@@ -464,7 +243,7 @@ def _prepare(target: Any, nprocs: Any, args: Sequence[Any], engine: str,
     extra.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", str(threads)))
     if host.startswith("127.") and nnodes == 1 or rdzv_endpoint and host.startswith("127."):
         extra.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
-    job_env = _child_env(os.environ, extra)
+    job_env = child_env(os.environ, extra)
     if engine == "spawn":
         if not resolved.endswith(".py") and not os.path.isabs(resolved):
             cmd = [sys.executable, "-m", resolved]
@@ -472,18 +251,18 @@ def _prepare(target: Any, nprocs: Any, args: Sequence[Any], engine: str,
             cmd = [sys.executable, resolved]
         job_env.update(MASTER_ADDR=host, MASTER_PORT=str(port or _env.free_port(host)),
                        DDPLAB_RANK_PREFIX="1")
-        return _popen_job, dict(cmd=[*cmd, "--nprocs", str(nprocs), *argv], job_env=job_env,
+        return popen_job, dict(cmd=[*cmd, "--nprocs", str(nprocs), *argv], job_env=job_env,
                                 cwd=cwd, world_size=nprocs, engine="spawn")
     endpoint = f"{host}:{port if port is not None else 0}"
     run_id = uuid.uuid4().hex if nnodes == 1 else f"ddplab-{endpoint}"
     if fast_path_available():
-        return _start_fast, dict(target=resolved, args=argv, nprocs=nprocs, job_env=job_env,
+        return start_fast, dict(target=resolved, args=argv, nprocs=nprocs, job_env=job_env,
                                  cwd=cwd, threads=threads, nnodes=nnodes, node_rank=node_rank,
                                  endpoint=endpoint, run_id=run_id)
     _notice_once("subprocess", "ddplab: launching through a torchrun subprocess (slower): "
                  "fast launches need Linux.")
-    cmd = _torchrun_cmd(resolved, argv, nprocs, nnodes, node_rank, endpoint, run_id)
-    return _popen_job, dict(cmd=cmd, job_env=job_env, cwd=cwd, world_size=nprocs * nnodes,
+    cmd = torchrun_cmd(resolved, argv, nprocs, nnodes, node_rank, endpoint, run_id)
+    return popen_job, dict(cmd=cmd, job_env=job_env, cwd=cwd, world_size=nprocs * nnodes,
                             engine="torchrun")
 
 
@@ -496,28 +275,29 @@ def _notice_once(key: str, text: str) -> None:
 # --------------------------------------------------------------------------- running
 
 
-def _run(jobs: list[_Job], view: Any, timeout: Optional[float]) -> list[RunResult]:
+def _run(jobs: list[Job], view: Any, timeout: Optional[float]) -> list[RunResult]:
     """Stream every job's output until all end; end them all on timeout or interrupt."""
     start = time.monotonic()
     deadline = start + (DEFAULT_TIMEOUT if timeout is None else float(timeout))
     streams = _Streams(jobs, view)
-    status = "done"
     try:
-        status = streams.pump(deadline)
-    except KeyboardInterrupt:
-        status = "interrupted"
-    except BaseException:
+        try:
+            status = streams.pump(deadline)
+        except KeyboardInterrupt:
+            status = "interrupted"
+        if status != "done":
+            for job in jobs:
+                _terminate(job)
+            streams.drain()
         for job in jobs:
-            _terminate(job)
-        view.close()
+            _reap(job)
+    except BaseException:  # an error in the caller, or a second interrupt: end everything
+        for job in jobs:
+            _terminate(job, grace=0.5)
         raise
-    if status != "done":
-        for job in jobs:
-            _terminate(job)
-        streams.drain()
-    for job in jobs:
-        _reap(job)
-    view.close()
+    finally:
+        streams.close()
+        view.close()
     wall = time.monotonic() - start
     results = [_result(i, job, streams, status, wall, timeout) for i, job in enumerate(jobs)]
     for result in results:
@@ -526,7 +306,7 @@ def _run(jobs: list[_Job], view: Any, timeout: Optional[float]) -> list[RunResul
     return results
 
 
-def _terminate(job: _Job, grace: float = 3.0) -> None:
+def _terminate(job: Job, grace: float = 3.0) -> None:
     """SIGTERM the job's process group, then SIGKILL whatever is left after ``grace``."""
     job.kill(signal.SIGTERM)
     end = time.monotonic() + grace
@@ -535,7 +315,7 @@ def _terminate(job: _Job, grace: float = 3.0) -> None:
     job.kill(signal.SIGKILL)
 
 
-def _reap(job: _Job) -> None:
+def _reap(job: Job) -> None:
     """Wait for the job's processes to be gone (killing stragglers that kept running)."""
     if job.popen is not None:
         try:
@@ -553,7 +333,7 @@ def _reap(job: _Job) -> None:
 class _Streams:
     """Read every job's pipes in the calling thread: lines, events, reports."""
 
-    def __init__(self, jobs: list[_Job], view: Any) -> None:
+    def __init__(self, jobs: list[Job], view: Any) -> None:
         self.view = view
         self.sel = selectors.DefaultSelector()
         self.partial: dict[int, bytes] = {}
@@ -583,10 +363,8 @@ class _Streams:
         while self.sel.get_map() and time.monotonic() < end:
             for key, _mask in self.sel.select(timeout=0.1):
                 self._read(key.fd, *key.data)
-        for key in list(self.sel.get_map().values()):
-            self._close(key.fd)
 
-    def _read(self, fd: int, index: int, job: _Job, label: Union[int, str]) -> None:
+    def _read(self, fd: int, index: int, job: Job, label: Union[int, str]) -> None:
         try:
             chunk = os.read(fd, 1 << 16)
         except BlockingIOError:
@@ -611,7 +389,13 @@ class _Streams:
         self.sel.unregister(fd)
         os.close(fd)
 
-    def _line(self, index: int, job: _Job, label: Union[int, str], text: str) -> None:
+    def close(self) -> None:
+        """Close every pipe still open and the selector itself."""
+        for key in list(self.sel.get_map().values()):
+            self._close(key.fd)
+        self.sel.close()
+
+    def _line(self, index: int, job: Job, label: Union[int, str], text: str) -> None:
         source = label
         if label == "launcher":
             match = _RANK_PREFIX.match(text)
@@ -636,7 +420,7 @@ class _Streams:
                        f"{job.node}{rank}", text)
 
 
-def _result(index: int, job: _Job, streams: _Streams, status: str, wall: float,
+def _result(index: int, job: Job, streams: _Streams, status: str, wall: float,
             timeout: Optional[float]) -> RunResult:
     """Build one job's RunResult from what was read and the agent's report."""
     logs = {label: lines for (i, label), lines in streams.logs.items() if i == index}
@@ -663,16 +447,16 @@ def _result(index: int, job: _Job, streams: _Streams, status: str, wall: float,
     result.exit_codes = codes
     if failures:
         result.status, result.returncode = "failed", 1
-        result.root_cause = _root_cause(failures, job.exits)
+        result.root_cause = root_cause(failures, job.exits)
         result.error = str(result.root_cause)
     return result
 
 
-def _failures(job: _Job, logs: dict[Union[int, str], list[str]]
+def _failures(job: Job, logs: dict[Union[int, str], list[str]]
               ) -> tuple[Optional[list[RankFailure]], dict[int, Optional[int]]]:
     """Failed ranks and every rank's exit code; (None, {}) when the launcher itself failed."""
     if job.popen is not None:
-        found = _failures_from_output(job, logs)
+        found = failures_from_output(job.popen.returncode, logs)
         codes: dict[int, Optional[int]] = {r: (None if found else 0) for r in range(job.world_size)}
         codes.update({f.rank: f.exitcode for f in found})
         return found, codes
@@ -689,75 +473,14 @@ def _failures(job: _Job, logs: dict[Union[int, str], list[str]]
             continue
         lines = logs.get(rank, [])
         found.append(RankFailure(
-            rank=rank, exitcode=code, signal=_signal_name(code),
-            message=_short_message(lines), traceback=_traceback_tail(lines)))
+            rank=rank, exitcode=code, signal=signal_name(code),
+            message=short_message(lines), traceback=traceback_tail(lines)))
     return found, codes
 
 
-def _report(job: _Job) -> dict[str, Any]:
+def _report(job: Job) -> dict[str, Any]:
     """The agent's JSON report ({} when it died before writing one)."""
     try:
         return dict(json.loads(job.report.decode() or "{}"))
     except ValueError:
         return {}
-
-
-def _signal_name(code: Optional[int]) -> Optional[str]:
-    if code is None or code >= 0:
-        return None
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
-
-
-def _failures_from_output(job: _Job, logs: dict[Union[int, str], list[str]]) -> list[RankFailure]:
-    """Failures of a subprocess job, read from torchrun's or mp.spawn's error report."""
-    code = job.popen.returncode if job.popen is not None else 0
-    if code == 0:
-        return []
-    text = "\n".join(logs.get("launcher", []))
-    found: list[RankFailure] = []
-    for match in re.finditer(r"^\s*rank\s*:\s*(\d+).*\n\s*exitcode\s*:\s*(-?\d+)", text, re.M):
-        code = int(match.group(2))
-        found.append(RankFailure(rank=int(match.group(1)), exitcode=code,
-                                 signal=_signal_name(code)))
-    for match in re.finditer(r"[Pp]rocess (\d+) terminated with (?:exit code (\d+)|signal "
-                             r"(SIG\w+)|the following error)", text):
-        exitcode = int(match.group(2)) if match.group(2) else (None if match.group(3) else 1)
-        found.append(RankFailure(rank=int(match.group(1)), exitcode=exitcode,
-                                 signal=match.group(3)))
-    if not found:
-        signame = signal.Signals(-code).name if code < 0 else None
-        found.append(RankFailure(rank=0, exitcode=code, signal=signame))
-    for failure in found:
-        lines = logs.get(failure.rank, []) or logs.get("launcher", [])
-        failure.traceback = _traceback_tail(lines)
-        failure.message = _short_message(lines)
-    return found
-
-
-def _root_cause(failures: list[RankFailure],
-                exits: dict[int, tuple[int, float]]) -> RankFailure:
-    """The failure that came first and is not a peer's echo of it (e.g. "connection closed").
-
-    A rank killed by SIGTERM was stopped by the launcher after another rank failed, and a
-    rank that reports a closed connection lost a peer: both rank after a genuine failure.
-    """
-    def key(f: RankFailure) -> tuple[bool, float, int]:
-        echo = bool(_SECONDARY.search(f.message + "\n" + f.traceback)) or f.signal == "SIGTERM"
-        return echo, exits.get(f.rank, (0, 0.0))[1], f.rank
-    return sorted(failures, key=key)[0]
-
-
-def _traceback_tail(lines: list[str], limit: int = 25) -> str:
-    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback")]
-    return "\n".join(lines[starts[-1]:][-limit:]) if starts else ""
-
-
-def _short_message(lines: list[str]) -> str:
-    """The exception line of the last traceback in ``lines``, or ""."""
-    for line in reversed(lines):
-        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b", line):
-            return line.strip()
-    return ""

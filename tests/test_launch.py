@@ -187,9 +187,9 @@ def test_ten_launches_leave_nothing_behind():
         pids += result.pids.values()
     assert not wait_gone(pids, 5)
     assert len(os.listdir("/proc/self/fd")) <= fds_before  # no pipe or socket leaked
-    from ddplab.launch import _AgentServer
+    from ddplab.jobs import AgentServer
 
-    helper = _AgentServer.get().proc.pid
+    helper = AgentServer.get().proc.pid
     assert [p for p in _children(helper) if alive(p)] == []
 
 

@@ -1,0 +1,163 @@
+"""Starting a launch: one ``Job`` per torchrun agent or subprocess, and the preloaded helper.
+
+``launch.py`` decides what to run and reads the output; this module only starts processes and
+knows how to end them (each job is one process group).
+
+Lesson: every notebook that launches workers (01-09).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+
+@dataclass
+class Job:
+    """One started launch: where its output comes from and how to end it."""
+
+    world_size: int
+    engine: str
+    pgid: int
+    sources: dict[int, Union[int, str]]  # fd -> rank label (local rank int) or "launcher"
+    node: str = ""
+    report_fd: Optional[int] = None
+    popen: Optional[subprocess.Popen] = None
+    report: bytes = b""
+    nproc_per_node: int = 1
+    rank_of: dict[Union[int, str], int] = field(default_factory=dict)  # source label -> rank
+    pids: dict[int, int] = field(default_factory=dict)
+    exits: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (code, time)
+
+    def alive(self) -> bool:
+        if self.popen is not None and self.popen.poll() is None:
+            return True
+        try:
+            os.killpg(self.pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def kill(self, sig: int) -> None:
+        try:
+            os.killpg(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class AgentServer:
+    """The kernel's handle on its ``ddplab.agent`` process (one per calling process)."""
+
+    _lock = threading.Lock()
+    _current: Optional["AgentServer"] = None
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock = ours
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ddplab.agent", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()], start_new_session=True,
+            stdin=subprocess.DEVNULL, cwd=os.getcwd(), env=child_env(os.environ),
+        )
+        theirs.close()
+        self.sock.settimeout(300)
+        if self.sock.recv(4096) != b'{"ready": true}':
+            raise RuntimeError("ddplab.agent did not start: see the messages above.")
+        self.sock.settimeout(None)
+
+    @classmethod
+    def get(cls) -> "AgentServer":
+        if cls._current is None or cls._current.proc.poll() is not None:
+            cls._current = cls()
+        return cls._current
+
+    def request(self, req: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        socket.send_fds(self.sock, [json.dumps(req).encode()], fds)
+        return json.loads(self.sock.recv(1 << 16).decode())
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def child_env(base: Any, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """The environment of the job: the caller's, ``extra`` on top, this package importable."""
+    merged = {str(k): str(v) for k, v in dict(base).items()}
+    merged.update({str(k): str(v) for k, v in (extra or {}).items()})
+    root = str(Path(__file__).resolve().parent.parent)
+    paths = merged.get("PYTHONPATH", "").split(os.pathsep)
+    if root not in paths:
+        merged["PYTHONPATH"] = os.pathsep.join(p for p in [root, *paths] if p)
+    merged.setdefault("PYTHONUNBUFFERED", "1")
+    return merged
+
+
+def fast_path_available() -> bool:
+    """True where launches fork from the preloaded helper (Linux, unless disabled)."""
+    if os.environ.get("DDPLAB_LAUNCH_PATH", "") == "subprocess":
+        return False
+    return sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+
+
+def start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str], cwd: str,
+                threads: int, nnodes: int, node_rank: int, endpoint: str, run_id: str) -> Job:
+    """Start a torchrun-engine job through the preloaded ``ddplab.agent`` helper."""
+    rank_pipes = [os.pipe() for _ in range(nprocs)]
+    log_r, log_w = os.pipe()
+    report_r, report_w = os.pipe()
+    req = {
+        "op": "launch", "target": target, "args": args, "nproc_per_node": nprocs,
+        "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint, "run_id": run_id,
+        "env": job_env, "cwd": cwd, "threads": threads, "local_addr": "127.0.0.1"
+        if endpoint.startswith(("127.", "localhost")) else None,
+    }
+    write_ends = [report_w, log_w, *[w for _r, w in rank_pipes]]
+    try:
+        with AgentServer._lock:
+            reply = AgentServer.get().request(req, write_ends)
+    finally:
+        for fd in write_ends:
+            os.close(fd)
+    sources: dict[int, Union[int, str]] = {log_r: "launcher"}
+    sources.update({r: i for i, (r, _w) in enumerate(rank_pipes)})
+    return Job(world_size=nprocs * nnodes, engine="torchrun", pgid=int(reply["pid"]),
+                sources=sources, report_fd=report_r, nproc_per_node=nprocs)
+
+
+def popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int,
+               engine: str) -> Job:
+    """Start a subprocess in its own session with merged output (ranks tagged by prefix)."""
+    from .agent import set_parent_death_signal
+
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=job_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=set_parent_death_signal,
+    )
+    out = os.dup(proc.stdout.fileno())  # the launcher owns and closes this copy
+    proc.stdout.close()
+    return Job(world_size=world_size, engine=engine, pgid=proc.pid, popen=proc,
+               sources={out: "launcher"})
+
+
+def torchrun_cmd(target: str, args: list[str], nprocs: int, nnodes: int, node_rank: int,
+                  endpoint: str, run_id: str) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
+           "--nproc-per-node", str(nprocs), "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts", "0",
+           "--tee", "3", "--log-line-prefix-template", "[rank${rank}]:"]
+    if nnodes > 1:
+        cmd += ["--node-rank", str(node_rank)]
+    if endpoint.startswith("127."):
+        cmd += ["--local-addr", "127.0.0.1"]
+    return cmd + (["-m", target] if not os.path.isabs(target) else [target]) + args
