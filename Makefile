@@ -41,7 +41,7 @@ bench: setup
 
 # Strip outputs and trim metadata of every notebook (run before committing notebooks).
 strip: setup
-	$(BIN)/python -m ddplab.notebook_tools strip notebooks/*.ipynb
+	$(BIN)/python -m ddplab course --strip
 
 clean:
 	rm -rf build .pytest_cache
