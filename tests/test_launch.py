@@ -246,3 +246,11 @@ def test_cli_exit_codes_name_the_failed_rank():
     usage = subprocess.run([sys.executable, "-m", "ddplab", "launch", "--nproc-per-node", "0",
                             PLAIN], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "nprocs must be" in usage.stderr
+
+
+def test_two_nodes_meet_at_one_rendezvous():
+    results = ddplab.launch_multinode(PLAIN, nnodes=2, nproc_per_node=1, quiet=True, timeout=120)
+    assert [r.ok for r in results] == [True, True], [r.error for r in results]
+    lines = sorted(line for r in results for rank in r.logs if rank != "launcher"
+                   for line in r.logs[rank])
+    assert lines == ["rank 0 of 2: sum 3", "rank 1 of 2: sum 3"]

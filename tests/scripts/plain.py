@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 dist.init_process_group("gloo")
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-assert int(os.environ["LOCAL_RANK"]) == rank
+assert int(os.environ["LOCAL_RANK"]) == rank % int(os.environ["LOCAL_WORLD_SIZE"])
 total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
 print(f"rank {rank} of {world}: sum {total.item():.0f}")
