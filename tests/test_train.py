@@ -199,3 +199,32 @@ def test_summary_is_emitted_once_with_its_fields(capsys: pytest.CaptureFixture) 
     assert summary["global_batch"] == 32 and summary["samples_seen_per_rank"] == [80]
     assert summary["final_accuracy"] == 0.8 and summary["samples_per_s"] == 20.0
     assert summary["epochs"] == 2 and summary["mode"] == "single"
+
+
+# ---------------------------------------------------------------------- layering
+
+WORKER_SIDE = {"workers/train": {"train", "data", "models", "checkpoint", "dist", "events"},
+               "train": {"data", "models", "checkpoint", "dist", "events"},
+               "data": {"dist", "events"}, "models": set(), "checkpoint": set()}
+
+
+@pytest.mark.parametrize("module", sorted(WORKER_SIDE))
+def test_worker_side_imports_point_downwards(module: str) -> None:
+    """Each worker-side module imports only the ddplab modules below it (no kernel side)."""
+    import ast
+    from pathlib import Path
+
+    import ddplab.data
+
+    source = Path(ddplab.data.__file__).parent.joinpath(f"{module}.py").read_text()
+    used = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ddplab"):
+            names = [node.module.removeprefix("ddplab").lstrip(".")]
+            if node.module == "ddplab":
+                names = [alias.name for alias in node.names]
+            used.update(n for n in names if n)
+        elif isinstance(node, ast.Import):
+            used.update(a.name.removeprefix("ddplab.") for a in node.names
+                        if a.name.startswith("ddplab."))
+    assert used <= WORKER_SIDE[module], used - WORKER_SIDE[module]

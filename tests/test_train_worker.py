@@ -111,6 +111,14 @@ def test_both_loaders_and_dataparallel_train_identically() -> None:
     assert dataparallel["param_checksum"] == tensor["param_checksum"]  # CPU: DP runs the module
 
 
+def test_no_set_epoch_repeats_the_first_epochs_order() -> None:
+    default = run_here("--epochs", "2", "--mode", "single")
+    repeated = run_here("--epochs", "2", "--mode", "single", "--no-set-epoch")
+    assert repeated["set_epoch"] is False
+    assert _metrics(repeated["history"][:1]) == _metrics(default["history"][:1])
+    assert repeated["param_checksum"] != default["param_checksum"]
+
+
 def test_bf16_autocast_trains_on_cpu() -> None:
     summary = run_here("--epochs", "1", "--amp", "bf16", "--scale-lr", "--grad-accum", "2",
                        "--warmup-epochs", "0.5")
