@@ -128,8 +128,13 @@ def _barrier() -> None:
 # ---------------------------------------------------------------------------------- RNG
 
 
+def _cuda_in_use() -> bool:
+    """True when this process already uses CUDA (never initialise it just for RNG state)."""
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
 def rng_states() -> dict[str, Any]:
-    """Capture the RNG states of torch (CPU and CUDA), numpy and Python's ``random``.
+    """Capture the RNG states of torch (CPU and this process's GPU), numpy and ``random``.
 
     Stored as tensors and plain numbers so the checkpoint loads with ``weights_only=True``.
 
@@ -138,7 +143,8 @@ def rng_states() -> dict[str, Any]:
     version, state, gauss = random.getstate()
     states: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        # this process's GPU only: get_rng_state_all() would open a CUDA context on every GPU
+        "cuda": torch.cuda.get_rng_state() if _cuda_in_use() else None,
         "python": {"version": version, "state": torch.tensor(state, dtype=torch.int64),
                    "gauss": gauss},
         "numpy": None,
@@ -159,9 +165,8 @@ def set_rng_states(states: Mapping[str, Any]) -> None:
     Lesson: 05.
     """
     torch.set_rng_state(states["torch"].cpu())
-    cuda = states.get("cuda")
-    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
+    if states.get("cuda") is not None and _cuda_in_use():
+        torch.cuda.set_rng_state(states["cuda"].cpu())
     py = states["python"]
     random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss"]))
     if states.get("numpy") is not None:

@@ -180,3 +180,16 @@ def test_checkpoint_module_stays_self_contained() -> None:
                "typing", "torch", "torch.distributed"}
     assert set(imports) <= allowed, set(imports) - allowed
     assert "Example" in source or "::" in source.split('"""')[1]
+
+
+def test_cuda_rng_state_of_this_gpu_is_saved_and_restored(tmp_path: Path) -> None:
+    model, _ = _trained_pair()
+    state = torch.arange(16, dtype=torch.uint8)
+    with mock.patch("torch.cuda.is_available", return_value=True), \
+            mock.patch("torch.cuda.is_initialized", return_value=True), \
+            mock.patch("torch.cuda.get_rng_state", return_value=state), \
+            mock.patch("torch.cuda.set_rng_state") as set_state:
+        checkpoint.save_checkpoint(tmp_path / "c.pt", model)
+        checkpoint.load_checkpoint(tmp_path / "c.pt", model, device="cpu")
+    (restored,), _ = set_state.call_args
+    assert torch.equal(restored, state)
