@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from typing import Any, Optional
 import pytest
 import torch
 
-from ddplab import events
+from ddplab import events, train
 from ddplab.workers import train as worker
 
 REPO = Path(__file__).resolve().parents[1]
@@ -161,6 +162,7 @@ def test_resume_is_exact_and_works_on_another_world_size(reference: Run, tmp_pat
     stopped = run_train(2, *TINY, "--checkpoint-dir", "ckpt", "--stop-after-epoch", "2",
                         cwd=tmp_path)
     assert not stopped.ok and stopped.summary is None, stopped.output[-3000:]
+    assert re.search(rf"exitcode\s*:\s*{train.STOP_EXIT_CODE}\b", stopped.output)  # not a bug
     assert [e["epoch"] for e in stopped.events if e["kind"] == "epoch"] == [1, 2]
     saved = torch.load(tmp_path / "ckpt" / "checkpoint.pt", weights_only=True)
     assert saved["epoch"] == 2
