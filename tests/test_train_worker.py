@@ -139,6 +139,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Run:
     return run
 
 
+@pytest.mark.slow
 def test_ddp_ranks_agree_and_split_the_data(reference: Run) -> None:
     summary = reference.summary
     assert summary["world_size"] == 2 and summary["backend"] == "gloo"
@@ -149,6 +150,7 @@ def test_ddp_ranks_agree_and_split_the_data(reference: Run) -> None:
     assert [e["epoch"] for e in reference.events if e["kind"] == "epoch"] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_ddp_equals_one_process_accumulating(reference: Run, tmp_path: Path) -> None:
     single = run_here(*TINY, "--mode", "single", "--grad-accum", "2")
     ddp, one = reference.summary["param_checksum"], single["param_checksum"]
@@ -157,6 +159,7 @@ def test_ddp_equals_one_process_accumulating(reference: Run, tmp_path: Path) -> 
     assert single["samples_seen_per_rank"] == [2 * 3 * 674]
 
 
+@pytest.mark.slow
 def test_resume_is_exact_and_works_on_another_world_size(reference: Run, tmp_path: Path
                                                          ) -> None:
     stopped = run_train(2, *TINY, "--checkpoint-dir", "ckpt", "--stop-after-epoch", "2",
