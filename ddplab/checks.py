@@ -175,3 +175,71 @@ def _exercise_06() -> tuple[Any, Any]:
 
     facts = lessons.autocast_facts("cpu", torch.bfloat16)
     return facts["linear_output"], facts["weight"]
+
+
+# ------------------------------------------------------------- exercises 07-09 (lessons 07-09)
+
+
+def _compare_07(answer: Any, expected: Any) -> Optional[str]:
+    try:
+        rank = int(answer)
+    except (TypeError, ValueError):
+        return "answer with one whole number: the global RANK."
+    if rank == expected:
+        return None
+    if rank == 2:
+        return "2 is its LOCAL_RANK (its place on its own node); RANK counts across all nodes."
+    return ("the nodes before it contribute their processes first: RANK = GROUP_RANK x "
+            "LOCAL_WORLD_SIZE + LOCAL_RANK.")
+
+
+@exercise("07", "A job runs `torchrun --nnodes 3 --nproc-per-node 4 ...` on three machines. "
+          "What is the global RANK of the process with LOCAL_RANK 2 on the node whose "
+          "GROUP_RANK (node rank) is 1? answer = <a number>", _compare_07)
+def _exercise_07() -> int:
+    group_rank, local_world_size, local_rank = 1, 4, 2
+    return group_rank * local_world_size + local_rank
+
+
+def _compare_08(answer: Any, expected: Any) -> Optional[str]:
+    try:
+        megabytes = float(answer)
+    except (TypeError, ValueError):
+        return "answer with a number of MB."
+    if math.isclose(megabytes, expected, rel_tol=1e-3):
+        return None
+    if math.isclose(megabytes, 200.0, rel_tol=1e-3):
+        return "close: the factor is 2 (n - 1) / n, not 2; with n = 8 that is a bit less than 2."
+    if math.isclose(megabytes, 87.5, rel_tol=1e-3):
+        return "that is one phase (reduce-scatter); the all-gather phase sends as much again."
+    return ("each of the 2 (n - 1) steps sends one chunk of 1/n of the gradient: "
+            "2 (n - 1) / n x the gradient's size.")
+
+
+@exercise("08", "A ring all-reduce sums a 100 MB gradient over 8 processes. How many MB does "
+          "each process send in total (both phases)? answer = <a number>", _compare_08)
+def _exercise_08() -> float:
+    n, megabytes = 8, 100.0
+    return 2 * (n - 1) / n * megabytes
+
+
+def _compare_09(answer: Any, expected: Any) -> Optional[str]:
+    try:
+        efficiency = float(answer)
+    except (TypeError, ValueError):
+        return "answer with a number between 0 and 1."
+    if math.isclose(efficiency, expected, rel_tol=0.02):
+        return None
+    if math.isclose(efficiency, 13.2 / 6.1, rel_tol=0.02):
+        return "that is the speed-up; efficiency divides it by the number of GPUs."
+    if efficiency > 1:
+        return "efficiency = speed-up / GPUs, at most 1 (1 would be the ideal line)."
+    return "speed-up = time on 1 GPU / time on 4 GPUs; efficiency = speed-up / 4."
+
+
+@exercise("09", "The source trained one epoch in 13.2 s on 1 GPU and in 6.1 s with DDP on 4 "
+          "GPUs. What is the parallel efficiency, speed-up divided by the number of GPUs? "
+          "answer = <a number between 0 and 1>", _compare_09)
+def _exercise_09() -> float:
+    single, ddp4, gpus = 13.2, 6.1, 4
+    return single / ddp4 / gpus

@@ -1,0 +1,471 @@
+"""Measure what scaling buys: throughput per setup, accuracy per global batch, all-reduce bandwidth.
+
+Notebook 09 and ``python -m ddplab bench`` call the same functions, so both measure the same
+way: every setup is one launch of ``ddplab.workers.train`` for ``repeats + 1`` epochs; the first
+epoch is the warm-up and is left out; the result is the median samples/s of the others
+(each epoch timed between two device synchronisations, as in notebook 01).
+
+Example::
+
+    rows = scaling_table("digits", repeats=3)
+    print(markdown_table(rows))
+    plot_speedup(rows)
+
+    python -m ddplab bench                       # writes build/bench/bench.md and *.png
+    python -m ddplab bench --repeats 5 --skip-accuracy --allreduce
+
+Lessons: 08 (bus bandwidth, parameter server vs ring), 09 (scaling table, accuracy vs batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from . import env as _env
+from .launch import launch
+
+TRAIN = "ddplab.workers.train"
+RING = "ddplab.workers.ring_allreduce"
+SOURCE_HARDWARE = ("the source's numbers: ResNet-50 trained from scratch on CIFAR-10, batch 256 "
+                   "per GPU, one epoch, A100-class GPUs")
+# setup name -> (GPUs the source used, seconds per epoch the source reported)
+SOURCE_SECONDS = {"single": (1, 13.2), "DataParallel": (4, 19.1), "DDP x2": (2, 9.8),
+                  "DDP xN": (4, 6.1), "DDP xN + AMP": (4, 6.5)}
+POLICIES = {"same lr": [], "scaled lr": ["--scale-lr"],
+            "scaled lr + warm-up": ["--scale-lr", "--warmup-epochs", "0.5"]}
+
+
+@dataclass
+class Setup:
+    """One row of the source's table: how many processes, which mode, AMP or not."""
+
+    name: str
+    nprocs: int
+    mode: str
+    devices: int
+    amp: str = "off"
+    same_as: Optional[str] = None  # measured already under another name (N = 2 here)
+
+
+@dataclass
+class Row:
+    """One measured setup (all numbers from rank 0's summary of one launch)."""
+
+    setup: Setup
+    samples_per_s: float
+    epoch_time: float
+    accuracy: float
+    global_batch: int
+    samples_per_epoch: int
+    checksums_equal: bool
+    status: str
+    wall_time: float
+    speedup: float = float("nan")
+    epoch_times: list[float] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def workload_args(workload: str) -> list[str]:
+    """Worker arguments of a workload: ``digits`` (default), ``synthetic`` or ``cifar10``."""
+    if workload not in ("digits", "synthetic", "cifar10"):
+        raise ValueError(f"unknown workload {workload!r}: use digits, synthetic or cifar10.")
+    return ["--dataset", workload]
+
+
+def plan(gpus: Optional[int] = None, cpus: Optional[int] = None) -> list[Setup]:
+    """The source's five rows for this machine: N = GPUs, or CPU cores without GPUs.
+
+    Lesson: 09.
+    """
+    gpus = _env.gpu_count() if gpus is None else gpus
+    n = gpus if gpus > 0 else max(2, cpus or os.cpu_count() or 2)
+    amp = "fp16" if gpus > 0 else "bf16"  # CPU autocast computes in bfloat16
+    same = "DDP x2" if n == 2 else None
+    return [
+        Setup("single", 1, "single", 1),
+        Setup("DataParallel", 1, "dp", max(1, gpus)),
+        Setup("DDP x2", 2, "ddp", 2),
+        Setup("DDP xN", n, "ddp", n, same_as=same),
+        Setup("DDP xN + AMP", n, "ddp", n, amp=amp),
+    ]
+
+
+# [method]
+def measure(setup: Setup, workload: str = "digits", *, repeats: int = 3, batch_size: int = 64,
+            quiet: bool = True, timeout: Optional[float] = None) -> Row:
+    """Train ``repeats + 1`` epochs of one setup; the first epoch is the warm-up.
+
+    Args:
+        setup: processes, mode and AMP of the run.
+        workload: ``digits``, ``synthetic`` or ``cifar10``.
+        repeats: measured epochs; the row holds their median.
+        batch_size: per process (the global batch grows with the processes, as in the source).
+        quiet: hide the workers' output.
+        timeout: seconds before the launch is ended.
+
+    Returns:
+        A ``Row``; ``status`` says whether the launch succeeded.
+
+    Lesson: 09.
+    """
+    args = [*workload_args(workload), "--epochs", repeats + 1, "--batch-size", batch_size,
+            "--mode", setup.mode, "--amp", setup.amp, "--seed", 0]
+    result = launch(TRAIN, setup.nprocs, args=args, quiet=quiet, live=False, timeout=timeout)
+    summary = result.summary or {}
+    measured = summary.get("history", [])[1:]  # leave out the warm-up epoch
+    nan = float("nan")
+    times = [h["epoch_time"] for h in measured]
+    return Row(
+        setup=setup, status=result.status, wall_time=result.wall_time,
+        samples_per_s=statistics.median([h["samples_per_s"] for h in measured]) if times else nan,
+        epoch_time=statistics.median(times) if times else nan, epoch_times=times,
+        accuracy=summary.get("final_accuracy", nan), global_batch=summary.get("global_batch", 0),
+        samples_per_epoch=int(measured[0]["samples"]) if measured else 0,
+        checksums_equal=len(set(summary.get("param_checksums_per_rank", [0, 1]))) == 1,
+    )
+# [/method]
+
+
+def scaling_table(workload: str = "digits", *, repeats: int = 3, batch_size: int = 64,
+                  setups: Optional[Sequence[Setup]] = None, quiet: bool = True,
+                  timeout: Optional[float] = None) -> list[Row]:
+    """Measure every setup of ``plan()`` (a repeated setup is measured once) and the speed-ups.
+
+    Returns:
+        One ``Row`` per setup, in the source's order; ``speedup`` = samples/s over the single
+        run's samples/s.
+
+    Lesson: 09.
+    """
+    rows: dict[str, Row] = {}
+    for setup in setups or plan():
+        if setup.same_as in rows:
+            rows[setup.name] = Row(**{**asdict_shallow(rows[setup.same_as]), "setup": setup})
+            continue
+        if not quiet:
+            print(f"measuring {setup.name} ({setup.nprocs} process(es), mode {setup.mode}, "
+                  f"amp {setup.amp}) ...", flush=True)
+        rows[setup.name] = measure(setup, workload, repeats=repeats, batch_size=batch_size,
+                                   timeout=timeout)
+    base = rows["single"].samples_per_s if "single" in rows else float("nan")
+    for row in rows.values():
+        row.speedup = row.samples_per_s / base
+    return list(rows.values())
+
+
+def asdict_shallow(row: Row) -> dict[str, Any]:
+    """The fields of a row without copying nested dataclasses."""
+    return {name: getattr(row, name) for name in Row.__dataclass_fields__}
+
+
+def _fmt(value: float, spec: str) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    """The source's table with our measurements beside its numbers.
+
+    Lesson: 09.
+    """
+    lines = ["| setup | processes | our epoch (s) | our samples/s | our speed-up | ideal | "
+             "source GPUs | source epoch (s) | source speed-up |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        gpus, seconds = SOURCE_SECONDS.get(row.setup.name, (None, float("nan")))
+        note = f" (= {row.setup.same_as})" if row.setup.same_as else ""
+        amp = f", {row.setup.amp}" if row.setup.amp != "off" else ""
+        lines.append(
+            f"| {row.setup.name}{note} | {row.setup.nprocs}{amp} | {_fmt(row.epoch_time, '.2f')} "
+            f"| {_fmt(row.samples_per_s, '.0f')} | {_fmt(row.speedup, '.2f')} | "
+            f"{row.setup.devices} | {gpus or ''} | {_fmt(seconds, '.1f')} | "
+            f"{_fmt(SOURCE_SECONDS['single'][1] / seconds, '.2f')} |")
+    return "\n".join(lines)
+
+
+def plot_speedup(rows: Sequence[Row], ax: Any = None) -> Any:
+    """Speed-up against devices, ours and the source's, with the ideal line. Returns the figure.
+
+    Lesson: 09.
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _fig, ax = plt.subplots(figsize=(6, 4))
+    most = max([r.setup.devices for r in rows] + [g for g, _s in SOURCE_SECONDS.values()])
+    ax.plot([1, most], [1, most], "k--", lw=1, label="ideal (speed-up = devices)")
+    for row in (r for r in rows if not r.setup.same_as):
+        ax.scatter(row.setup.devices, row.speedup, marker="o", s=50)
+        ax.annotate(f"ours: {row.setup.name}", (row.setup.devices, row.speedup), fontsize=8,
+                    xytext=(4, 4), textcoords="offset points")
+    for name, (gpus, seconds) in SOURCE_SECONDS.items():
+        speedup = SOURCE_SECONDS["single"][1] / seconds
+        ax.scatter(gpus, speedup, marker="x", color="gray")
+        ax.annotate(f"source: {name}", (gpus, speedup), fontsize=7, color="gray",
+                    xytext=(4, -10), textcoords="offset points")
+    ax.set(xlabel="devices (GPUs, or CPU processes here)", ylabel="speed-up over one device",
+           title="throughput speed-up (o ours, x the source's A100 numbers)")
+    ax.legend(loc="upper left", fontsize=8)
+    return ax.figure
+
+
+# ------------------------------------------------------------------ accuracy vs global batch
+
+
+def batch_runs(global_batches: Sequence[int], batch_size: int, max_procs: int = 2
+               ) -> list[tuple[int, int, int]]:
+    """How to reach each global batch: ``(global_batch, processes, grad_accum)``.
+
+    Processes first (up to ``max_procs``), then gradient accumulation, which computes the same
+    step as more processes would (notebook 03). Each global batch must be a multiple of
+    ``batch_size``.
+    """
+    plan_ = []
+    for global_batch in global_batches:
+        if global_batch % batch_size:
+            raise ValueError(f"global batch {global_batch} is not a multiple of the per-process "
+                             f"batch {batch_size}: choose multiples (e.g. 16, 32, 64).")
+        k = global_batch // batch_size
+        procs = max(p for p in range(1, max_procs + 1) if k % p == 0)
+        plan_.append((global_batch, procs, k // procs))
+    return plan_
+
+
+def accuracy_vs_batch(workload: str = "digits", *, global_batches: Sequence[int] = (16, 64, 128),
+                      batch_size: int = 16, epochs: int = 2, lr: float = 0.02,
+                      policies: Optional[dict[str, list[str]]] = None, max_procs: int = 2,
+                      quiet: bool = True, timeout: Optional[float] = None
+                      ) -> list[dict[str, Any]]:
+    """Final test accuracy for each global batch and LR policy, at an equal sample budget.
+
+    Every run sees the same samples (``epochs`` passes over the data); a larger global batch
+    means fewer, larger steps. ``lr`` is tuned for ``batch_size``; "scaled lr" multiplies it by
+    global batch / ``batch_size`` (the linear scaling rule); warm-up ramps it up over half an
+    epoch. The smallest global batch has nothing to scale, so its one run serves every policy.
+
+    Returns:
+        One dict per (policy, global batch): ``policy``, ``global_batch``, ``nprocs``,
+        ``grad_accum``, ``lr`` (effective), ``accuracy``, ``status``.
+
+    Lesson: 09.
+    """
+    policies = POLICIES if policies is None else policies
+    base: dict[str, Any] = {}
+    found = []
+    for global_batch, procs, accum in batch_runs(global_batches, batch_size, max_procs):
+        for policy, extra in policies.items():
+            if global_batch == batch_size and base:
+                found.append({**base, "policy": policy})
+                continue
+            args = [*workload_args(workload), "--epochs", epochs, "--batch-size", batch_size,
+                    "--grad-accum", accum, "--lr", lr, "--seed", 0, *extra,
+                    *(["--mode", "single"] if procs == 1 else [])]
+            result = launch(TRAIN, procs, args=args, quiet=quiet, live=False, timeout=timeout)
+            summary = result.summary or {}
+            record = {"policy": policy, "global_batch": global_batch, "nprocs": procs,
+                      "grad_accum": accum, "lr": summary.get("lr", float("nan")),
+                      "accuracy": summary.get("final_accuracy", float("nan")),
+                      "status": result.status}
+            found.append(record)
+            if global_batch == batch_size:
+                base = record
+    return found
+
+
+def plot_accuracy(runs: Sequence[dict[str, Any]], ax: Any = None) -> Any:
+    """Accuracy against global batch, one line per LR policy. Returns the figure.
+
+    Lesson: 09.
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _fig, ax = plt.subplots(figsize=(6, 4))
+    for policy in dict.fromkeys(r["policy"] for r in runs):
+        mine = sorted((r["global_batch"], r["accuracy"]) for r in runs if r["policy"] == policy)
+        ax.plot(*zip(*mine), marker="o", label=policy)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="global batch (per-process batch x processes x accumulation)",
+           ylabel="test accuracy", title="same samples seen, growing global batch", ylim=(0, 1))
+    ax.legend(fontsize=8)
+    return ax.figure
+
+
+# ------------------------------------------------------------------ all-reduce bandwidth
+
+
+def bandwidth(nprocs: int = 2, *, max_bytes: int = 1 << 22, repeats: int = 5,
+              backend: Optional[str] = None, quiet: bool = True,
+              timeout: Optional[float] = None) -> list[dict[str, Any]]:
+    """Bus bandwidth of ``dist.all_reduce`` and the from-scratch ring, per message size.
+
+    Args:
+        nprocs: processes (one per GPU with nccl).
+        max_bytes: largest message; sizes grow by 4x from 1 KiB.
+        repeats: timed runs per size (after one warm-up); the median counts.
+        backend: None (nccl with enough GPUs, else gloo) or force one.
+        quiet: hide the workers' output.
+        timeout: seconds before the launch is ended.
+
+    Returns:
+        The workers' ``bandwidth`` events: ``algorithm``, ``bytes``, ``seconds``, ``algbw``,
+        ``busbw`` (bytes/s); empty when the launch failed.
+
+    Lesson: 08.
+    """
+    args = ["--bench", "--max-bytes", max_bytes, "--repeats", repeats, "--sizes", 1]
+    result = launch(RING, nprocs, args=args, quiet=quiet, live=False, timeout=timeout,
+                    backend=backend)
+    return result.events_of("bandwidth")
+
+
+def plot_bandwidth(rows: Sequence[dict[str, Any]], ax: Any = None) -> Any:
+    """Bus bandwidth (MB/s) against message size, one line per algorithm. Returns the figure.
+
+    Lesson: 08.
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _fig, ax = plt.subplots(figsize=(6, 4))
+    for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
+        mine = sorted((r["bytes"], r["busbw"] / 1e6) for r in rows if r["algorithm"] == algorithm)
+        ax.plot(*zip(*mine), marker="o", label=algorithm)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set(xlabel="message size (bytes)", ylabel="bus bandwidth (MB/s)",
+           title="all-reduce bus bandwidth = 2(n-1)/n x bytes / time")
+    ax.legend(fontsize=8)
+    return ax.figure
+
+
+def traffic_model(world_sizes: Sequence[int], message_bytes: float = 1.0
+                  ) -> list[dict[str, float]]:
+    """Bytes sent + received per all-reduce: the busiest process of each scheme, and the ring's.
+
+    Parameter server: the server receives ``n - 1`` gradients and sends ``n - 1`` results,
+    ``2 (n - 1) M``; each worker moves ``2 M``. Ring: every process sends and receives
+    ``2 (n - 1) / n M`` each, ``4 (n - 1) / n M`` in all: bounded by ``4 M`` whatever ``n``.
+
+    Lesson: 08.
+    """
+    return [{"world_size": n, "server": 2 * (n - 1) * message_bytes,
+             "ps_worker": 2 * message_bytes, "ring": 4 * (n - 1) / n * message_bytes}
+            for n in world_sizes]
+
+
+def plot_traffic(max_world: int = 32, measured: Sequence[dict[str, Any]] = (),
+                 ax: Any = None) -> Any:
+    """Traffic of the busiest process per all-reduce, in units of the message size.
+
+    Args:
+        max_world: the model's largest world size.
+        measured: ``traffic`` events of the ring worker, drawn as points (bytes sent +
+            received over the message size).
+
+    Lesson: 08.
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _fig, ax = plt.subplots(figsize=(6, 4))
+    model = traffic_model(range(2, max_world + 1))
+    sizes = [m["world_size"] for m in model]
+    ax.plot(sizes, [m["server"] for m in model], label="parameter server: the server")
+    ax.plot(sizes, [m["ps_worker"] for m in model], ":", label="parameter server: a worker")
+    ax.plot(sizes, [m["ring"] for m in model], label="ring: every process")
+    for event in measured:
+        ratio = (event["bytes_sent"] + event["bytes_received"]) / event["message_bytes"]
+        ax.scatter(len({e["rank"] for e in measured}), ratio, color="k", marker="x", zorder=3)
+    ax.set(xlabel="processes n", ylabel="bytes sent + received / message size",
+           title="all-reduce traffic per process (x: measured here)")
+    ax.legend(fontsize=8)
+    return ax.figure
+
+
+# ------------------------------------------------------------------ command line
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ddplab bench", description=__doc__.split("\n")[0])
+    p.add_argument("--workload", "--dataset", dest="workload", default=os.environ.get(
+        "DDPLAB_WORKLOAD", "digits"), choices=["digits", "synthetic", "cifar10"])
+    p.add_argument("--repeats", type=int, default=3, help="measured epochs per setup")
+    p.add_argument("--batch-size", type=int, default=64, help="per process, throughput runs")
+    p.add_argument("--out", default="build/bench", help="folder for bench.md, *.png, *.json")
+    p.add_argument("--skip-scaling", action="store_true")
+    p.add_argument("--skip-accuracy", action="store_true")
+    p.add_argument("--global-batches", type=int, nargs="+", default=[16, 32, 64, 128])
+    p.add_argument("--allreduce", action="store_true", help="also measure all-reduce bandwidth")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per launch")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m ddplab bench``: measure, write bench.md, the plots and results.json.
+
+    Returns:
+        0 when every launch succeeded, 1 otherwise.
+    """
+    argv = list(argv or [])
+    ns = _parser().parse_args(argv[1:] if argv[:1] == ["--"] else argv)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = [f"# ddplab bench ({ns.workload})", ""]
+    results: dict[str, Any] = {"workload": ns.workload, "repeats": ns.repeats}
+    ok = True
+    if not ns.skip_scaling:
+        rows = scaling_table(ns.workload, repeats=ns.repeats, batch_size=ns.batch_size,
+                             quiet=False, timeout=ns.timeout)
+        ok &= all(r.ok for r in rows)
+        plot_speedup(rows).savefig(out / "speedup.png", dpi=120, bbox_inches="tight")
+        report += ["## Throughput", "", markdown_table(rows), "", f"Source: {SOURCE_HARDWARE}.",
+                   f"Ours: {_machine()}, per-process batch {ns.batch_size}, median of "
+                   f"{ns.repeats} epochs after one warm-up epoch.", "", "![](speedup.png)", ""]
+        results["scaling"] = [{**asdict(r), "ok": r.ok} for r in rows]
+    if not ns.skip_accuracy:
+        runs = accuracy_vs_batch(ns.workload, global_batches=ns.global_batches,
+                                 timeout=ns.timeout)
+        ok &= all(r["status"] == "ok" for r in runs)
+        plot_accuracy(runs).savefig(out / "accuracy.png", dpi=120, bbox_inches="tight")
+        report += ["## Accuracy against global batch", "", "| policy | global batch | lr | "
+                   "accuracy |", "|---|---:|---:|---:|"]
+        report += [f"| {r['policy']} | {r['global_batch']} | {_fmt(r['lr'], '.3f')} | "
+                   f"{_fmt(r['accuracy'], '.3f')} |" for r in runs]
+        report += ["", "![](accuracy.png)", ""]
+        results["accuracy"] = runs
+    if ns.allreduce:
+        rows_bw = bandwidth(timeout=ns.timeout)
+        ok &= bool(rows_bw)
+        if rows_bw:
+            plot_bandwidth(rows_bw).savefig(out / "bandwidth.png", dpi=120, bbox_inches="tight")
+        report += ["## All-reduce bus bandwidth (2 processes)", "", "| algorithm | bytes | "
+                   "seconds | busbw (MB/s) |", "|---|---:|---:|---:|"]
+        report += [f"| {r['algorithm']} | {r['bytes']} | {r['seconds']:.6f} | "
+                   f"{r['busbw'] / 1e6:.1f} |" for r in rows_bw]
+        report += ["", "![](bandwidth.png)", ""]
+        results["bandwidth"] = rows_bw
+    (out / "bench.md").write_text("\n".join(report))
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    print("\n".join(report))
+    print(f"\nwrote {out / 'bench.md'}")
+    return 0 if ok else 1
+
+
+def _machine() -> str:
+    facts = _env.probe()
+    gpus = ", ".join(g["name"] for g in facts["gpus"])
+    return f"{facts['gpu_count']} GPU(s) ({gpus})" if gpus else \
+        f"{os.cpu_count()}-core CPU, no GPU, gloo, 1 thread per process"

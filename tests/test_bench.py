@@ -1,0 +1,82 @@
+"""The measurements of notebook 09 and `python -m ddplab bench`: tiny runs, no timing asserts."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ddplab import bench
+
+
+def test_plan_has_the_source_rows_and_reuses_ddp_x2_when_n_is_2():
+    setups = bench.plan(gpus=0, cpus=2)
+    assert [s.name for s in setups] == list(bench.SOURCE_SECONDS)
+    by = {s.name: s for s in setups}
+    assert by["DDP xN"].same_as == "DDP x2" and by["DDP xN + AMP"].amp == "bf16"
+    gpu = {s.name: s for s in bench.plan(gpus=8)}
+    assert gpu["DDP xN"].nprocs == 8 and gpu["DDP xN"].same_as is None
+    assert gpu["DataParallel"].devices == 8 and gpu["DDP xN + AMP"].amp == "fp16"
+
+
+def test_batch_runs_use_processes_then_accumulation():
+    assert bench.batch_runs([16, 32, 128], 16, max_procs=2) == [(16, 1, 1), (32, 2, 1),
+                                                                 (128, 2, 4)]
+    with pytest.raises(ValueError, match="multiple"):
+        bench.batch_runs([24], 16)
+
+
+def test_traffic_model_ring_is_bounded_and_the_server_grows():
+    model = bench.traffic_model([2, 4, 64], message_bytes=1.0)
+    assert [m["server"] for m in model] == [2.0, 6.0, 126.0]
+    assert all(m["ring"] < 4.0 for m in model) and model[0]["ring"] == 2.0
+
+
+def _row(name, nprocs, samples_per_s, same_as=None):
+    setup = bench.Setup(name, nprocs, "ddp", nprocs, same_as=same_as)
+    return bench.Row(setup=setup, samples_per_s=samples_per_s, epoch_time=1.0, accuracy=0.9,
+                     global_batch=64 * nprocs, samples_per_epoch=1347, checksums_equal=True,
+                     status="ok", wall_time=2.0, speedup=samples_per_s / 100.0)
+
+
+def test_markdown_table_puts_the_source_beside_ours():
+    rows = [_row("single", 1, 100.0), _row("DDP x2", 2, 150.0),
+            _row("DDP xN", 2, 150.0, same_as="DDP x2")]
+    table = bench.markdown_table(rows)
+    assert "| single | 1 |" in table and "13.2" in table and "9.8" in table
+    assert "DDP xN (= DDP x2)" in table and "| 1.50 |" in table
+    bench.plot_speedup(rows)
+
+
+@pytest.mark.slow
+def test_a_tiny_scaling_table_measures_two_setups():
+    setups = [bench.Setup("single", 1, "single", 1), bench.Setup("DDP x2", 2, "ddp", 2)]
+    rows = bench.scaling_table("digits", repeats=1, batch_size=128, setups=setups)
+    assert [r.status for r in rows] == ["ok", "ok"]
+    for row in rows:
+        assert row.samples_per_s > 0 and math.isfinite(row.samples_per_s)
+        assert len(row.epoch_times) == 1 and row.checksums_equal
+    assert rows[0].speedup == 1.0
+    assert rows[1].global_batch == 2 * rows[0].global_batch
+    assert abs(rows[1].samples_per_epoch - rows[0].samples_per_epoch) <= 1
+
+
+@pytest.mark.slow
+def test_cli_writes_the_report_and_plots(tmp_path):
+    code = bench.main(["--", "--skip-scaling", "--global-batches", "16", "--out", str(tmp_path)])
+    assert code == 0
+    report = (tmp_path / "bench.md").read_text()
+    assert "Accuracy against global batch" in report and "| same lr | 16 |" in report
+    assert (tmp_path / "accuracy.png").stat().st_size > 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert {r["policy"] for r in results["accuracy"]} == set(bench.POLICIES)
+    assert all(r["status"] == "ok" for r in results["accuracy"])
+
+
+@pytest.mark.slow
+def test_bandwidth_rows_are_positive_for_every_size():
+    rows = bench.bandwidth(2, max_bytes=1 << 12, repeats=1)
+    assert {r["algorithm"] for r in rows} == {"all_reduce", "ring"}
+    assert all(r["busbw"] > 0 and math.isfinite(r["busbw"]) for r in rows)
+    bench.plot_bandwidth(rows)

@@ -1,0 +1,70 @@
+"""Collectives and the from-scratch ring all-reduce on real processes (gloo)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ddplab import launch
+from ddplab.workers.ring_allreduce import sweep_sizes
+
+pytestmark = pytest.mark.slow
+
+
+def test_collectives_give_the_textbook_results():
+    n = 3
+    result = launch("ddplab.workers.collectives", n, args=["--stagger", "0.2"], quiet=True)
+    assert result.ok, result.error
+    got = {(e["name"], e["rank"]): e for e in result.events_of("collective")}
+    x = [[10.0 * r + i for i in range(n)] for r in range(n)]
+    total = [sum(col) for col in zip(*x)]
+    for rank in range(n):
+        assert got["broadcast", rank]["before"] == x[rank]
+        assert got["broadcast", rank]["after"] == x[0]
+        assert got["all_reduce", rank]["after"] == total
+        assert got["all_gather", rank]["after"] == sum(x, [])
+        assert got["reduce_scatter", rank]["after"] == [total[rank]]
+    arrived = [got["barrier", r]["arrived"] for r in range(n)]
+    left = [got["barrier", r]["left"] for r in range(n)]
+    assert arrived[-1] - arrived[0] > 0.3
+    assert min(left) >= max(arrived) - 0.05
+
+
+def test_ring_and_parameter_server_equal_all_reduce_on_awkward_sizes():
+    n = 3
+    sizes = [1, 2, 4, 7, 100, 1001]
+    result = launch("ddplab.workers.ring_allreduce", n, quiet=True,
+                    args=["--sizes", *sizes, "--traffic-numel", 3 * 512])
+    assert result.ok, result.error
+    compare = result.events_of("compare")
+    assert sorted({e["numel"] for e in compare}) == sizes
+    assert len(compare) == n * len(sizes)
+    assert max(max(e["ring_error"], e["ps_error"]) for e in compare) < 1e-5
+    traffic = {(e["algorithm"], e["rank"]): e for e in result.events_of("traffic")}
+    message = 3 * 512 * 4
+    for rank in range(n):
+        ring = traffic["ring", rank]
+        assert ring["bytes_sent"] == ring["bytes_received"] == 2 * (n - 1) * message // n
+        assert set(ring["peers"]) == {(rank + 1) % n, (rank - 1) % n}
+        ps = traffic["parameter_server", rank]
+        assert ps["bytes_sent"] == ((n - 1) * message if rank == 0 else message)
+        assert set(ps["peers"]) == (set(range(1, n)) if rank == 0 else {0})
+
+
+def test_bandwidth_sweep_reports_positive_numbers_for_both_algorithms():
+    result = launch("ddplab.workers.ring_allreduce", 2, quiet=True,
+                    args=["--bench", "--sizes", 1, "--max-bytes", 1 << 14, "--repeats", 2])
+    assert result.ok, result.error
+    rows = result.events_of("bandwidth")
+    sizes = sweep_sizes(1 << 10, 1 << 14, 4)
+    assert {(r["algorithm"], r["bytes"]) for r in rows} == \
+        {(a, s) for a in ("all_reduce", "ring") for s in sizes}
+    for r in rows:
+        assert math.isfinite(r["busbw"]) and r["busbw"] > 0
+        assert r["busbw"] == pytest.approx(r["bytes"] / r["seconds"] * 2 * (2 - 1) / 2)
+
+
+def test_sweep_sizes_grow_by_the_factor():
+    assert sweep_sizes(1024, 16384, 4) == [1024, 4096, 16384]
+    assert sweep_sizes(1, 8, 2) == [4, 8]

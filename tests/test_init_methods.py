@@ -1,0 +1,82 @@
+"""The init-methods worker on real processes: env://, tcp://, file://, a stale file, two nodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddplab import launch, launch_multinode
+from ddplab.env import free_port
+from ddplab.workers import init_methods
+
+pytestmark = pytest.mark.slow
+TARGET = "ddplab.workers.init_methods"
+
+
+def joined(result) -> list[dict]:
+    return sorted(result.events_of("joined"), key=lambda e: e["rank"])
+
+
+@pytest.mark.parametrize("method", ["env://", "tcp://127.0.0.1:{port}", "file://{tmp}/store"])
+def test_every_init_method_forms_a_working_group(method, tmp_path):
+    url = method.format(port=free_port(), tmp=tmp_path)
+    result = launch(TARGET, 2, args=["--init-method", url], quiet=True, timeout=120)
+    assert result.ok, result.error
+    events = joined(result)
+    assert [e["rank"] for e in events] == [0, 1]
+    assert all(e["init_method"] == url and e["rank_sum"] == 1 for e in events)
+    assert all(e["torchrun_env"]["WORLD_SIZE"] == "2" for e in events)
+    assert [e["torchrun_env"]["LOCAL_RANK"] for e in events] == ["0", "1"]
+
+
+def test_file_store_is_removed_by_a_clean_exit_and_kept_without_cleanup(tmp_path):
+    store = tmp_path / "store"
+    clean = launch(TARGET, 2, args=["--init-method", f"file://{store}"], quiet=True)
+    assert clean.ok, clean.error
+    assert not store.exists()
+    kept = launch(TARGET, 2, args=["--init-method", f"file://{store}", "--no-cleanup"],
+                  quiet=True)
+    assert kept.ok, kept.error
+    assert store.exists() and store.stat().st_size > 0
+
+
+def test_a_stale_store_file_makes_the_next_job_fail(tmp_path):
+    store = tmp_path / "store"
+    first = launch(TARGET, 2, args=["--init-method", f"file://{store}", "--no-cleanup"],
+                   quiet=True)
+    assert first.ok and store.exists()
+    second = launch(TARGET, 2, args=["--init-method", f"file://{store}", "--timeout", "10"],
+                    quiet=True, timeout=90)
+    assert not second.ok
+    assert second.status in ("failed", "timeout")
+
+
+def test_two_nodes_on_one_machine_form_one_world():
+    results = launch_multinode(TARGET, nnodes=2, nproc_per_node=1, quiet=True, timeout=120)
+    assert all(r.ok for r in results), [r.error for r in results]
+    events = [e for r in results for e in r.events_of("joined")]
+    assert sorted(e["rank"] for e in events) == [0, 1]
+    assert {e["world_size"] for e in events} == {2}
+    assert sorted(e["node_rank"] for e in events) == [0, 1]
+    assert {e["local_rank"] for e in events} == {0}
+
+
+def test_the_init_method_is_a_command_line_argument():
+    assert init_methods.parse_args([]).init_method == "env://"
+    assert init_methods.parse_args(["--init-method", "file:///x"]).init_method == "file:///x"
+
+
+def test_the_two_terminal_commands_form_one_job():
+    import shlex
+    import subprocess
+    import sys
+
+    from ddplab import slurm
+
+    commands = slurm.node_commands(TARGET, ["--init-method", "env://"],
+                                   endpoint=f"127.0.0.1:{free_port()}")
+    procs = [subprocess.Popen([sys.executable, *shlex.split(c)[1:]], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for c in commands]
+    outputs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert "rank 0 (local rank 0, node 0) of 2" in "".join(outputs)
+    assert "rank 1 (local rank 0, node 1) of 2" in "".join(outputs)

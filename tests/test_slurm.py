@@ -1,0 +1,82 @@
+"""The SLURM template: valid bash, rendered values land where they belong, torchrun line intact."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+
+import pytest
+
+from ddplab import slurm
+
+
+def test_default_render_is_the_template_unchanged():
+    assert slurm.render() == slurm.template()
+
+
+def test_the_torchrun_line_uses_slurm_and_the_c10d_rendezvous():
+    line = slurm.torchrun_line(slurm.render(nodes=4, gpus_per_node=8))
+    assert line.startswith("srun torchrun ")
+    for part in ['--nnodes "$SLURM_NNODES"', '--nproc-per-node "$GPUS_PER_NODE"',
+                 "--rdzv-backend c10d", '--rdzv-endpoint "$head_node:29500"',
+                 '--rdzv-id "$SLURM_JOB_ID"', '-m "$TARGET"']:
+        assert part in line
+
+
+def test_rendered_values():
+    script = slurm.render(nodes=4, gpus_per_node=8, target_args=["--epochs", "10", "a b"],
+                          partition="gpu", port=29600, time="01:00:00", job_name="x")
+    for line in ["#SBATCH --nodes=4", "#SBATCH --gres=gpu:8", "#SBATCH --partition=gpu",
+                 "#SBATCH --time=01:00:00", "#SBATCH --job-name=x",
+                 "TARGET_ARGS=(--epochs 10 'a b')"]:
+        assert line in script.splitlines()
+    assert "GPUS_PER_NODE=8 " in script and "$head_node:29600" in script
+    assert "29500" not in script
+    assert "NCCL_SOCKET_IFNAME" in script
+
+
+def test_a_script_target_is_run_without_dash_m():
+    line = slurm.torchrun_line(slurm.render(target="train.py"))
+    assert line.endswith('"$TARGET" "${TARGET_ARGS[@]}"') and "-m" not in line.split()
+
+
+@pytest.mark.parametrize("bad", [dict(nodes=0), dict(gpus_per_node=0), dict(time="30 min"),
+                                 dict(port=80)])
+def test_bad_values_are_refused_with_advice(bad):
+    with pytest.raises(ValueError, match="must|write it|pick"):
+        slurm.render(**bad)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_the_script_runs_with_fake_slurm_commands(tmp_path):
+    fakes = {"scontrol": "echo node-a; echo node-b", "srun": 'exec "$@"',
+             "torchrun": 'echo TORCHRUN "$@"'}
+    for name, body in fakes.items():
+        path = tmp_path / name
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    script = tmp_path / "job.sbatch"
+    script.write_text(slurm.render(nodes=3, gpus_per_node=2, target_args=["--epochs", "1"]))
+    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
+               SLURM_JOB_NODELIST="node-[a-b]", SLURM_NNODES="3", SLURM_JOB_ID="42",
+               SLURM_CPUS_PER_TASK="8")
+    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert ("TORCHRUN --nnodes 3 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint "
+            "node-a:29500 --rdzv-id 42 -m ddplab.workers.train --epochs 1") in out
+
+
+def test_node_commands_differ_only_in_the_node_rank():
+    for tool in ("ddplab", "torchrun"):
+        first, second = slurm.node_commands("ddplab.workers.train", ["--epochs", "1"], tool=tool)
+        assert "--node-rank 0" in first and "--node-rank 1" in second
+        assert first.replace("--node-rank 0", "--node-rank 1") == second
+        assert "--rdzv-endpoint 127.0.0.1:29500" in first
+
+
+def test_cli_prints_the_script(capsys):
+    assert slurm.main(["--nodes", "3", "--", "--epochs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --nodes=3" in out and "TARGET_ARGS=(--epochs 2)" in out
