@@ -1,14 +1,28 @@
 """ddplab: run and study PyTorch multi-process training from a notebook.
 
-The notebooks call what is re-exported here; everything else lives in its own module.
-Importing ddplab does not import torch (the kernel stays light and never touches CUDA).
+The notebooks call what is re-exported here; everything else lives in its own module. Names
+are loaded on first use, so ``import ddplab`` imports neither torch nor the launcher: worker
+processes that import ``ddplab.dist`` stay light, and the kernel never touches CUDA.
 """
 
-from .checks import check
-from .env import doctor
-from .launch import LaunchError, RunResult, launch, launch_multinode
-from .show import show, source
+from importlib import import_module
+from typing import Any
 
-__all__ = ["check", "doctor", "launch", "launch_multinode", "LaunchError", "RunResult", "show",
-           "source"]
+_EXPORTS = {
+    "check": "checks", "doctor": "env", "launch": "launcher", "launch_multinode": "launcher",
+    "LaunchError": "launcher", "RunResult": "results", "show": "show", "source": "show",
+}
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'ddplab' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

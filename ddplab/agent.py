@@ -246,6 +246,7 @@ def serve(sock: socket.socket) -> None:
         if req.get("op") == "ping":
             sock.sendall(json.dumps({"ok": True, "pid": os.getpid()}).encode())
             continue
+        preload(req.get("preload", ()))
         pid = os.fork()
         if pid == 0:
             sock.close()
@@ -264,6 +265,16 @@ def serve(sock: socket.socket) -> None:
         except OSError:
             pass
     _reap(children, block=True)
+
+
+def preload(names: Any) -> None:
+    """Import modules now so that every forked agent and worker starts with them loaded."""
+    for name in names:
+        if name and name not in sys.modules:
+            try:
+                __import__(name)
+            except ImportError:
+                pass
 
 
 def _reap(children: set[int], block: bool = False) -> None:
@@ -295,12 +306,7 @@ def main() -> None:
     set_parent_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=int(sys.argv[1]))
-    for name in PRELOAD + tuple(os.environ.get("DDPLAB_PRELOAD", "").split(",")):
-        if name:
-            try:
-                __import__(name)
-            except ImportError:
-                pass
+    preload(PRELOAD + tuple(os.environ.get("DDPLAB_PRELOAD", "").split(",")))
     sock.sendall(b'{"ready": true}')
     serve(sock)
 

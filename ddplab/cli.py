@@ -20,8 +20,12 @@ from typing import Optional, Sequence
 
 
 def _launch(ns: argparse.Namespace) -> int:
-    from .launch import LaunchError, launch
+    import os
 
+    from .launcher import LaunchError, launch
+
+    # One launch per process: preload the training stack only for ddplab's training workers.
+    os.environ.setdefault("DDPLAB_PRELOAD_TRAINING", "auto")
     try:
         result = launch(ns.target, ns.nproc_per_node, args=ns.args, engine=ns.engine,
                         timeout=ns.timeout, quiet=ns.quiet, backend=ns.backend,

@@ -1,6 +1,6 @@
 """Starting a launch: one ``Job`` per torchrun agent or subprocess, and the preloaded helper.
 
-``launch.py`` decides what to run and reads the output; this module only starts processes and
+``launcher.py`` decides what to run and reads the output; this module only starts processes and
 knows how to end them (each job is one process group).
 
 Lesson: every notebook that launches workers (01-09).
@@ -17,6 +17,11 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
+
+# What training workers import on top of torch (DDP's constructor alone imports torch._dynamo,
+# seconds per process): the helper imports these once, so every later fork has them.
+PRELOAD_TRAINING = ("torch._dynamo", "torchvision", "ddplab.data", "ddplab.models",
+                    "ddplab.checkpoint", "ddplab.train")
 
 
 @dataclass
@@ -111,7 +116,8 @@ def fast_path_available() -> bool:
 
 
 def start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str], cwd: str,
-                threads: int, nnodes: int, node_rank: int, endpoint: str, run_id: str) -> Job:
+               threads: int, nnodes: int, node_rank: int, endpoint: str, run_id: str,
+               preload: bool = True) -> Job:
     """Start a torchrun-engine job through the preloaded ``ddplab.agent`` helper."""
     rank_pipes = [os.pipe() for _ in range(nprocs)]
     log_r, log_w = os.pipe()
@@ -119,8 +125,9 @@ def start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str
     req = {
         "op": "launch", "target": target, "args": args, "nproc_per_node": nprocs,
         "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint, "run_id": run_id,
-        "env": job_env, "cwd": cwd, "threads": threads, "local_addr": "127.0.0.1"
-        if endpoint.startswith(("127.", "localhost")) else None,
+        "env": job_env, "cwd": cwd, "threads": threads,
+        "preload": list(PRELOAD_TRAINING) if preload else [],
+        "local_addr": "127.0.0.1" if endpoint.startswith(("127.", "localhost")) else None,
     }
     write_ends = [report_w, log_w, *[w for _r, w in rank_pipes]]
     try:

@@ -1,4 +1,4 @@
-"""Run a script or module on N processes from a notebook cell or a terminal.
+"""Run a script or module on N processes from a notebook cell or a terminal (``ddplab.launch``).
 
 ``launch("ddplab.workers.train", 2, args=["--epochs", "3"])`` starts the job with PyTorch's own
 engines, prints every rank's output live in the calling cell (prefixed ``[rank1]``), turns the
@@ -257,13 +257,25 @@ def _prepare(target: Any, nprocs: Any, args: Sequence[Any], engine: str,
     run_id = uuid.uuid4().hex if nnodes == 1 else f"ddplab-{endpoint}"
     if fast_path_available():
         return start_fast, dict(target=resolved, args=argv, nprocs=nprocs, job_env=job_env,
-                                 cwd=cwd, threads=threads, nnodes=nnodes, node_rank=node_rank,
-                                 endpoint=endpoint, run_id=run_id)
+                                cwd=cwd, threads=threads, nnodes=nnodes, node_rank=node_rank,
+                                endpoint=endpoint, run_id=run_id, preload=_preload(resolved))
     _notice_once("subprocess", "ddplab: launching through a torchrun subprocess (slower): "
                  "fast launches need Linux.")
     cmd = torchrun_cmd(resolved, argv, nprocs, nnodes, node_rank, endpoint, run_id)
     return popen_job, dict(cmd=cmd, job_env=job_env, cwd=cwd, world_size=nprocs * nnodes,
                             engine="torchrun")
+
+
+def _preload(target: str) -> bool:
+    """Whether the helper should preload the training stack before this launch.
+
+    A notebook launches many training runs, so it pays the imports once (default). The CLI
+    sets ``DDPLAB_PRELOAD_TRAINING=auto``: preload only for ddplab's own training workers.
+    """
+    mode = os.environ.get("DDPLAB_PRELOAD_TRAINING", "1")
+    if mode == "auto":
+        return target.startswith("ddplab.workers")
+    return mode != "0"
 
 
 def _notice_once(key: str, text: str) -> None:
