@@ -454,3 +454,46 @@ def deprecated_amp_names() -> list[str]:
         warnings.simplefilter("always")
         torch.cpu.amp.autocast(dtype=torch.bfloat16)
     return [f"{w.category.__name__}: {w.message}" for w in caught]
+
+
+def matmul_speed(sizes: Sequence[int] = (64, 256, 1024), repeats: int = 3, inner: int = 5
+                 ) -> list[dict[str, float]]:
+    """Time square matrix products on the CPU in float32 and under bf16 autocast.
+
+    Shows what this CPU's bf16 units can do: large products may gain, small ones lose to the
+    cost of casting. Timing is the median of ``repeats`` runs of ``inner`` products each, on
+    one thread (as each worker process of a launch uses).
+
+    Returns:
+        One row per size: ``size``, ``fp32_ms``, ``bf16_ms``, ``speedup`` (fp32 / bf16 time).
+
+    Lesson: 06.
+    """
+    rows, threads = [], torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for size in sizes:
+            rows.append(_time_matmul(size, repeats, inner))
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
+def _time_matmul(size: int, repeats: int, inner: int) -> dict[str, float]:
+    """One row of ``matmul_speed``."""
+    import statistics
+    import time
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    times = {}
+    for name, enabled in (("fp32", False), ("bf16", True)):
+        samples = []
+        for _ in range(repeats + 1):  # the first run warms up and is dropped
+            start = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+                for _ in range(inner):
+                    a @ b
+            samples.append((time.perf_counter() - start) / inner)
+        times[name] = statistics.median(samples[1:]) * 1e3
+    return {"size": size, "fp32_ms": times["fp32"], "bf16_ms": times["bf16"],
+            "speedup": times["fp32"] / times["bf16"]}

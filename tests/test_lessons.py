@@ -140,3 +140,11 @@ def test_scaler_skips_an_overflowing_step_and_halves_the_scale():
 def test_old_amp_names_warn():
     messages = lessons.deprecated_amp_names()
     assert any("FutureWarning" in m and "torch.amp.autocast" in m for m in messages)
+
+
+def test_matmul_speed_reports_both_precisions_and_restores_threads():
+    threads = torch.get_num_threads()
+    rows = lessons.matmul_speed((16, 32), repeats=1, inner=1)
+    assert [r["size"] for r in rows] == [16, 32]
+    assert all(r["fp32_ms"] > 0 and r["bf16_ms"] > 0 and r["speedup"] > 0 for r in rows)
+    assert torch.get_num_threads() == threads
