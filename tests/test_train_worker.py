@@ -1,19 +1,14 @@
 """The training worker end to end: in this process (world of one) and on real gloo processes.
 
-Multi-process runs go through ``run_train`` only, so they can move to ``ddplab.launch`` (which
-returns a RunResult with ``.ok`` and ``.summary``) by changing that one function. The runs are
-tiny (digits, 3 epochs) and the module shares one uninterrupted 2-process run between tests.
+Multi-process runs go through ``run_train`` (``ddplab.launch``). The runs are tiny (digits,
+3 epochs) and the module shares one uninterrupted 2-process run between tests.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import os
-import re
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -21,6 +16,7 @@ from typing import Any, Optional
 import pytest
 import torch
 
+import ddplab
 from ddplab import events, train
 from ddplab.workers import train as worker
 
@@ -35,36 +31,29 @@ class Run:
     ok: bool
     returncode: int
     summary: Optional[dict[str, Any]]
+    exit_codes: dict[int, Optional[int]]
     events: list[dict[str, Any]] = field(default_factory=list)
     output: str = ""
 
 
 def run_train(nprocs: int, *args: str, cwd: Path, timeout: float = 180) -> Run:
-    """Run ``ddplab.workers.train`` on ``nprocs`` real processes (torchrun for more than one).
+    """Run ``ddplab.workers.train`` on ``nprocs`` real processes through ``ddplab.launch``.
 
     Args:
-        nprocs: processes to start (1 runs plain ``python -m``, as a learner would).
+        nprocs: processes to start.
         *args: worker arguments.
         cwd: working directory of the run (a tmp_path).
-        timeout: seconds before the run is killed and the test fails.
+        timeout: seconds before the launcher ends the run (the test then fails).
 
     Returns:
-        A ``Run`` with the parsed events and the summary event of rank 0 (None if missing).
+        A ``Run`` with rank 0's events, the summary event (None if missing) and the exit codes.
     """
-    if nprocs == 1:
-        command = [sys.executable, "-m", "ddplab.workers.train", *args]
-    else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc-per-node", str(nprocs), "-m", "ddplab.workers.train", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    found = [events.parse(line) for line in done.stdout.splitlines()]
-    found = [e for e in found if e is not None]
-    summaries = [e for e in found if e["kind"] == "summary"]
-    return Run(done.returncode == 0, done.returncode, summaries[-1] if summaries else None,
-               found, done.stdout + done.stderr)
+    result = ddplab.launch("ddplab.workers.train", nprocs, args=args, cwd=cwd, timeout=timeout,
+                           quiet=True, live=False)
+    output = "\n".join(f"[{rank}] {line}" for rank, lines in result.logs.items()
+                       for line in lines) + "\n" + result.error
+    return Run(result.ok, result.returncode, result.summary, result.exit_codes,
+               result.events.get(0, []), output)
 
 
 def run_here(*args: str) -> dict[str, Any]:
@@ -165,7 +154,7 @@ def test_resume_is_exact_and_works_on_another_world_size(reference: Run, tmp_pat
     stopped = run_train(2, *TINY, "--checkpoint-dir", "ckpt", "--stop-after-epoch", "2",
                         cwd=tmp_path)
     assert not stopped.ok and stopped.summary is None, stopped.output[-3000:]
-    assert re.search(rf"exitcode\s*:\s*{train.STOP_EXIT_CODE}\b", stopped.output)  # not a bug
+    assert set(stopped.exit_codes.values()) == {train.STOP_EXIT_CODE}  # the injected fault
     assert [e["epoch"] for e in stopped.events if e["kind"] == "epoch"] == [1, 2]
     saved = torch.load(tmp_path / "ckpt" / "checkpoint.pt", weights_only=True)
     assert saved["epoch"] == 2
