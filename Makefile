@@ -26,7 +26,7 @@ lab: setup
 test: setup test-unit test-notebooks
 
 test-unit: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests --ignore=tests/browser
 
 test-notebooks: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
