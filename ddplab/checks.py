@@ -243,3 +243,84 @@ def _compare_09(answer: Any, expected: Any) -> Optional[str]:
 def _exercise_09() -> float:
     single, ddp4, gpus = 13.2, 6.1, 4
     return single / ddp4 / gpus
+
+
+# ------------------------------------------------------------- exercises 01-03 (lessons 01-03)
+
+EPOCH_TIMES_01 = [2.9, 1.0, 1.6, 0.9, 1.2, 1.1]  # seconds; the first epoch is the warm-up
+SAMPLES_01 = 1000
+
+
+def _compare_01(answer: Any, expected: Any) -> Optional[str]:
+    try:
+        rate = float(answer)
+    except (TypeError, ValueError):
+        return "answer with one number: samples per second."
+    if math.isclose(rate, expected, rel_tol=1e-3):
+        return None
+    timed = EPOCH_TIMES_01[1:]
+    if math.isclose(rate, SAMPLES_01 / (sum(timed) / len(timed)), rel_tol=1e-3):
+        return "that uses the mean; the median is not thrown off by one slow epoch (1.6 s)."
+    if any(math.isclose(rate, SAMPLES_01 / t, rel_tol=1e-3) for t in (
+            sum(EPOCH_TIMES_01) / len(EPOCH_TIMES_01), 1.15)):
+        return "leave the first epoch out: it includes the warm-up, not the steady speed."
+    return "samples/s = samples per epoch / (median epoch time, warm-up epoch left out)."
+
+
+@exercise("01", f"Each epoch trains on {SAMPLES_01} samples; the epochs took {EPOCH_TIMES_01} "
+          "seconds, the first one being the warm-up. What throughput do you report, in "
+          "samples/s, timed as in this notebook? answer = <a number>", _compare_01)
+def _exercise_01() -> float:
+    import statistics
+
+    return SAMPLES_01 / statistics.median(EPOCH_TIMES_01[1:])
+
+
+def _compare_02(answer: Any, expected: Any) -> Optional[str]:
+    try:
+        sizes = [int(n) for n in answer]
+    except (TypeError, ValueError):
+        return "answer with a list of 4 whole numbers, one per GPU, e.g. [2, 1, 2, 1]."
+    if sizes == expected:
+        return None
+    if len(sizes) != len(expected):
+        return "give one number per GPU (4 numbers), 0 for a GPU that gets nothing."
+    if sum(sizes) != sum(expected):
+        return "the chunks together hold the whole batch of 6 samples."
+    return ("DataParallel cuts the batch with Tensor.chunk(4): chunks of ceil(6 / 4) samples "
+            "until the batch runs out; try ddplab.demos.scatter_sizes(6, 4).")
+
+
+@exercise("02", "nn.DataParallel on 4 GPUs receives a batch of 6 samples. How many samples does "
+          "each GPU get? answer = [gpu0, gpu1, gpu2, gpu3] (0 for a GPU that gets none)",
+          _compare_02)
+def _exercise_02() -> list[int]:
+    from . import demos
+
+    sizes = demos.scatter_sizes(6, 4)
+    return sizes + [0] * (4 - len(sizes))
+
+
+def _compare_03(answer: Any, expected: Any) -> Optional[str]:
+    pair = _pair(answer)
+    if pair is None:
+        return "answer with a pair: (global batch, learning rate)."
+    try:
+        batch, lr = int(pair[0]), float(pair[1])
+    except (TypeError, ValueError):
+        return "the global batch is a whole number and the learning rate a number."
+    if batch != expected[0]:
+        return "each of the 4 processes takes its own batch of 256: global = 256 x 4."
+    if not math.isclose(lr, expected[1], rel_tol=1e-6):
+        return ("the linear scaling rule multiplies the learning rate by the same factor as "
+                "the batch: 1024 / 256 = 4.")
+    return None
+
+
+@exercise("03", "The source trains ResNet-50 with SGD, lr 0.001 and batch_size=256 on one GPU, "
+          "then runs DDP on 4 GPUs with batch_size=256 in every process. What is the global "
+          "batch, and which learning rate does the linear scaling rule give? "
+          "answer = (global_batch, lr)", _compare_03)
+def _exercise_03() -> tuple[int, float]:
+    per_process, world_size, lr = 256, 4, 0.001
+    return per_process * world_size, lr * world_size
