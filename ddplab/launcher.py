@@ -81,11 +81,15 @@ def _module_exists(name: str, path: list[str]) -> bool:
     """True if ``python -m name`` would find the module (searched like ``-m``, nothing run)."""
     from importlib.machinery import PathFinder
 
+    import importlib.util
+
     search: Optional[list[str]] = path
-    for part in name.split("."):
+    for depth, part in enumerate(name.split(".")):
         if search is None or not part.isidentifier():
             return False
         spec = PathFinder.find_spec(part, search)
+        if spec is None and depth == 0:  # installed packages (editable installs use a finder)
+            spec = importlib.util.find_spec(part)
         if spec is None:
             return False
         search = list(spec.submodule_search_locations or []) or None

@@ -67,6 +67,17 @@ def test_module_target_and_events(tmp_path):
     assert result.log(1) == "hi"  # event lines are not part of the log
 
 
+def test_installed_modules_resolve_from_any_directory(monkeypatch, tmp_path):
+    from ddplab.launcher import _resolve_target
+
+    repo = str(Path(__file__).resolve().parent.parent)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", repo)])
+    monkeypatch.chdir(tmp_path)  # as a notebook kernel in notebooks/ would be
+    assert _resolve_target("ddplab.workers.train", str(tmp_path)) == "ddplab.workers.train"
+    with pytest.raises(LaunchError):
+        _resolve_target("ddplab.workers.no_such_worker", str(tmp_path))
+
+
 def test_rank_raises_root_cause_is_that_rank():
     result = launch(FAULTY, 2, args=["raise"], quiet=True)
     assert not result.ok and result.status == "failed" and result.returncode != 0
