@@ -78,6 +78,7 @@ def curves(runs: Mapping[str, History], title: Optional[str] = None) -> Any:
     Lesson: 01, 03.
     """
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
     for name, history in runs.items():
@@ -88,6 +89,7 @@ def curves(runs: Mapping[str, History], title: Optional[str] = None) -> Any:
     right.set(xlabel="epoch", ylabel="test accuracy")
     for ax in (left, right):
         ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
     right.legend(fontsize=8)
     if title:
         fig.suptitle(title)
@@ -151,6 +153,7 @@ def bars(values: Mapping[str, float], ylabel: str, title: Optional[str] = None,
         if reference_label:
             ax.legend(fontsize=8)
     ax.set(ylabel=ylabel, title=title or "")
+    ax.set_ylim(0, 1.3 * max([*values.values(), reference or 0, 1e-12]))  # room for labels
     ax.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
     return fig
@@ -183,6 +186,8 @@ def grouped_bars(groups: Mapping[str, Mapping[str, float]], ylabel: str,
         ax.bar_label(drawn, labels=[_cell(float(y)) for y in ys], fontsize=7)
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set(ylabel=ylabel, title=title or "")
+    top = max([v for series in groups.values() for v in series.values()] + [1e-12])
+    ax.set_ylim(0, 1.35 * top)  # room for the value labels and the legend
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
