@@ -42,6 +42,9 @@ LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
         "fetchNews": "false", "checkForUpdates": False},
 }
+# Processes a kernel keeps for its whole life (they exit with it): not leftovers of a launch.
+KERNEL_HELPERS = ("-m ddplab.agent", "multiprocessing.resource_tracker",
+                  "multiprocessing.forkserver")
 T = TypeVar("T")
 
 
@@ -151,13 +154,15 @@ class Lab:
     def leftovers(self) -> list[Proc]:
         """Processes of this server that should not exist between launches.
 
-        Allowed: the server, its kernels, and each kernel's ``ddplab.agent`` helper (it lives
-        as long as its kernel). Anything else (a rank, a per-launch agent forked from the
-        helper, an ``mp.spawn`` script) outlived the launch that started it.
+        Allowed: the server, its kernels, and each kernel's own helpers, which live as long as
+        their kernel: ``ddplab.agent`` and multiprocessing's resource tracker (started when an
+        in-kernel demo used ``mp.spawn``). Anything else (a rank, a per-launch agent forked
+        from the helper, an ``mp.spawn`` script or child) outlived the launch that started it.
         """
         procs = marked_processes(self.run_id)
         kernels = {p.pid for p in procs if "ipykernel_launcher" in p.cmd}
-        helpers = {p.pid for p in procs if "ddplab.agent" in p.cmd and p.ppid in kernels}
+        helpers = {p.pid for p in procs if p.ppid in kernels and any(
+            name in p.cmd for name in KERNEL_HELPERS)}
         allowed = {self.proc.pid} | kernels | helpers
         return [p for p in procs if p.pid not in allowed]
 

@@ -32,6 +32,9 @@ from jlab import HERE, REPO, Lab, pid_alive, wait_for
 # DDPLAB_BROWSER_NOTEBOOKS points the test at another folder of notebooks (e.g. drafts).
 NOTEBOOKS = Path(os.environ.get("DDPLAB_BROWSER_NOTEBOOKS") or REPO / "notebooks")
 COURSE = ("01", "03")
+# Ranks whose output a learner must see in one launching cell (01 runs a single process whose
+# worker prints only events; 03's DDP workers print per-rank lines).
+RANKS_SHOWN = {"01": 0, "03": 2}
 SLEEPER = HERE / "sleeper.py"
 RUN_TIMEOUT = 600  # seconds for Run All of one notebook (about a minute here)
 RANK_LINE = re.compile(r"^\[(?:node\d+ )?rank(\d+)\] ", re.M)
@@ -165,6 +168,12 @@ def rank_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if RANK_LINE.match(line)]
 
 
+def most_ranks_in_one_cell(found: list[dict[str, Any]]) -> int:
+    """The largest number of distinct ranks whose output shows in a single cell."""
+    return max([len({RANK_LINE.match(line).group(1) for line in rank_lines(cell_text(c))})
+                for c in found] + [0])
+
+
 def slowest_cells(saved: nbformat.NotebookNode, count: int = 3) -> str:
     """The slowest cells and their run time, from the timing Lab recorded in the metadata."""
     timed = []
@@ -252,6 +261,9 @@ def test_notebook_runs_in_jupyterlab(number: str, lab: Lab, course: dict[str, st
             [] if trained else ["(none found)"],
         "progress shown as text, not as a widget": fallbacks(found),
         "worker output in a cell that launched nothing": misplaced_rank_lines(found, saved),
+        f"no cell shows the output of {RANKS_SHOWN[number]} ranks":
+            [] if most_ranks_in_one_cell(found) >= RANKS_SHOWN[number] else
+            [f"at most {most_ranks_in_one_cell(found)} in one cell"],
         "processes left after Run All": describe(left),
         "JavaScript errors in the page": page.js_errors,
     })
