@@ -73,6 +73,7 @@ def _spawn_script(body: str) -> str:
     """) + textwrap.dedent(body)
 
 
+@pytest.mark.slow
 def test_spawn_of_a_function_from_main_fails_and_leaves_no_process():
     """Like a notebook cell: `python -c` code lives in a __main__ that children cannot import."""
     code = _spawn_script("""
@@ -92,12 +93,14 @@ def test_spawn_of_a_function_from_main_fails_and_leaves_no_process():
     assert "ALIVE False" in out.stdout
 
 
+@pytest.mark.slow
 def test_spawn_of_an_importable_function_succeeds():
     attempt = demos.spawn_from_notebook(demos.scatter_sizes, args=(4,), nprocs=2, timeout=120)
     assert attempt.ok, attempt.stderr
     assert attempt.exit_codes == [0, 0] and attempt.message == ""
 
 
+@pytest.mark.slow
 def test_spawn_timeout_kills_the_children():
     attempt = demos.spawn_from_notebook(_sleep, args=(60,), nprocs=1, timeout=15)
     assert not attempt.ok and attempt.exception.startswith("timeout")
