@@ -50,12 +50,16 @@ class DistInfo:
         return [self.device.index] if self.device.type == "cuda" else None
 
 
-def pick_backend(requested: Optional[str] = None) -> str:
-    """Return the process-group backend: ``nccl`` when CUDA is usable, else ``gloo``.
+def pick_backend(requested: Optional[str] = None,
+                 local_world_size: Optional[int] = None) -> str:
+    """Return the process-group backend: ``nccl`` when every local process gets a GPU, else gloo.
 
     Args:
         requested: force a backend (``"gloo"``, ``"nccl"``, ``"mpi"``) or None for automatic
             (``ddplab.launch(..., backend=...)`` passes its choice as ``DDPLAB_BACKEND``).
+        local_world_size: processes on this machine (default: torchrun's ``LOCAL_WORLD_SIZE``,
+            else 1). With more processes than GPUs, automatic choice falls back to gloo on CPU,
+            so a lesson written for 2 processes still runs on a 1-GPU laptop.
 
     Raises:
         RuntimeError: ``nccl`` was requested on a machine without a CUDA GPU.
@@ -67,7 +71,10 @@ def pick_backend(requested: Optional[str] = None) -> str:
     """
     requested = requested or os.environ.get("DDPLAB_BACKEND") or None
     if requested in (None, "", "auto"):
-        return "nccl" if torch.cuda.is_available() else "gloo"
+        if local_world_size is None:
+            local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        usable = torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size
+        return "nccl" if usable else "gloo"
     if requested == "nccl" and not torch.cuda.is_available():
         raise RuntimeError(
             "nccl was requested but no CUDA GPU is visible: use backend='gloo' (or leave it "
@@ -138,7 +145,8 @@ def setup(
     world_size = env_world if world_size is None else world_size
     if "LOCAL_RANK" not in os.environ:
         local_rank = rank
-    chosen = pick_backend(backend)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    chosen = pick_backend(backend, local_world)
     device = pick_device(local_rank, chosen)
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -24,6 +24,15 @@ def test_backend_is_gloo_without_gpus_and_nccl_with(monkeypatch):
         assert ddist.pick_backend("gloo") == "gloo"
 
 
+def test_more_local_processes_than_gpus_fall_back_to_gloo(monkeypatch):
+    monkeypatch.delenv("DDPLAB_BACKEND", raising=False)
+    with gpus(1):
+        assert ddist.pick_backend(local_world_size=2) == "gloo"
+        assert ddist.pick_backend(local_world_size=1) == "nccl"
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        assert ddist.pick_backend() == "gloo"
+
+
 def test_launcher_choice_reaches_the_worker(monkeypatch):
     monkeypatch.setenv("DDPLAB_BACKEND", "gloo")
     with gpus(2):
