@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from . import env as _env
-from .launch import launch
+from .launcher import launch
 
 TRAIN = "ddplab.workers.train"
 RING = "ddplab.workers.ring_allreduce"
@@ -201,20 +201,21 @@ def plot_speedup(rows: Sequence[Row], ax: Any = None) -> Any:
 
     if ax is None:
         _fig, ax = plt.subplots(figsize=(6, 4))
-    most = max([r.setup.devices for r in rows] + [g for g, _s in SOURCE_SECONDS.values()])
-    ax.plot([1, most], [1, most], "k--", lw=1, label="ideal (speed-up = devices)")
-    for row in (r for r in rows if not r.setup.same_as):
-        ax.scatter(row.setup.devices, row.speedup, marker="o", s=50)
-        ax.annotate(f"ours: {row.setup.name}", (row.setup.devices, row.speedup), fontsize=8,
-                    xytext=(4, 4), textcoords="offset points")
-    for name, (gpus, seconds) in SOURCE_SECONDS.items():
-        speedup = SOURCE_SECONDS["single"][1] / seconds
-        ax.scatter(gpus, speedup, marker="x", color="gray")
-        ax.annotate(f"source: {name}", (gpus, speedup), fontsize=7, color="gray",
-                    xytext=(4, -10), textcoords="offset points")
+    ours = {r.setup.name: (r.setup.devices, r.speedup) for r in rows}
+    source = {name: (gpus, SOURCE_SECONDS["single"][1] / seconds)
+              for name, (gpus, seconds) in SOURCE_SECONDS.items()}
+    most = max(d for d, _s in [*ours.values(), *source.values()])
+    ax.plot([1, most], [1, most], "k--", lw=1, label="ideal: speed-up = devices")
+    for points, who, color in ((ours, "ours", "C0"), (source, "source (A100)", "gray")):
+        line = [points[n] for n in ("single", "DDP x2", "DDP xN") if n in points]
+        ax.plot(*zip(*sorted(set(line))), "-o", color=color, label=f"{who}: single, DDP")
+        for name, marker in (("DataParallel", "s"), ("DDP xN + AMP", "^")):
+            if name in points:
+                ax.plot(*points[name], marker, color=color, linestyle="none",
+                        label=f"{who}: {name.replace('DDP xN + AMP', 'DDP + AMP')}")
     ax.set(xlabel="devices (GPUs, or CPU processes here)", ylabel="speed-up over one device",
-           title="throughput speed-up (o ours, x the source's A100 numbers)")
-    ax.legend(loc="upper left", fontsize=8)
+           title="throughput speed-up against the ideal line")
+    ax.legend(fontsize=7, loc="upper left")
     return ax.figure
 
 
@@ -337,9 +338,10 @@ def plot_bandwidth(rows: Sequence[dict[str, Any]], ax: Any = None) -> Any:
 
     if ax is None:
         _fig, ax = plt.subplots(figsize=(6, 4))
+    labels = {"all_reduce": "dist.all_reduce (library)", "ring": "ring from scratch"}
     for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
         mine = sorted((r["bytes"], r["busbw"] / 1e6) for r in rows if r["algorithm"] == algorithm)
-        ax.plot(*zip(*mine), marker="o", label=algorithm)
+        ax.plot(*zip(*mine), marker="o", label=labels.get(algorithm, algorithm))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set(xlabel="message size (bytes)", ylabel="bus bandwidth (MB/s)",

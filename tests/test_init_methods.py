@@ -28,26 +28,33 @@ def test_every_init_method_forms_a_working_group(method, tmp_path):
     assert [e["torchrun_env"]["LOCAL_RANK"] for e in events] == ["0", "1"]
 
 
-def test_file_store_is_removed_by_a_clean_exit_and_kept_without_cleanup(tmp_path):
+def test_file_store_is_removed_by_a_clean_exit_and_left_by_a_crash(tmp_path):
     store = tmp_path / "store"
     clean = launch(TARGET, 2, args=["--init-method", f"file://{store}"], quiet=True)
     assert clean.ok, clean.error
     assert not store.exists()
-    kept = launch(TARGET, 2, args=["--init-method", f"file://{store}", "--no-cleanup"],
-                  quiet=True)
-    assert kept.ok, kept.error
+    crashed = launch(TARGET, 2, args=["--init-method", f"file://{store}", "--crash"], quiet=True)
+    assert not crashed.ok and crashed.root_cause.exitcode == init_methods.CRASH_EXIT_CODE
+    assert len(crashed.events_of("joined")) == 2
     assert store.exists() and store.stat().st_size > 0
 
 
 def test_a_stale_store_file_makes_the_next_job_fail(tmp_path):
     store = tmp_path / "store"
-    first = launch(TARGET, 2, args=["--init-method", f"file://{store}", "--no-cleanup"],
-                   quiet=True)
-    assert first.ok and store.exists()
-    second = launch(TARGET, 2, args=["--init-method", f"file://{store}", "--timeout", "10"],
-                    quiet=True, timeout=90)
+    gloo = ["--init-method", f"file://{store}", "--backend", "gloo"]
+    first = launch(TARGET, 4, args=[*gloo, "--crash"], quiet=True)
+    assert not first.ok and store.exists()
+    second = launch(TARGET, 4, args=[*gloo, "--stagger", "0.5", "--timeout", "10"], quiet=True,
+                    timeout=30)
     assert not second.ok
     assert second.status in ("failed", "timeout")
+
+
+def test_init_waits_for_a_late_rank():
+    result = launch(TARGET, 2, args=["--stagger", "1"], quiet=True)
+    assert result.ok, result.error
+    waited = {e["rank"]: e["join_seconds"] for e in result.events_of("joined")}
+    assert waited[0] >= 0.9 > waited[1]
 
 
 def test_two_nodes_on_one_machine_form_one_world():

@@ -14,8 +14,10 @@ LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and the *_SOCKET_IFNAME c
 all_reduce of the ranks: proof that the group really works). A rank that fails to join emits
 ``join_failed`` with the error and exits with code 1.
 
-``--no-cleanup`` leaves without ``destroy_process_group()`` (as many scripts do): with
-``file://`` the store file then stays behind, and the next job that reuses it fails.
+``--stagger S`` makes rank r start joining r x S seconds late, as a slow machine would: the
+others wait in ``init_process_group`` (their ``join_seconds`` shows it). ``--crash`` exits
+abruptly after joining (code 3), as a killed or crashed job would: with ``file://`` the store
+file then stays behind, and the next job that reuses it fails.
 
 Lesson: 07.
 """
@@ -35,6 +37,7 @@ import torch.distributed as torch_dist
 
 from ddplab import dist, events
 
+CRASH_EXIT_CODE = 3
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                  "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
@@ -48,8 +51,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--backend", choices=["gloo", "nccl", "mpi"], default=None,
                    help="default: nccl with GPUs, gloo without")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the others")
-    p.add_argument("--no-cleanup", action="store_true",
-                   help="exit without destroy_process_group() (leaves a file:// store behind)")
+    p.add_argument("--stagger", type=float, default=0.0,
+                   help="rank r starts joining r x STAGGER seconds late (a slow machine)")
+    p.add_argument("--crash", action="store_true",
+                   help="exit abruptly after joining, as a crash would (a file:// store stays)")
     return p.parse_args(argv)
 
 
@@ -73,6 +78,14 @@ def join(init_method: str, backend: str, rank: int, world_size: int, timeout: fl
     # [/join]
 
 
+def crash() -> None:
+    """Leave at once with ``CRASH_EXIT_CODE``, skipping every cleanup (like a killed process)."""
+    print("--crash: exiting abruptly, without destroy_process_group()", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(CRASH_EXIT_CODE)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """Join with the requested init method, check the group with one all_reduce, report."""
     args = parse_args(argv)
@@ -86,6 +99,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     device = dist.pick_device(local_rank, backend)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    time.sleep(rank * args.stagger)  # the others wait for a late rank: init blocks
     start = time.perf_counter()
     try:
         join(args.init_method, backend, rank, world_size, args.timeout)
@@ -105,9 +119,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     )
     print(f"rank {rank} (local rank {local_rank}, node {report['node_rank']}) of {world_size} "
           f"joined via {args.init_method} with {backend}", flush=True)
-    if args.no_cleanup:
-        sys.stdout.flush()
-        return report
+    if args.crash:
+        crash()
     torch_dist.destroy_process_group()
     return report
 
