@@ -32,6 +32,12 @@ test-notebooks: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
 		--nbval-cell-timeout=$(NB_TIMEOUT) notebooks
 
+# The course in JupyterLab, driven by headless Chromium (Debian's chromium; never a browser
+# download). Installs what it needs first; screenshots go to build/browser/.
+test-browser: setup
+	bash tests/browser/setup.sh $(BIN)/python
+	DDPLAB_BROWSER=1 $(BIN)/python -m pytest -q -rP -p no:cacheprovider tests/browser
+
 # Every notebook executed headless, with outputs, into build/ for reading.
 course: setup
 	$(BIN)/python -m ddplab course

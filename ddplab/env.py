@@ -133,7 +133,15 @@ def problems(facts: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
-def doctor(quiet: bool = False) -> dict[str, Any]:
+class Report(dict):
+    """The doctor's facts; a short repr, since the report itself was already printed."""
+
+    def __repr__(self) -> str:
+        return (f"<doctor: {self['gpu_count']} GPU(s), backend {self['backend']}, "
+                f"{len(self['problems'])} problem(s)>")
+
+
+def doctor(quiet: bool = False) -> Report:
     """Report torch, devices, backends, the backend ddplab picks, a free port and problems.
 
     Args:
@@ -146,7 +154,7 @@ def doctor(quiet: bool = False) -> dict[str, Any]:
     """
     import multiprocessing
 
-    facts = probe()
+    facts = Report(probe())
     facts.update({
         "python": sys.version.split()[0],
         "cpu_count": os.cpu_count(),

@@ -450,7 +450,7 @@ def _result(index: int, job: Job, streams: _Streams, status: str, wall: float,
         return result
     if status == "interrupted":
         result.status, result.returncode = "interrupted", 130
-        result.error = "interrupted: every process of the job was ended."
+        result.error = "interrupted: every process of the job was ended."  # shown once
         return result
     failures, codes = _failures(job, logs)
     if failures is None:

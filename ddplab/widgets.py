@@ -34,6 +34,7 @@ class LiveView:
         self.min_interval = min_interval
         self.bar: Any = None
         self.losses: list[tuple[float, float]] = []
+        self.from_progress = False
         self.handle: Any = None
         self.last_draw = 0.0
 
@@ -48,12 +49,12 @@ class LiveView:
                 sys.stdout.flush()
 
     def event(self, event: dict[str, Any]) -> None:
-        """Update the bar and the plot from a worker event."""
+        """Update the bar and the plot from a worker event (rank 0's only)."""
         if not self.live or event.get("rank", 0) != 0:
             return
         if event["kind"] == "progress":
             self._progress(event)
-        if event["kind"] == "epoch" and "loss" in event:
+        elif event["kind"] == "epoch" and "loss" in event and not self.from_progress:
             self.losses.append((float(event["epoch"]), float(event["loss"])))
             self._plot(force=False)
 
@@ -65,13 +66,18 @@ class LiveView:
         if self.bar is None:
             from tqdm.auto import tqdm
 
+            # mininterval=0: progress events are few (a handful per epoch), and a held-back
+            # update would leave a stuck job's bar showing stale progress.
             self.bar = tqdm(total=steps * epochs, desc="training", unit="step",
-                            file=sys.stderr, leave=True)
+                            file=sys.stderr, leave=True, mininterval=0, miniters=1)
         done = (int(event.get("epoch", 1)) - 1) * steps + int(event.get("step", 0))
         self.bar.update(max(0, done - self.bar.n))
         if "loss" in event:
             self.bar.set_postfix(loss=f"{float(event['loss']):.4f}", refresh=False)
-            self.losses_partial = (done / steps, float(event["loss"]))
+            # The loss curve over fractional epochs: informative even for a one-epoch run.
+            self.from_progress = True
+            self.losses.append((done / steps, float(event["loss"])))
+            self._plot(force=False)
 
     def _plot(self, force: bool) -> None:
         if not in_notebook() or not self.losses:
@@ -91,7 +97,7 @@ class LiveView:
     def failure(self, result: Any) -> None:
         """Say clearly why a launch did not succeed."""
         if not self.quiet:
-            sys.stderr.write(f"ddplab.launch: {result.status}: {result.error}\n")
+            sys.stderr.write(f"ddplab.launch: {result.error}\n")
             sys.stderr.flush()
 
     def close(self) -> None:
@@ -110,7 +116,7 @@ def loss_png(points: list[tuple[float, float]], title: Optional[str] = "training
     fig = Figure(figsize=(4.5, 2.6), dpi=90)
     ax = fig.add_subplot()
     xs, ys = zip(*points)
-    ax.plot(xs, ys, marker="o")
+    ax.plot(xs, ys, marker="o" if len(xs) < 30 else None)
     ax.set_xlabel("epoch")
     ax.set_ylabel("loss")
     if title:

@@ -20,5 +20,5 @@ fi
 
 if ! "$PY" -c "import playwright" 2>/dev/null; then
     echo "installing the playwright Python package (pip)"
-    "$PY" -m pip install -q "playwright>=1.40"
+    "$PY" -m pip install -q -e ".[browser]"   # pyproject.toml's browser extra
 fi
