@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import textwrap
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -46,8 +47,7 @@ def source(obj: Union[str, Path, Any], section: Optional[str] = None) -> str:
     if not match:
         names = re.findall(r"^[ \t]*# \[([\w-]+)\]", text, re.M)
         raise KeyError(f"no section {section!r} in {path}; sections: {', '.join(names)}")
-    return inspect.cleandoc("\n" + match.group(1)) if match.group(1).startswith((" ", "\t")) \
-        else match.group(1).rstrip("\n")
+    return textwrap.dedent(match.group(1)).rstrip("\n")
 
 
 def show(obj: Union[str, Path, Any], section: Optional[str] = None) -> None:

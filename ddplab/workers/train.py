@@ -66,10 +66,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    # [setup]
     # 1. setup: join the process group (if launched with several processes), pick the device
     info = dist.setup()
     train.check_mode(args.mode, info.world_size)
+    # [/setup]
 
+    # [data]
     # 2. data: each rank reads its own share; micro-batches interleave shares (see data.py)
     split = data.load_dataset(args.dataset, root=args.data_root, download=args.download,
                               as_tensors=args.loader == "tensor", seed=args.seed)
@@ -79,7 +82,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
                               **on_device)
     test_loader = data.make_eval_loader(split.test, 512, num_replicas=info.world_size,
                                         rank=info.rank, **on_device)
+    # [/data]
 
+    # [model]
     # 3. model: same seed on every rank, moved to the device, then wrapped for the mode
     torch.manual_seed(args.seed)
     name = args.model or models.default_model(args.dataset)
@@ -92,7 +97,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     start, history = 0, []
     if args.resume is not None:
         start, history = train.resume(args.resume or path, model, optimizer, scaler, info.device)
+    # [/model]
 
+    # [loop]
     # 4. loop: train, evaluate, 5. save (rank 0 writes, everyone waits)
     samples_seen = 0
     for epoch in range(start, args.epochs):
@@ -108,6 +115,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
                                        sampler_epoch=epoch + 1, extra={"history": history})
         if args.stop_after_epoch == epoch + 1:
             train.stop_after(epoch + 1)
+    # [/loop]
 
     summary = train.summarize(
         model, info, history, samples_seen=samples_seen, lr=lr, batch_size=args.batch_size,
@@ -117,8 +125,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         set_epoch=not args.no_set_epoch, sync_bn=args.sync_bn,
     )
 
+    # [cleanup]
     # 6. cleanup: leave the process group
     dist.cleanup()
+    # [/cleanup]
     return summary
 
 
