@@ -10,7 +10,7 @@ from typing import Any
 
 _EXPORTS = {
     "check": "checks", "doctor": "env", "launch": "launcher", "launch_multinode": "launcher",
-    "LaunchError": "launcher", "RunResult": "results", "show": "show", "source": "show",
+    "LaunchError": "launcher", "RunResult": "results", "show": "showcode", "source": "showcode",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ddplab import demos
-from ddplab.show import source
+from ddplab.showcode import source
 
 
 @pytest.mark.parametrize("batch,gpus,sizes", [(32, 4, [8, 8, 8, 8]), (10, 4, [3, 3, 3, 1]),

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ddplab import show as ddshow
+from ddplab import showcode as ddshow
 
 
 def test_section_is_cut_and_dedented():
@@ -25,3 +25,14 @@ def test_objects_and_missing_files():
 def test_show_prints_outside_jupyter(capsys):
     ddshow.show("ddplab.workers.train", "cleanup")
     assert "dist.cleanup()" in capsys.readouterr().out
+
+
+def test_package_names_stay_functions_after_submodule_imports():
+    import importlib
+
+    import ddplab
+
+    for module in ("launcher", "showcode", "checks", "env", "results"):
+        importlib.import_module(f"ddplab.{module}")
+    assert callable(ddplab.launch) and callable(ddplab.show) and callable(ddplab.check)
+    assert ddplab.RunResult.__name__ == "RunResult"
