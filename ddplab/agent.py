@@ -89,7 +89,9 @@ def run_worker(target: str, argv: list[str], rank_fds: list[int], threads: int) 
         _run_target(target, argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        raise
+        if code != 0:
+            raise
+        # sys.exit(0) is success: return normally, or the agent waits for a return value.
     except BaseException as exc:
         code = 1
         _print_user_traceback(exc)
@@ -180,6 +182,8 @@ def _elastic_run(req: dict[str, Any], rank_fds: list[int]) -> dict[str, Any]:
         local_addr=req.get("local_addr"),
         shutdown_timeout=int(req.get("shutdown_timeout", 5)),
     )
+    if req["rdzv_endpoint"].startswith(("127.", "localhost")):
+        _store_on_loopback()
     started = time.time()
     try:
         elastic_launch(config, run_worker)(req["target"], req["args"], rank_fds,
@@ -198,6 +202,36 @@ def _elastic_run(req: dict[str, Any], rank_fds: list[int]) -> dict[str, Any]:
         return {"status": "failed", "failures": failures, "started": started,
                 "exitcodes": exitcodes}
     return {"status": "ok", "started": started, "exitcodes": exitcodes}
+
+
+_LISTENERS: list[socket.socket] = []  # kept open for the life of this agent process
+
+
+def _store_on_loopback() -> None:
+    """Make the rendezvous store listen on 127.0.0.1 only, not on every interface.
+
+    torch's TCPStore server binds all interfaces whatever host it is given; handed a socket
+    already bound to the loopback address (``master_listen_fd``), it listens there alone.
+    """
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as backend
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+
+    def loopback_store(host: str, port: int, *args: Any, is_master: bool = False,
+                       **kwargs: Any) -> Any:
+        if is_master and "master_listen_fd" not in kwargs:
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.bind(("127.0.0.1", port))
+            listener.listen(128)
+            _LISTENERS.append(listener)
+            port = listener.getsockname()[1]
+            kwargs["master_listen_fd"] = listener.fileno()
+        return TCPStore(host, port, *args, is_master=is_master, **kwargs)
+
+    # Two stores listen: the rendezvous's, and the one the workers bootstrap from.
+    backend.TCPStore = loopback_store  # type: ignore[assignment]  (this agent process only)
+    dynamic.DynamicRendezvousHandler._create_tcp_store_server = (  # type: ignore[method-assign]
+        lambda self, addr, port: loopback_store(addr, port, is_master=True, multi_tenant=True))
 
 
 def _record_exitcodes() -> dict[str, int]:

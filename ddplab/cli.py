@@ -60,15 +60,16 @@ def _parser() -> argparse.ArgumentParser:
                      help="TARGET is a module name (accepted for torchrun compatibility)")
     run.add_argument("target", help="a .py file or a module name")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the target")
-    for name, text in [("course", "execute every notebook into build/"),
-                       ("bench", "run the scaling benchmark and write a table and plot")]:
-        extra = sub.add_parser(name, help=text)
-        extra.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.add_parser("course", help="execute every notebook into build/ (--help for options)")
+    sub.add_parser("bench", help="the scaling benchmark of 09 (--help for options)")
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``python -m ddplab`` and the ``ddplab`` script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("course", "bench"):  # their own parsers take the options
+        return int(importlib.import_module(f"ddplab.{argv[0]}").main(argv[1:]) or 0)
     ns = _parser().parse_args(argv)
     if ns.command == "doctor":
         from .env import doctor
@@ -76,10 +77,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         report = doctor()
         return 1 if report["problems"] and report["gpu_count"] == 0 and not \
             report["backends"]["gloo"] else 0
-    if ns.command == "launch":
-        return _launch(ns)
-    module = importlib.import_module(f"ddplab.{ns.command}")
-    return int(module.main(ns.rest) or 0)
+    return _launch(ns)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,14 @@ class Job:
     rank_of: dict[Union[int, str], int] = field(default_factory=dict)  # source label -> rank
     pids: dict[int, int] = field(default_factory=dict)
     exits: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (code, time)
+    workers_gone_at: Optional[float] = None
+    stuck: bool = False
+
+    def workers_gone(self) -> bool:
+        """True once every local worker has reported its pid and none of them runs any more."""
+        if self.popen is not None or len(self.pids) < self.nproc_per_node:
+            return False
+        return not any(_running(pid) for pid in self.pids.values())
 
     def alive(self) -> bool:
         if self.popen is not None and self.popen.poll() is None:
@@ -55,6 +63,15 @@ class Job:
             os.killpg(self.pgid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (Linux: read from /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 class AgentServer:

@@ -351,6 +351,7 @@ class _Streams:
 
     def __init__(self, jobs: list[Job], view: Any) -> None:
         self.view = view
+        self.jobs = jobs
         self.sel = selectors.DefaultSelector()
         self.partial: dict[int, bytes] = {}
         self.logs: dict[tuple[int, Union[int, str]], list[str]] = {}
@@ -371,7 +372,24 @@ class _Streams:
                 return "timeout"
             for key, _mask in self.sel.select(timeout=min(remaining, 0.5)):
                 self._read(key.fd, *key.data)
+            self._watch()
         return "done"
+
+    def _watch(self, grace: float = 3.0) -> None:
+        """End an agent whose workers are all gone but which still waits for them.
+
+        torch's elastic agent waits for a return value from every worker; a worker that left
+        through ``os._exit`` never sends one, and the agent would wait until the timeout.
+        """
+        now = time.monotonic()
+        for job in self.jobs:
+            if job.stuck or not job.workers_gone():
+                job.workers_gone_at = None
+                continue
+            job.workers_gone_at = job.workers_gone_at or now
+            if now - job.workers_gone_at > grace:
+                job.stuck = True
+                _terminate(job, grace=1.0)
 
     def drain(self) -> None:
         """After killing a job, take what is left in the pipes without blocking long."""
@@ -453,6 +471,12 @@ def _result(index: int, job: Job, streams: _Streams, status: str, wall: float,
         result.error = "interrupted: every process of the job was ended."  # shown once
         return result
     failures, codes = _failures(job, logs)
+    if job.stuck:
+        failures = [RankFailure(rank=rank, exitcode=None, message=(
+            "ended without returning to the launcher (os._exit or a crash of the interpreter); "
+            "end worker scripts normally or with sys.exit")) for rank in sorted(job.pids)
+            if rank not in job.exits]
+        codes = {rank: job.exits.get(rank, (None, 0))[0] for rank in sorted(job.pids)}
     if failures is None:
         result.status, result.returncode = "error", 1
         result.error = "the launcher failed:\n" + "\n".join(logs.get("launcher", [])[-30:])

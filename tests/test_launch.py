@@ -103,6 +103,18 @@ def test_signal_is_reported():
     assert "killed by SIGKILL" in result.error
 
 
+def test_sys_exit_zero_is_success():
+    result = launch(FAULTY, 2, args=["sysexit0"], quiet=True, timeout=60)
+    assert result.ok, result.error
+    assert result.exit_codes == {0: 0, 1: 0}
+
+
+def test_workers_leaving_through_os_exit_do_not_hang_the_launch():
+    result = launch(FAULTY, 2, args=["osexit0"], quiet=True, timeout=60)
+    assert result.status == "failed"  # not "timeout": the launcher noticed in seconds
+    assert "os._exit" in result.error
+
+
 def test_timeout_ends_the_whole_group():
     result = launch(FAULTY, 2, args=["hang"], timeout=4, quiet=True)
     assert result.status == "timeout" and not result.ok
@@ -265,3 +277,11 @@ def test_two_nodes_meet_at_one_rendezvous():
     lines = sorted(line for r in results for rank in r.logs if rank != "launcher"
                    for line in r.logs[rank])
     assert lines == ["rank 0 of 2: sum 3", "rank 1 of 2: sum 3"]
+
+
+def test_a_job_listens_on_loopback_only():
+    result = launch(str(SCRIPTS / "listeners.py"), 2, quiet=True)
+    assert result.ok, result.error
+    addresses = [line.split()[1] for line in result.logs[0] if line.startswith("listen ")]
+    assert len(addresses) >= 2  # the rendezvous store, the workers' store, gloo's sockets
+    assert set(addresses) == {"0100007F"}, addresses  # 127.0.0.1 in /proc/net/tcp's hex

@@ -1,4 +1,5 @@
-"""Rank 1 misbehaves as asked: raise | exit | signal | hang | none. Every rank prints its pid."""
+"""Rank 1 misbehaves as asked (raise | exit | signal | hang); every rank may sys.exit(0) or
+os._exit(0) (sysexit0 | osexit0) or sleep. Every rank prints its pid."""
 import os
 import signal
 import sys
@@ -22,6 +23,10 @@ if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "hang":
         time.sleep(600)
+if mode == "sysexit0":
+    sys.exit(0)
+if mode == "osexit0":
+    os._exit(0)
 time.sleep(0.2)
 value = torch.ones(1)
 dist.all_reduce(value)
