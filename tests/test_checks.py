@@ -1,0 +1,56 @@
+"""Every exercise (01-09) accepts its reference answer, rejects a wrong one, and says why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddplab.checks import EXERCISES, check, reference_answer
+
+WRONG = {"01": 1000 / 1.16, "02": [2, 2, 1, 1], "03": (1024, 0.001), "04": (168, 0),
+         "05": [3, 4, 5], "06": (torch.float32, torch.float32), "07": 2, "08": 200,
+         "09": 13.2 / 6.1}
+
+
+def test_every_notebook_has_one_exercise():
+    assert sorted(EXERCISES) == [f"{n:02d}" for n in range(1, 10)] == sorted(WRONG)
+
+
+@pytest.mark.parametrize("key", sorted(WRONG))
+def test_reference_is_accepted_and_a_wrong_answer_rejected(key, capsys):
+    assert check(key, reference_answer(key)) is True
+    assert check(key, WRONG[key]) is False
+    assert "not yet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key", sorted(WRONG))
+def test_unanswered_exercise_asks_the_question(key, capsys):
+    assert check(key, None) is False
+    assert "not answered yet" in capsys.readouterr().out
+
+
+def test_reference_answers_are_what_the_lessons_teach():
+    assert reference_answer("01") == pytest.approx(1000 / 1.1)   # median of epochs 2-6
+    assert reference_answer("02") == [2, 2, 2, 0]                # chunk(4) of 6 leaves GPU 3 idle
+    assert reference_answer("03") == (1024, pytest.approx(0.004))
+    assert reference_answer("04") == (169, 5)
+    assert reference_answer("07") == 6
+    assert reference_answer("08") == pytest.approx(175.0)
+    assert reference_answer("09") == pytest.approx(0.541, abs=1e-3)
+
+
+def test_hints_name_the_mistake(capsys):
+    check("01", 1000 / 1.45)                      # warm-up epoch included
+    assert "warm-up" in capsys.readouterr().out
+    check("02", [2, 2, 2])
+    assert "4 numbers" in capsys.readouterr().out
+    check("03", (256, 0.004))
+    assert "256 x 4" in capsys.readouterr().out
+
+
+def test_answers_in_other_spellings():
+    assert check("02", (2, 2, 2, 0)) and check("03", [1024, "0.004"])
+    assert check("05", (4, 5)) and check("06", ("bfloat16", "float32"))
+    assert check("07", "6") and check("08", 175) and check("09", 0.54)
+    assert not check("01", "fast") and not check("03", 1024) and not check("04", "169")
+    assert not check("08", "a lot") and not check("09", 1.5)
