@@ -153,6 +153,9 @@ def measure(loaders: dict[str, data.Loader], in_channels: int, repeats: int, bas
                        for n, ds in per_name.items()},
         details=list(DETAILS), repeats=repeats,
     )
+    waits = {n: result["medians"][n] * result["step_ms"][n] for n in runners}
+    result["findings"] = ["Time waiting per batch: " + ", ".join(
+        f"{n.split(' (')[0]} {ms:.2f} ms" for n, ms in waits.items()) + "."]
     if result["medians"][TENSOR] > TARGET:
         result["why"] = {TENSOR: "the tensor loader's index_select and per-batch work took more "
                                  "than 5% of a step; see the ms per step and the details."}

@@ -116,6 +116,46 @@ def middle_rate(history: list[dict[str, Any]]) -> float:
     return float(statistics.median(middle))
 
 
+def diagnose(epochs: int) -> dict[str, Any]:
+    """One more DDP run that reports, per rank, DDP's own step timings and the time it waited.
+
+    Returns ``{rank: {forward_ms, backward_ms, allreduce_ms, busy}}``: the mean forward and
+    backward compute per step and the backward communication per step (DDP's sampled timers;
+    on the rank that reaches the all-reduce first it includes waiting for the other), and
+    ``busy``, the share of training time the rank's main thread spent on a core.
+    """
+    import ddplab
+
+    result = ddplab.launch(VARIANT, 2, args=[*WORKLOAD, "--mode", "ddp", "--epochs", str(epochs)],
+                           threads=1, quiet=True, live=False, cwd=ROOT,
+                           env={"DDPLAB_BENCH_STATS": "1"}).check()
+    stats = {}
+    for rank in (0, 1):
+        (event,) = [e for e in result.events.get(rank, []) if e.get("name") == "ddp_stats"]
+        stats[rank] = {"forward_ms": event["avg_forward_compute_time"] / 1e6,
+                       "backward_ms": event["avg_backward_compute_time"] / 1e6,
+                       "allreduce_ms": event["avg_backward_comm_time"] / 1e6,
+                       "busy": event["cpu_s"] / event["train_s"]}
+    return stats
+
+
+def diagnosis_text(stats: dict[Any, dict[str, float]]) -> str:
+    """One sentence per finding of ``diagnose``."""
+    ranks = sorted(stats, key=int)
+    step = {r: stats[r]["forward_ms"] + stats[r]["backward_ms"] for r in ranks}
+    fast, slow = min(ranks, key=step.get), max(ranks, key=step.get)
+    comm = min(stats[r]["allreduce_ms"] for r in ranks)
+    return (f"A diagnostic DDP run (DDP's own timers): forward + backward compute took "
+            f"{step[fast]:.0f} ms per step on rank {fast} and {step[slow]:.0f} ms on rank "
+            f"{slow} ({100 * (step[slow] / step[fast] - 1):.0f}% slower), and every step waits "
+            f"for the slower rank; the gradient all-reduce itself took about {comm:.1f} ms "
+            f"({100 * comm / step[slow]:.0f}% of a step). The main threads were on a core "
+            + " and ".join(f"{100 * stats[r]['busy']:.0f}% (rank {r})" for r in ranks)
+            + " of the training time; the rest they waited, for the other rank at the "
+            "all-reduce or for a free core (DDP's timers count both as compute or "
+            "communication).")
+
+
 def why(ratio: float, loads: list[float], busy: int = 0) -> str:
     """Explain a miss from what was measured (the load the machine carried meanwhile)."""
     load = statistics.median(loads)
@@ -175,6 +215,7 @@ def main() -> dict[str, Any]:
     spinners = busy_loops(ns.busy)
     try:
         result = summary(interleaved(candidates, repeats), baseline=CEILING)
+        result["diagnosis"] = diagnose(ddp_epochs)
     finally:
         for proc in spinners:
             proc.kill()
@@ -187,8 +228,9 @@ def main() -> dict[str, Any]:
     )
     loads = [d["load_before"] for d in DETAILS] + [d["load_after"] for d in DETAILS]
     ratio = result["ratios"][DDP]
+    result["findings"] = [diagnosis_text(result["diagnosis"])]
     if ratio < TARGET:
-        result["why"] = {DDP: why(ratio, loads, ns.busy)}
+        result["why"] = {DDP: why(ratio, loads, ns.busy) + result["findings"][0]}
     result["load_median"] = statistics.median(loads)
     name = result_name(ns.ablation, ns.busy)
     if name != "ddp_cpu":

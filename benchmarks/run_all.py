@@ -143,9 +143,10 @@ def section(name: str, title: str, text: str, data: Optional[dict[str, Any]]) ->
     if data.get("workload"):
         lines += [f"Workload: {data['workload']}.", ""]
     lines += table(data) + [""]
-    for key in ("note",):
-        if data.get(key):
-            lines += [f"Note: {data[key]}.", ""]
+    if data.get("note"):
+        lines += [f"Note: {data['note']}.", ""]
+    if data.get("findings"):
+        lines += [f"- {finding}" for finding in data["findings"]] + [""]
     missed = [n for n in data["medians"] if verdict(data, n)[2] is False]
     for setup in missed:
         why = data.get("why", {}).get(setup, "no explanation was recorded by the benchmark.")
