@@ -125,17 +125,36 @@ def child_env(base: Any, extra: Optional[dict[str, str]] = None) -> dict[str, st
     return merged
 
 
-def fast_path_available() -> bool:
-    """True where launches fork from the preloaded helper (Linux, unless disabled)."""
+class FastPathRefused(RuntimeError):
+    """The helper will not fork workers in this session; launch through a subprocess."""
+
+
+_REFUSED: list[str] = []  # why the helper refused to fork, once it has (for this session)
+
+
+def fast_path_unavailable() -> Optional[str]:
+    """Why launches cannot fork from the preloaded helper here, or None when they can.
+
+    The helper is a fresh interpreter (started by exec, never forked from the caller), so a
+    caller that has already initialised CUDA does not matter; what matters is CUDA in the
+    helper itself, which the helper checks before every fork (see ``start_fast``).
+    """
     if os.environ.get("DDPLAB_LAUNCH_PATH", "") == "subprocess":
-        return False
-    return sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+        return "DDPLAB_LAUNCH_PATH=subprocess asks for it"
+    if not sys.platform.startswith("linux") or not hasattr(socket, "send_fds"):
+        return f"fast launches fork workers from a helper process, which needs Linux " \
+               f"(this is {sys.platform})"
+    return _REFUSED[0] if _REFUSED else None
 
 
 def start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str], cwd: str,
                threads: int, nnodes: int, node_rank: int, endpoint: str, run_id: str,
                preload: bool = True) -> Job:
-    """Start a torchrun-engine job through the preloaded ``ddplab.agent`` helper."""
+    """Start a torchrun-engine job through the preloaded ``ddplab.agent`` helper.
+
+    Raises:
+        FastPathRefused: the helper cannot fork workers safely (CUDA is initialised in it).
+    """
     rank_pipes = [os.pipe() for _ in range(nprocs)]
     log_r, log_w = os.pipe()
     report_r, report_w = os.pipe()
@@ -153,6 +172,11 @@ def start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str
     finally:
         for fd in write_ends:
             os.close(fd)
+    if "refused" in reply:
+        for fd in [report_r, log_r, *[r for r, _w in rank_pipes]]:
+            os.close(fd)
+        _REFUSED.append(str(reply["refused"]))
+        raise FastPathRefused(reply["refused"])
     sources: dict[int, Union[int, str]] = {log_r: "launcher"}
     sources.update({r: i for i, (r, _w) in enumerate(rank_pipes)})
     return Job(world_size=nprocs * nnodes, engine="torchrun", pgid=int(reply["pid"]),

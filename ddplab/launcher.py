@@ -10,8 +10,9 @@ Engines:
 
 - ``torchrun``: PyTorch's elastic launcher (``torch.distributed.run``). On Linux the job is
   started by ``ddplab.agent``, a helper process that imported torch once and forks one agent per
-  launch, so a launch costs a fraction of a cold ``torchrun``. Elsewhere, or with
-  ``DDPLAB_LAUNCH_PATH=subprocess``, a plain ``python -m torch.distributed.run`` subprocess.
+  launch, so a launch costs a fraction of a cold ``torchrun``. Elsewhere, with
+  ``DDPLAB_LAUNCH_PATH=subprocess``, or if CUDA is initialised in the helper (forked workers
+  could not use it), a plain ``python -m torch.distributed.run`` subprocess, said once.
 - ``spawn``: the script is run as a plain process that calls ``torch.multiprocessing.spawn``
   itself; it receives ``MASTER_ADDR``, a free ``MASTER_PORT`` and ``--nprocs N``.
 
@@ -40,8 +41,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from . import env as _env
 from . import events as _events
-from .jobs import (Job, child_env, fast_path_available, popen_job, start_fast,
-                   torchrun_cmd)
+from .jobs import (FastPathRefused, Job, child_env, fast_path_unavailable, popen_job,
+                   start_fast, torchrun_cmd)
 from .results import (RankFailure, RunResult, failures_from_output, root_cause, short_message,
                       signal_name, traceback_tail)
 
@@ -215,7 +216,11 @@ def _start_jobs(specs: list[dict[str, Any]], quiet: bool, live: bool) -> tuple[l
     jobs: list[Job] = []
     try:
         for index, (starter, kwargs) in enumerate(prepared):
-            job = starter(**kwargs)
+            try:
+                job = starter(**kwargs)
+            except FastPathRefused as refused:
+                starter, kwargs = _subprocess_path(str(refused), **kwargs)
+                job = starter(**kwargs)
             job.node = f"node{index} " if len(prepared) > 1 else ""
             jobs.append(job)
     except BaseException:
@@ -259,13 +264,23 @@ def _prepare(target: Any, nprocs: Any, args: Sequence[Any], engine: str,
                                 cwd=cwd, world_size=nprocs, engine="spawn")
     endpoint = f"{host}:{port if port is not None else 0}"
     run_id = uuid.uuid4().hex if nnodes == 1 else f"ddplab-{endpoint}"
-    if fast_path_available():
-        return start_fast, dict(target=resolved, args=argv, nprocs=nprocs, job_env=job_env,
-                                cwd=cwd, threads=threads, nnodes=nnodes, node_rank=node_rank,
-                                endpoint=endpoint, run_id=run_id, preload=_preload(resolved))
-    _notice_once("subprocess", "ddplab: launching through a torchrun subprocess (slower): "
-                 "fast launches need Linux.")
-    cmd = torchrun_cmd(resolved, argv, nprocs, nnodes, node_rank, endpoint, run_id)
+    fast = dict(target=resolved, args=argv, nprocs=nprocs, job_env=job_env, cwd=cwd,
+                threads=threads, nnodes=nnodes, node_rank=node_rank, endpoint=endpoint,
+                run_id=run_id, preload=_preload(resolved))
+    why_not = fast_path_unavailable()
+    if why_not is None:
+        return start_fast, fast
+    return _subprocess_path(why_not, **fast)
+
+
+def _subprocess_path(why: str, target: str, args: list[str], nprocs: int,
+                     job_env: dict[str, str], cwd: str, nnodes: int, node_rank: int,
+                     endpoint: str, run_id: str, **_fast_only: Any
+                     ) -> tuple[Callable[..., Job], dict[str, Any]]:
+    """The same launch as a plain torchrun subprocess; say why once per session."""
+    _notice_once("subprocess", f"ddplab: launching through a torchrun subprocess (slower): "
+                 f"{why}.")
+    cmd = torchrun_cmd(target, args, nprocs, nnodes, node_rank, endpoint, run_id)
     return popen_job, dict(cmd=cmd, job_env=job_env, cwd=cwd, world_size=nprocs * nnodes,
                             engine="torchrun")
 

@@ -236,6 +236,34 @@ def test_subprocess_path_matches(monkeypatch):
     assert bad.root_cause.exitcode == 3
 
 
+def test_without_fork_the_launch_goes_through_torchrun_and_says_why_once(monkeypatch, capsys):
+    from ddplab import jobs, launcher
+
+    monkeypatch.setattr(jobs.sys, "platform", "win32")
+    monkeypatch.setattr(launcher, "_NOTICE_SHOWN", set())
+    assert "needs Linux" in jobs.fast_path_unavailable()
+    first = launch(PLAIN, 2, quiet=True)
+    second = launch(PLAIN, 2, quiet=True)
+    assert first.ok and second.ok, (first.error, second.error)
+    assert second.logs[1] == ["rank 1 of 2: sum 3"]
+    err = capsys.readouterr().err
+    assert err.count("launching through a torchrun subprocess") == 1 and "needs Linux" in err
+
+
+def test_helper_with_cuda_initialised_refuses_to_fork_and_the_launch_still_runs():
+    code = (f"import ddplab\n"
+            f"runs = [ddplab.launch({PLAIN!r}, 2, quiet=True) for _ in range(2)]\n"
+            f"print([(r.ok, r.logs[1]) for r in runs])\n")
+    env = {**os.environ, "DDPLAB_PRELOAD": "cuda_claimed",
+           "PYTHONPATH": os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str([(True, ["rank 1 of 2: sum 3"])] * 2)
+    assert out.stderr.count("launching through a torchrun subprocess") == 1, out.stderr
+    assert "CUDA is initialised in the launch helper" in out.stderr
+
+
 def test_bad_input_is_refused_before_anything_starts(monkeypatch, tmp_path):
     with pytest.raises(LaunchError, match="script not found"):
         launch(tmp_path / "missing.py", 2)
