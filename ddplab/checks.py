@@ -58,21 +58,46 @@ def exercise(key: str, question: str, compare: Optional[Compare] = None
     return register
 
 
-def check(key: str, answer: Any) -> bool:
+@dataclass(frozen=True)
+class Verdict:
+    """What ``check`` found: true when the answer is right (``assert ddplab.check(...)``).
+
+    The message is printed by ``check``; in a notebook the verdict itself shows nothing more
+    (no ``Out: False`` under an exercise not answered yet).
+    """
+
+    key: str
+    correct: bool
+    message: str
+
+    def __bool__(self) -> bool:
+        return self.correct
+
+    def _ipython_display_(self) -> None:
+        """Jupyter calls this instead of showing ``Out[n]``: the message is already shown."""
+
+
+def check(key: str, answer: Any) -> Verdict:
     """Check a learner's answer to exercise ``key``; print why it is wrong, if it is.
 
+    Example::
+
+        assert ddplab.check("03", (256, 0.004))
+
     Returns:
-        True when the answer is right.
+        A ``Verdict``, true when the answer is right.
     """
     if key not in EXERCISES:
         raise KeyError(f"no exercise {key!r}; known: {', '.join(sorted(EXERCISES))}")
-    if answer is None or answer is Ellipsis:
-        print(f"Exercise {key}: not answered yet. {EXERCISES[key].question}")
-        return False
     ex = EXERCISES[key]
-    hint = ex.compare(answer, ex.reference())
-    print(f"Exercise {key}: " + ("correct!" if hint is None else f"not yet: {hint}"))
-    return hint is None
+    if answer is None or answer is Ellipsis:
+        hint: Optional[str] = f"not answered yet. {ex.question}"
+    else:
+        hint = ex.compare(answer, ex.reference())
+        hint = None if hint is None else f"not yet: {hint}"
+    message = f"Exercise {key}: " + ("correct!" if hint is None else hint)
+    print(message)
+    return Verdict(key, hint is None, message)
 
 
 def reference_answer(key: str) -> Any:

@@ -18,15 +18,25 @@ def test_every_notebook_has_one_exercise():
 
 @pytest.mark.parametrize("key", sorted(WRONG))
 def test_reference_is_accepted_and_a_wrong_answer_rejected(key, capsys):
-    assert check(key, reference_answer(key)) is True
-    assert check(key, WRONG[key]) is False
-    assert "not yet" in capsys.readouterr().out
+    right, wrong = check(key, reference_answer(key)), check(key, WRONG[key])
+    assert bool(right) is True and bool(wrong) is False
+    assert right.message.endswith("correct!") and "not yet" in wrong.message
+    assert capsys.readouterr().out.splitlines() == [right.message, wrong.message]
 
 
 @pytest.mark.parametrize("key", sorted(WRONG))
 def test_unanswered_exercise_asks_the_question(key, capsys):
-    assert check(key, None) is False
+    verdict = check(key, None)
+    assert bool(verdict) is False
     assert "not answered yet" in capsys.readouterr().out
+
+
+def test_a_verdict_in_a_notebook_adds_no_output_cell_of_its_own():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    formatted, _metadata = shell.display_formatter.format(check("01", None))
+    assert formatted == {}  # Jupyter shows the printed message only, no "Out: False"
 
 
 def test_reference_answers_are_what_the_lessons_teach():
