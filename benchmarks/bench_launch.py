@@ -9,9 +9,36 @@ from __future__ import annotations
 
 import argparse
 
+import statistics
+import time
+
 from common import PY, ROOT, interleaved, run_cmd, save, summary, timed
 
 JOB = str(ROOT / "benchmarks" / "scripts" / "trivial_gloo.py")
+TIMED_JOB = str(ROOT / "benchmarks" / "scripts" / "trivial_gloo_timed.py")
+
+
+def warm_phases(repeats: int) -> dict[str, float]:
+    """Where a warm launch's time goes (medians, seconds): before, in and after the script.
+
+    ``start``: from the ``ddplab.launch`` call until the slower rank's script begins (helper
+    fork, elastic agent, rendezvous, worker fork); ``script``: the script itself (torch is
+    already imported, so mostly init_process_group); ``finish``: from the later script end
+    until ``launch`` returns (workers exit, the agent notices and reports, clean-up).
+    """
+    import ddplab
+
+    phases: dict[str, list[float]] = {"start": [], "script": [], "finish": []}
+    for _ in range(repeats):
+        called = time.time()
+        result = ddplab.launch(TIMED_JOB, 2, quiet=True).check()
+        returned = time.time()
+        spans = [[float(x) for x in result.log(rank).split()[1:3]] for rank in (0, 1)]
+        began, ended = max(s[0] for s in spans), max(s[1] for s in spans)
+        phases["start"].append(began - called)
+        phases["script"].append(ended - began)
+        phases["finish"].append(returned - ended)
+    return {name: statistics.median(values) for name, values in phases.items()}
 
 
 def main() -> dict:
@@ -39,6 +66,19 @@ def main() -> dict:
     }
     result = summary(interleaved(candidates, ns.repeats), baseline="torchrun (cold)")
     result["targets"] = {"ddplab launch CLI (cold)": 0.75, "ddplab.launch (warm)": 0.10}
+    phases = warm_phases(ns.repeats)
+    result["warm_phases"] = phases
+    finding = ("Where a warm launch's time goes (medians of {n} more launches of the same job, "
+               "printing its start and end): {start:.0f} ms until the scripts start (fork of "
+               "the agent, rendezvous, fork of the workers), {script:.0f} ms in the scripts "
+               "(init_process_group, all_reduce, destroy), {finish:.0f} ms from their end "
+               "until the result is back (workers exit, the agent reports).").format(
+        n=ns.repeats, **{k: 1000 * v for k, v in phases.items()})
+    result["findings"] = [finding]
+    cold = result["medians"]["torchrun (cold)"]
+    result["why"] = {
+        name: (f"{result['medians'][name]:.2f} s against {cold:.2f} s for torchrun. " + finding)
+        for name, limit in result["targets"].items() if result["ratios"][name] > limit}
     path = save("launch", result)
     for name, ratio in result["ratios"].items():
         print(f"{name:28s} median {result['medians'][name]:6.2f} s  ratio {ratio:5.2f}")
