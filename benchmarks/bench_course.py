@@ -1,9 +1,10 @@
 """The whole course: every notebook executed through nbval, as ``make test-notebooks`` does.
 
-Target: at most 5 minutes on this 2-core machine. This is one run (the course takes minutes,
-so repeats would dominate ``make bench``); the result records the machine's load before and
-after, and the time of every notebook (from pytest's JUnit report, one test per cell) beside
-the total. Run: ``python benchmarks/bench_course.py``.
+Target: at most 5 minutes on this 2-core machine: the median of 5 runs (``-n``; 1 with
+``--quick``), against the budget (a fixed limit, so there is no baseline to interleave with).
+The result records the machine's load before and after each run, and the time of every
+notebook (from pytest's JUnit report, one test per cell; the median over the runs) beside
+the total. Run: ``python benchmarks/bench_course.py [-n 5] [--quick]``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import tempfile
 import time
@@ -19,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from common import HERE, PY, ROOT, save
+from common import HERE, PY, ROOT, figure, save, save_figure
 
 BUDGET = 300.0  # seconds
 CELL_TIMEOUT = 600  # as in the Makefile's test-notebooks
@@ -59,19 +61,34 @@ def run_course(notebooks: list[str]) -> dict[str, Any]:
 
 def main() -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="no effect: the course runs once")
+    parser.add_argument("-n", "--repeats", type=int, help="default: 5, or 1 with --quick")
+    parser.add_argument("--quick", action="store_true", help="one run")
     parser.add_argument("notebooks", nargs="*", help="default: every notebooks/*.ipynb")
     ns = parser.parse_args()
+    repeats = ns.repeats or (1 if ns.quick else 5)
     notebooks = ns.notebooks or sorted(str(p.relative_to(ROOT))
                                        for p in (ROOT / "notebooks").glob("*.ipynb"))
-    run = run_course(notebooks)
+    runs = [run_course(notebooks) for _ in range(repeats)]
+    walls = [r["wall"] for r in runs]
+    run = {
+        "wall": statistics.median(walls),
+        "notebooks": {nb: statistics.median(r["notebooks"].get(nb, 0.0) for r in runs)
+                      for nb in runs[0]["notebooks"]},
+        "failed_cells": {nb: n for r in runs for nb, n in r["failed_cells"].items()},
+        "returncode": max((r["returncode"] for r in runs), key=abs),
+        "tail": runs[-1]["tail"],
+        "load_before": statistics.median(r["load_before"] for r in runs),
+        "load_after": statistics.median(r["load_after"] for r in runs),
+        "loads": [(r["load_before"], r["load_after"]) for r in runs],
+    }
     name = f"course ({len(notebooks)} notebooks, nbval)"
     result = {
-        "medians": {name: run["wall"]}, "samples": {name: [run["wall"]]},
+        "medians": {name: run["wall"]}, "samples": {name: walls},
         "baseline": None, "baseline_value": BUDGET, "baseline_label": "budget: 5 minutes",
         "ratios": {name: run["wall"] / BUDGET}, "unit": "s",
-        "targets": {name: {"limit": BUDGET, "on": "value"}}, "repeats": 1, **run,
-        "note": "one run (the course takes minutes); the load average is recorded beside it",
+        "targets": {name: {"limit": BUDGET, "on": "value"}}, "repeats": repeats, **run,
+        "note": f"median of {repeats} run(s), one after another; the load average before and "
+                "after each run is recorded beside it",
     }
     if run["returncode"] != 0:
         result["note"] += f"; nbval FAILED (exit {run['returncode']}): {run['failed_cells']}"
@@ -93,13 +110,9 @@ def main() -> dict[str, Any]:
 
 def plot(result: dict[str, Any], path: Any) -> None:
     """Horizontal bars: seconds per notebook, stacked into the total, against the budget."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     notebooks = result["notebooks"]
-    fig, ax = plt.subplots(figsize=(8, 0.35 * len(notebooks) + 2))
+    fig, ax = figure(8, 0.35 * len(notebooks) + 2)
     names = list(notebooks) + ["whole course (wall)"]
     values = list(notebooks.values()) + [result["wall"]]
     colors = ["#4c72b0"] * len(notebooks) + ["#55a868"]
@@ -109,12 +122,10 @@ def plot(result: dict[str, Any], path: Any) -> None:
     ax.axvline(BUDGET, color="#c44e52", ls="--", label="budget: 300 s")
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
-    ax.set_xlabel("seconds (one nbval run)")
+    ax.set_xlabel(f"seconds (median of {result['repeats']} nbval run(s))")
     ax.set_title(f"Course run time ({time.strftime('%Y-%m-%d')})")
     ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

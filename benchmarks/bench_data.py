@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from common import HERE, interleaved, save, summary
+from common import HERE, figure, interleaved, save, save_figure, summary
 from ddplab import data, models, train
 
 TENSOR = "tensor loader (ddplab)"
@@ -192,15 +192,11 @@ def main() -> dict[str, Any]:
 
 def plot(result: dict[str, Any], path: Any) -> None:
     """Stacked bars per loader: ms per step waiting for data and ms computing."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     names = list(result["medians"])
     step = [result["step_ms"][n] for n in names]
     wait = [result["medians"][n] * s for n, s in zip(names, step)]
-    fig, ax = plt.subplots(figsize=(9, 0.5 * len(names) + 2.2))
+    fig, ax = figure(9, 0.5 * len(names) + 2.2)
     ys = range(len(names))
     ax.barh(ys, wait, color="#c44e52", label="waiting for data")
     ax.barh(ys, [s - w for s, w in zip(step, wait)], left=wait, color="#4c72b0",
@@ -214,9 +210,7 @@ def plot(result: dict[str, Any], path: Any) -> None:
     ax.set_title(f"Where a step's time goes, per loader ({time.strftime('%Y-%m-%d')})\n"
                  f"{result['workload'].split(';')[0]}", fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

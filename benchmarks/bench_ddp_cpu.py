@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from common import HERE, PY, ROOT, interleaved, save, summary
+from common import HERE, PY, ROOT, figure, interleaved, save, save_figure, summary
 
 TRAIN = "ddplab.workers.train"
 VARIANT = str(HERE / "scripts" / "worker_variant.py")
@@ -254,13 +254,9 @@ def main() -> dict[str, Any]:
 
 def plot(result: dict[str, Any], path: Any) -> None:
     """Bar chart: median samples/s per setup, every run as a dot, the target as a line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     names = list(result["medians"])
-    fig, ax = plt.subplots(figsize=(10, 0.55 * len(names) + 1.8))
+    fig, ax = figure(10, 0.55 * len(names) + 1.8)
     ys = list(range(len(names)))
     ax.barh(ys, [result["medians"][n] for n in names],
             color=["#999" if n == CEILING else "#4c72b0" for n in names])
@@ -279,9 +275,7 @@ def plot(result: dict[str, Any], path: Any) -> None:
     ax.set_title(f"DDP 2 x 1 thread vs two independent processes, CPU "
                  f"({time.strftime('%Y-%m-%d')}{busy})", fontsize=10)
     ax.legend(loc="lower left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -79,3 +79,22 @@ def save(name: str, data: dict[str, Any]) -> Path:
     data = {"machine": machine(), **data}
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path
+
+
+def figure(width: float, height: float) -> tuple[Any, Any]:
+    """A new matplotlib figure and axes, drawn off-screen (the Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(width, height))
+
+
+def save_figure(fig: Any, path: Any) -> None:
+    """Lay out, write as PNG and close a figure made by ``figure``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

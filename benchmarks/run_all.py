@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from common import HERE, PY, RESULTS, ROOT
+from common import HERE, PY, RESULTS, ROOT, figure, save_figure
 
 # name -> (script, extra arguments in --quick mode)
 BENCHES = {
@@ -167,13 +167,9 @@ def section(name: str, title: str, text: str, data: Optional[dict[str, Any]]) ->
 
 def plot_launch(data: dict[str, Any], path: Path) -> None:
     """Bar chart of the launch benchmark (its script writes only JSON)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     names = list(data["medians"])
-    fig, ax = plt.subplots(figsize=(7, 2.6))
+    fig, ax = figure(7, 2.6)
     ax.barh(range(len(names)), [data["medians"][n] for n in names],
             color=["#999"] + ["#4c72b0"] * (len(names) - 1))
     for y, name in enumerate(names):
@@ -187,9 +183,7 @@ def plot_launch(data: dict[str, Any], path: Path) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("seconds per launch (median; red: target)")
     ax.set_title(f"Launch cost on a trivial gloo job ({data['machine']['date'][:10]})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def render() -> Path:
