@@ -124,6 +124,26 @@ def table(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def spread(data: dict[str, Any], name: str) -> Optional[str]:
+    """Run by run, the ratio of ``name`` to the baseline run beside it, and how many met.
+
+    A median that is met by a hair and runs that scatter widely around it tell a different
+    story than the median alone.
+    """
+    spec, base = data.get("targets", {}).get(name), data.get("baseline")
+    samples = data.get("samples", {})
+    if spec is None or not base or len(samples.get(name, [])) != len(samples.get(base, [1])):
+        return None
+    target = normalise_target(spec, data.get("higher_is_better", False))
+    if target["on"] != "ratio":
+        return None
+    ratios = sorted(c / b for c, b in zip(samples[name], samples[base]) if b)
+    met = sum((r <= target["limit"]) if target["direction"] == "max" else (r >= target["limit"])
+              for r in ratios)
+    return (f"{name}, run by run (each against the baseline run beside it): "
+            f"{ratios[0]:.2f}x to {ratios[-1]:.2f}x; {met} of {len(ratios)} runs met the target.")
+
+
 def facts(data: dict[str, Any]) -> str:
     """One line: when and where it was measured."""
     m = data.get("machine", {})
@@ -143,6 +163,8 @@ def section(name: str, title: str, text: str, data: Optional[dict[str, Any]]) ->
     if data.get("workload"):
         lines += [f"Workload: {data['workload']}.", ""]
     lines += table(data) + [""]
+    spreads = [text for text in (spread(data, n) for n in data["medians"]) if text]
+    lines += [f"- {text}" for text in spreads] + ([""] if spreads else [])
     if data.get("note"):
         lines += [f"Note: {data['note']}.", ""]
     if data.get("findings"):
