@@ -333,7 +333,8 @@ def serve(sock: socket.socket) -> None:
             _close(fd)
         children.add(pid)
         sock.sendall(json.dumps({"pid": pid}).encode())
-    for pid in children:  # the kernel is gone: end every launch it started
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # reaped below, not by the handler
+    for pid in list(children):  # the kernel is gone: end every launch it started
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:

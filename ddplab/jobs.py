@@ -1,7 +1,7 @@
 """Starting a launch: one ``Job`` per torchrun agent or subprocess, and the preloaded helper.
 
-``launcher.py`` decides what to run and reads the output; this module only starts processes and
-knows how to end them (each job is one process group).
+``launcher.py`` decides what to run and ``streams.py`` reads the output; this module only
+starts processes and knows how to end them (each job is one process group).
 
 Lesson: every notebook that launches workers (01-09).
 """
@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -63,6 +65,28 @@ class Job:
             os.killpg(self.pgid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+    def terminate(self, grace: float = 3.0) -> None:
+        """SIGTERM the job's process group, then SIGKILL whatever is left after ``grace``."""
+        self.kill(signal.SIGTERM)
+        end = time.monotonic() + grace
+        while self.alive() and time.monotonic() < end:
+            time.sleep(0.02)
+        self.kill(signal.SIGKILL)
+
+    def reap(self) -> None:
+        """Wait for the job's processes to be gone (killing stragglers that kept running)."""
+        if self.popen is not None:
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill(signal.SIGKILL)
+                self.popen.wait()
+        end = time.monotonic() + 5.0
+        while self.alive() and time.monotonic() < end:
+            time.sleep(0.01)
+        if self.alive():
+            self.kill(signal.SIGKILL)
 
 
 def _running(pid: int) -> bool:

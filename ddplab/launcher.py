@@ -29,10 +29,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import selectors
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -40,15 +37,14 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
 from . import env as _env
-from . import events as _events
 from .jobs import (FastPathRefused, Job, child_env, fast_path_unavailable, popen_job,
                    start_fast, torchrun_cmd)
 from .results import (RankFailure, RunResult, failures_from_output, root_cause, short_message,
                       signal_name, traceback_tail)
+from .streams import Streams
 
 ENGINES = ("torchrun", "spawn")
 DEFAULT_TIMEOUT = float(os.environ.get("DDPLAB_TIMEOUT", "3600"))
-_RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:? ?")
 _NOTICE_SHOWN: set[str] = set()
 
 
@@ -310,7 +306,7 @@ def _run(jobs: list[Job], view: Any, timeout: Optional[float]) -> list[RunResult
     """Stream every job's output until all end; end them all on timeout or interrupt."""
     start = time.monotonic()
     deadline = start + (DEFAULT_TIMEOUT if timeout is None else float(timeout))
-    streams = _Streams(jobs, view)
+    streams = Streams(jobs, view)
     try:
         try:
             status = streams.pump(deadline)
@@ -318,13 +314,13 @@ def _run(jobs: list[Job], view: Any, timeout: Optional[float]) -> list[RunResult
             status = "interrupted"
         if status != "done":
             for job in jobs:
-                _terminate(job)
+                job.terminate()
             streams.drain()
         for job in jobs:
-            _reap(job)
+            job.reap()
     except BaseException:  # an error in the caller, or a second interrupt: end everything
         for job in jobs:
-            _terminate(job, grace=0.5)
+            job.terminate(grace=0.5)
         raise
     finally:
         streams.close()
@@ -337,139 +333,7 @@ def _run(jobs: list[Job], view: Any, timeout: Optional[float]) -> list[RunResult
     return results
 
 
-def _terminate(job: Job, grace: float = 3.0) -> None:
-    """SIGTERM the job's process group, then SIGKILL whatever is left after ``grace``."""
-    job.kill(signal.SIGTERM)
-    end = time.monotonic() + grace
-    while job.alive() and time.monotonic() < end:
-        time.sleep(0.02)
-    job.kill(signal.SIGKILL)
-
-
-def _reap(job: Job) -> None:
-    """Wait for the job's processes to be gone (killing stragglers that kept running)."""
-    if job.popen is not None:
-        try:
-            job.popen.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            job.kill(signal.SIGKILL)
-            job.popen.wait()
-    end = time.monotonic() + 5.0
-    while job.alive() and time.monotonic() < end:
-        time.sleep(0.01)
-    if job.alive():
-        job.kill(signal.SIGKILL)
-
-
-class _Streams:
-    """Read every job's pipes in the calling thread: lines, events, reports."""
-
-    def __init__(self, jobs: list[Job], view: Any) -> None:
-        self.view = view
-        self.jobs = jobs
-        self.sel = selectors.DefaultSelector()
-        self.partial: dict[int, bytes] = {}
-        self.logs: dict[tuple[int, Union[int, str]], list[str]] = {}
-        self.events: dict[tuple[int, int], list[dict[str, Any]]] = {}
-        for index, job in enumerate(jobs):
-            for fd, label in job.sources.items():
-                os.set_blocking(fd, False)
-                self.sel.register(fd, selectors.EVENT_READ, (index, job, label))
-            if job.report_fd is not None:
-                os.set_blocking(job.report_fd, False)
-                self.sel.register(job.report_fd, selectors.EVENT_READ, (index, job, "report"))
-
-    def pump(self, deadline: float) -> str:
-        """Read until every pipe closes ("done") or the deadline passes ("timeout")."""
-        while self.sel.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return "timeout"
-            for key, _mask in self.sel.select(timeout=min(remaining, 0.5)):
-                self._read(key.fd, *key.data)
-            self._watch()
-        return "done"
-
-    def _watch(self, grace: float = 3.0) -> None:
-        """End an agent whose workers are all gone but which still waits for them.
-
-        torch's elastic agent waits for a return value from every worker; a worker that left
-        through ``os._exit`` never sends one, and the agent would wait until the timeout.
-        """
-        now = time.monotonic()
-        for job in self.jobs:
-            if job.stuck or not job.workers_gone():
-                job.workers_gone_at = None
-                continue
-            job.workers_gone_at = job.workers_gone_at or now
-            if now - job.workers_gone_at > grace:
-                job.stuck = True
-                _terminate(job, grace=1.0)
-
-    def drain(self) -> None:
-        """After killing a job, take what is left in the pipes without blocking long."""
-        end = time.monotonic() + 2.0
-        while self.sel.get_map() and time.monotonic() < end:
-            for key, _mask in self.sel.select(timeout=0.1):
-                self._read(key.fd, *key.data)
-
-    def _read(self, fd: int, index: int, job: Job, label: Union[int, str]) -> None:
-        try:
-            chunk = os.read(fd, 1 << 16)
-        except BlockingIOError:
-            return
-        if label == "report":
-            job.report += chunk
-            if not chunk:
-                self._close(fd)
-            return
-        data = self.partial.pop(fd, b"") + chunk
-        lines = data.split(b"\n")
-        if chunk:
-            self.partial[fd] = lines.pop()
-        else:
-            self._close(fd)
-            if lines and not lines[-1]:
-                lines.pop()
-        for raw in lines:
-            self._line(index, job, label, raw.decode("utf-8", "replace").rstrip("\r"))
-
-    def _close(self, fd: int) -> None:
-        self.sel.unregister(fd)
-        os.close(fd)
-
-    def close(self) -> None:
-        """Close every pipe still open and the selector itself."""
-        for key in list(self.sel.get_map().values()):
-            self._close(key.fd)
-        self.sel.close()
-
-    def _line(self, index: int, job: Job, label: Union[int, str], text: str) -> None:
-        source = label
-        if label == "launcher":
-            match = _RANK_PREFIX.match(text)
-            if match:
-                source, text = int(match.group(1)), text[match.end():]
-        rank = job.rank_of.get(source, source)
-        event = _events.parse(text)
-        if event is not None and event["kind"] == "rank" and isinstance(source, int):
-            job.rank_of[source] = rank = int(event["rank"])
-            job.pids[rank] = int(event.get("pid", 0))
-            return
-        if event is not None and event["kind"] == "exit":
-            job.exits[int(event["rank"])] = (int(event["code"]), float(event["time"]))
-            return
-        if event is not None:
-            self.events.setdefault((index, int(event.get("rank", rank if isinstance(rank, int)
-                                                               else 0))), []).append(event)
-            self.view.event(event)
-            return
-        self.logs.setdefault((index, rank), []).append(text)
-        self.view.line(f"{job.node}rank{rank}" if isinstance(rank, int) else
-                       f"{job.node}{rank}", text)
-
-
-def _result(index: int, job: Job, streams: _Streams, status: str, wall: float,
+def _result(index: int, job: Job, streams: Streams, status: str, wall: float,
             timeout: Optional[float]) -> RunResult:
     """Build one job's RunResult from what was read and the agent's report."""
     logs = {label: lines for (i, label), lines in streams.logs.items() if i == index}

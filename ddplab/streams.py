@@ -1,0 +1,131 @@
+"""Reading a launch's pipes in the caller's thread: rank output, events and the agent's report.
+
+Every rank writes to a pipe of its own (the subprocess path: one merged pipe whose lines carry a
+``[rankN]`` prefix); ``Streams.pump`` reads them all with one selector until they close, prints
+each line live with its rank, turns ``@ddplab`` event lines into progress and metrics, and
+notices an agent left waiting for workers that are already gone. Reading happens in the
+caller's main thread, so the output reaches the notebook cell also under nbval.
+
+Lesson: every notebook that launches workers (01-09).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import time
+from typing import Any, Union
+
+from . import events as _events
+from .jobs import Job
+
+_RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:? ?")
+
+
+class Streams:
+    """Read every job's pipes in the calling thread: lines, events, reports."""
+
+    def __init__(self, jobs: list[Job], view: Any) -> None:
+        self.view = view
+        self.jobs = jobs
+        self.sel = selectors.DefaultSelector()
+        self.partial: dict[int, bytes] = {}
+        self.logs: dict[tuple[int, Union[int, str]], list[str]] = {}
+        self.events: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        for index, job in enumerate(jobs):
+            for fd, label in job.sources.items():
+                os.set_blocking(fd, False)
+                self.sel.register(fd, selectors.EVENT_READ, (index, job, label))
+            if job.report_fd is not None:
+                os.set_blocking(job.report_fd, False)
+                self.sel.register(job.report_fd, selectors.EVENT_READ, (index, job, "report"))
+
+    def pump(self, deadline: float) -> str:
+        """Read until every pipe closes ("done") or the deadline passes ("timeout")."""
+        while self.sel.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            for key, _mask in self.sel.select(timeout=min(remaining, 0.5)):
+                self._read(key.fd, *key.data)
+            self._watch()
+        return "done"
+
+    def _watch(self, grace: float = 3.0) -> None:
+        """End an agent whose workers are all gone but which still waits for them.
+
+        torch's elastic agent waits for a return value from every worker; a worker that left
+        through ``os._exit`` never sends one, and the agent would wait until the timeout.
+        """
+        now = time.monotonic()
+        for job in self.jobs:
+            if job.stuck or not job.workers_gone():
+                job.workers_gone_at = None
+                continue
+            job.workers_gone_at = job.workers_gone_at or now
+            if now - job.workers_gone_at > grace:
+                job.stuck = True
+                job.terminate(grace=1.0)
+
+    def drain(self) -> None:
+        """After killing a job, take what is left in the pipes without blocking long."""
+        end = time.monotonic() + 2.0
+        while self.sel.get_map() and time.monotonic() < end:
+            for key, _mask in self.sel.select(timeout=0.1):
+                self._read(key.fd, *key.data)
+
+    def _read(self, fd: int, index: int, job: Job, label: Union[int, str]) -> None:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if label == "report":
+            job.report += chunk
+            if not chunk:
+                self._close(fd)
+            return
+        data = self.partial.pop(fd, b"") + chunk
+        lines = data.split(b"\n")
+        if chunk:
+            self.partial[fd] = lines.pop()
+        else:
+            self._close(fd)
+            if lines and not lines[-1]:
+                lines.pop()
+        for raw in lines:
+            self._line(index, job, label, raw.decode("utf-8", "replace").rstrip("\r"))
+
+    def _close(self, fd: int) -> None:
+        self.sel.unregister(fd)
+        os.close(fd)
+
+    def close(self) -> None:
+        """Close every pipe still open and the selector itself."""
+        for key in list(self.sel.get_map().values()):
+            self._close(key.fd)
+        self.sel.close()
+
+    def _line(self, index: int, job: Job, label: Union[int, str], text: str) -> None:
+        source = label
+        if label == "launcher":
+            match = _RANK_PREFIX.match(text)
+            if match:
+                source, text = int(match.group(1)), text[match.end():]
+        rank = job.rank_of.get(source, source)
+        event = _events.parse(text)
+        if event is not None and event["kind"] == "rank" and isinstance(source, int):
+            job.rank_of[source] = rank = int(event["rank"])
+            job.pids[rank] = int(event.get("pid", 0))
+            return
+        if event is not None and event["kind"] == "exit":
+            job.exits[int(event["rank"])] = (int(event["code"]), float(event["time"]))
+            return
+        if event is not None:
+            self.events.setdefault((index, int(event.get("rank", rank if isinstance(rank, int)
+                                                               else 0))), []).append(event)
+            self.view.event(event)
+            return
+        self.logs.setdefault((index, rank), []).append(text)
+        self.view.line(f"{job.node}rank{rank}" if isinstance(rank, int) else
+                       f"{job.node}{rank}", text)
