@@ -1,6 +1,6 @@
 """Run every benchmark (each in its own process), then write benchmarks/RESULTS.md from the JSON.
 
-    python benchmarks/run_all.py                 # everything (``make bench``), ~15 minutes
+    python benchmarks/run_all.py                 # everything (``make bench``), about 30 minutes
     python benchmarks/run_all.py --quick         # fewer repeats, shorter runs
     python benchmarks/run_all.py --only ddp_cpu  # one benchmark (repeat --only for more)
     python benchmarks/run_all.py --render        # no runs: rewrite RESULTS.md and plots
