@@ -327,10 +327,26 @@ def _run(jobs: list[Job], view: Any, timeout: Optional[float]) -> list[RunResult
         view.close()
     wall = time.monotonic() - start
     results = [_result(i, job, streams, status, wall, timeout) for i, job in enumerate(jobs)]
+    _job_root_cause(results, jobs)
     for result in results:
         if not result.ok:
             view.failure(result)
     return results
+
+
+def _job_root_cause(results: list[RunResult], jobs: list[Job]) -> None:
+    """Give every node's result the first genuine failure across all nodes of the job."""
+    causes = [r.root_cause for r in results if r.root_cause is not None]
+    if not causes:
+        return
+    exits = {rank: ended for job in jobs for rank, ended in job.exits.items()}
+    first = root_cause(causes, exits)
+    for index, result in enumerate(results):
+        result.job_root_cause = first
+        if len(results) > 1 and result.root_cause is not first:
+            where = next(i for i, r in enumerate(results) if r.root_cause is first)
+            result.error = (f"{result.error}\n" if result.error else "") + \
+                f"first failure of the whole job, on node {where}: {first}"
 
 
 def _result(index: int, job: Job, streams: Streams, status: str, wall: float,

@@ -59,6 +59,9 @@ class RunResult:
     events: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     root_cause: Optional[RankFailure] = None
     error: str = ""
+    #: The first genuine failure of the whole job: ``root_cause`` for one node; across every
+    #: node for ``launch_multinode`` (a node whose ranks only lost their peers points here).
+    job_root_cause: Optional[RankFailure] = None
     engine: str = "torchrun"
     pids: dict[int, int] = field(default_factory=dict)
 

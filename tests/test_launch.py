@@ -81,7 +81,7 @@ def test_installed_modules_resolve_from_any_directory(monkeypatch, tmp_path):
 def test_rank_raises_root_cause_is_that_rank():
     result = launch(FAULTY, 2, args=["raise"], quiet=True)
     assert not result.ok and result.status == "failed" and result.returncode != 0
-    assert result.root_cause.rank == 1
+    assert result.root_cause.rank == 1 and result.job_root_cause is result.root_cause
     assert "ValueError: boom on rank 1" in result.error
     assert 'faulty.py", line' in result.root_cause.traceback
     assert "Connection closed" not in result.error and "agent.py" not in result.error
@@ -315,6 +315,17 @@ def test_two_nodes_meet_at_one_rendezvous():
     lines = sorted(line for r in results for rank in r.logs if rank != "launcher"
                    for line in r.logs[rank])
     assert lines == ["rank 0 of 2: sum 3", "rank 1 of 2: sum 3"]
+
+
+def test_two_nodes_name_the_first_failure_of_the_whole_job():
+    results = ddplab.launch_multinode(FAULTY, nnodes=2, nproc_per_node=1, args=["raise"],
+                                      quiet=True, timeout=120)
+    assert [r.ok for r in results] == [False, False]
+    causes = [r.job_root_cause for r in results]
+    assert all(c is not None and c.rank == 1 for c in causes), [r.error for r in results]
+    assert "boom on rank 1" in str(causes[0])
+    assert results[1].root_cause is causes[1]  # node 1 holds rank 1
+    assert "first failure of the whole job, on node 1" in results[0].error
 
 
 def test_a_job_listens_on_loopback_only():
