@@ -24,7 +24,9 @@ Lessons: every notebook that launches a worker (01-09).
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import gc
 import json
 import os
 import select
@@ -84,6 +86,7 @@ def run_worker(target: str, argv: list[str], rank_fds: list[int], threads: int) 
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    atexit._clear()  # handlers the helper registered are not this script's
     code: Any = 0
     try:
         _run_target(target, argv)
@@ -97,9 +100,23 @@ def run_worker(target: str, argv: list[str], rank_fds: list[int], threads: int) 
         _print_user_traceback(exc)
         raise
     finally:
+        _finish_like_an_interpreter()
         print("@ddplab " + json.dumps({"kind": "exit", "rank": int(os.environ["RANK"]),
                                        "code": code, "time": time.time()}), flush=True)
         sys.stderr.flush()
+
+
+def _finish_like_an_interpreter() -> None:
+    """Do what ``python script.py`` does on its way out, which a forked worker would skip.
+
+    A worker forked by the elastic agent leaves through ``os._exit``: without this, the
+    script's ``atexit`` handlers would never run, and objects kept alive only by reference
+    cycles (a process group's store, say) would never be finalised, so a ``file://`` store
+    could stay behind after a clean job.
+    """
+    sys.stdout.flush()
+    atexit._run_exitfuncs()
+    gc.collect()
 
 
 def _print_user_traceback(exc: BaseException) -> None:
@@ -357,13 +374,20 @@ def fork_refusal() -> str:
 
 
 def preload(names: Any) -> None:
-    """Import modules now so that every forked agent and worker starts with them loaded."""
+    """Import modules now so that every forked agent and worker starts with them loaded.
+
+    Then freeze what exists (``gc.freeze``, as pre-forking servers do): the garbage collector
+    of every forked process skips the millions of objects torch brought in, so a worker's
+    collections only look at what its own script made (and do not touch, hence copy, the
+    helper's memory pages).
+    """
     for name in names:
         if name and name not in sys.modules:
             try:
                 __import__(name)
             except ImportError:
                 pass
+    gc.freeze()
 
 
 def _reap(children: set[int], block: bool = False) -> None:

@@ -317,6 +317,20 @@ def test_two_nodes_meet_at_one_rendezvous():
     assert lines == ["rank 0 of 2: sum 3", "rank 1 of 2: sum 3"]
 
 
+def test_workers_leave_as_python_would_atexit_handlers_and_all(tmp_path):
+    script = tmp_path / "goodbye.py"
+    script.write_text(
+        "import atexit, os, sys\n"
+        "atexit.register(lambda: print('goodbye from rank', os.environ['RANK'], flush=True))\n"
+        "if sys.argv[1:] == ['fail'] and os.environ['RANK'] == '1':\n"
+        "    raise SystemExit(4)\n")
+    ok = launch(script, 2, quiet=True)
+    assert ok.ok and ok.logs[0] == ["goodbye from rank 0"] and ok.logs[1] == ["goodbye from rank 1"]
+    bad = launch(script, 2, args=["fail"], quiet=True)
+    assert bad.root_cause.rank == 1 and bad.root_cause.exitcode == 4
+    assert "goodbye from rank 1" in bad.logs[1]  # python runs them on a failed exit too
+
+
 def test_two_nodes_name_the_first_failure_of_the_whole_job():
     results = ddplab.launch_multinode(FAULTY, nnodes=2, nproc_per_node=1, args=["raise"],
                                       quiet=True, timeout=120)
