@@ -442,28 +442,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  timeout=ns.timeout)
         ok &= all(r["status"] == "ok" for r in runs)
         plot_accuracy(runs).savefig(out / "accuracy.png", dpi=120, bbox_inches="tight")
-        report += ["## Accuracy against global batch", "", "| policy | global batch | lr | "
-                   "accuracy |", "|---|---:|---:|---:|"]
-        report += [f"| {r['policy']} | {r['global_batch']} | {_fmt(r['lr'], '.3f')} | "
-                   f"{_fmt(r['accuracy'], '.3f')} |" for r in runs]
-        report += ["", "![](accuracy.png)", ""]
+        report += _section("Accuracy against global batch",
+                           ["policy", "global batch", "lr", "accuracy"],
+                           [[r["policy"], r["global_batch"], _fmt(r["lr"], ".3f"),
+                             _fmt(r["accuracy"], ".3f")] for r in runs], "accuracy.png")
         results["accuracy"] = runs
     if ns.allreduce:
         rows_bw = bandwidth(timeout=ns.timeout)
         ok &= bool(rows_bw)
         if rows_bw:
             plot_bandwidth(rows_bw).savefig(out / "bandwidth.png", dpi=120, bbox_inches="tight")
-        report += ["## All-reduce bus bandwidth (2 processes)", "", "| algorithm | bytes | "
-                   "seconds | busbw (MB/s) |", "|---|---:|---:|---:|"]
-        report += [f"| {r['algorithm']} | {r['bytes']} | {r['seconds']:.6f} | "
-                   f"{r['busbw'] / 1e6:.1f} |" for r in rows_bw]
-        report += ["", "![](bandwidth.png)", ""]
+        report += _section("All-reduce bus bandwidth (2 processes)",
+                           ["algorithm", "bytes", "seconds", "busbw (MB/s)"],
+                           [[r["algorithm"], r["bytes"], f"{r['seconds']:.6f}",
+                             f"{r['busbw'] / 1e6:.1f}"] for r in rows_bw], "bandwidth.png")
         results["bandwidth"] = rows_bw
     (out / "bench.md").write_text("\n".join(report))
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     print("\n".join(report))
     print(f"\nwrote {out / 'bench.md'}")
     return 0 if ok else 1
+
+
+def _section(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+             picture: str) -> list[str]:
+    """Lines of one bench.md section: title, table (numbers right-aligned), picture."""
+    lines = [f"## {title}", "", "| " + " | ".join(columns) + " |",
+             "|---|" + "---:|" * (len(columns) - 1)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return lines + ["", f"![]({picture})", ""]
 
 
 def _machine() -> str:
