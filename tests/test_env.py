@@ -3,6 +3,7 @@
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import ddplab
 from ddplab import env as ddenv
@@ -25,12 +26,14 @@ def test_doctor_reports(capsys):
     assert "ddplab will use      gloo" in out
 
 
-def test_doctor_and_import_leave_torch_and_cuda_out_of_the_caller():
-    code = ("import sys, ddplab; ddplab.doctor(quiet=True); "
+def test_doctor_import_and_warm_launches_leave_torch_and_cuda_out_of_the_caller():
+    plain = str(Path(__file__).parent / "scripts" / "plain.py")
+    code = ("import sys, ddplab; ddplab.doctor(quiet=True)\n"
+            f"for _ in range(2): ddplab.launch({plain!r}, 2, quiet=True).check()\n"
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
-    assert out.strip() == "False"
+                         timeout=300, check=True).stdout
+    assert out.strip() == "False"  # so CUDA cannot be initialised there either
 
 
 def test_problems_name_their_fix(monkeypatch):
