@@ -80,13 +80,22 @@ class Verdict:
 def check(key: str, answer: Any) -> Verdict:
     """Check a learner's answer to exercise ``key``; print why it is wrong, if it is.
 
+    ``answer`` is either a value (the quick warm-up questions) or the ``RunResult`` of a
+    launched exercise file (the coding exercises, judged by ``ddplab.judges`` on what the run
+    did).
+
     Example::
 
-        assert ddplab.check("03", (256, 0.004))
+        ddplab.check("03", (1024, 0.004))                        # a warm-up answer: correct
+        ddplab.check("03", ddplab.launch("../exercises/ddp_wrap.py", nprocs=2))
 
     Returns:
         A ``Verdict``, true when the answer is right.
     """
+    from . import judges
+
+    if judges.is_run_result(answer):
+        return _check_run(key, answer)
     if key not in EXERCISES:
         raise KeyError(f"no exercise {key!r}; known: {', '.join(sorted(EXERCISES))}")
     ex = EXERCISES[key]
@@ -96,6 +105,20 @@ def check(key: str, answer: Any) -> Verdict:
         hint = ex.compare(answer, ex.reference())
         hint = None if hint is None else f"not yet: {hint}"
     message = f"Exercise {key}: " + ("correct!" if hint is None else hint)
+    print(message)
+    return Verdict(key, hint is None, message)
+
+
+def _check_run(key: str, result: Any) -> Verdict:
+    """Judge a coding exercise by what the learner's run did (see ``ddplab.judges``)."""
+    from . import judges
+
+    known = judges.load_all()
+    if key not in known:
+        raise KeyError(f"no coding exercise {key!r}; known: {', '.join(sorted(known))}")
+    hint = judges.run_failed(result) or known[key].judge(result)
+    message = f"Exercise {key} ({known[key].skeleton}): " + (
+        "correct!" if hint is None else f"not yet: {hint}")
     print(message)
     return Verdict(key, hint is None, message)
 

@@ -1,0 +1,104 @@
+"""Judges of the coding exercises: each looks at what a learner's run did, not at its text.
+
+A coding exercise is a skeleton worker in ``exercises/`` (at the top of the repository) with
+marked gaps. The learner fills the gaps, launches the file and hands the ``RunResult`` to
+``ddplab.check``::
+
+    result = ddplab.launch("../exercises/ddp_wrap.py", nprocs=2)
+    ddplab.check("03", result)      # prints what is wrong and where to look, or "correct!"
+
+The skeleton's fixed part reports facts through ``ddplab.events`` (``metric`` events, one per
+fact and rank); a judge reads them with :func:`metric` and returns a hint string when the run
+is not right yet, or None when it is. One module per topic in this package registers its
+judges with :func:`judge`; they are all imported on first use.
+
+Lessons: the coding exercise at the end of notebooks 03-11.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+Judge = Callable[[Any], Optional[str]]
+
+#: Where the skeletons live: ``exercises/`` beside ``notebooks/`` in the repository.
+EXERCISES_DIR = Path(__file__).resolve().parents[2] / "exercises"
+
+
+@dataclass
+class CodingExercise:
+    key: str
+    skeleton: str  # file name inside exercises/
+    task: str  # one line: what the learner must make the run do
+    judge: Judge
+
+
+JUDGES: dict[str, CodingExercise] = {}
+_LOADED = False
+
+
+def judge(key: str, skeleton: str, task: str) -> Callable[[Judge], Judge]:
+    """Register the judge of coding exercise ``key`` (its skeleton is ``exercises/<skeleton>``).
+
+    The decorated function takes the learner's ``RunResult`` and returns None when the run did
+    what the exercise asks, or a hint that says what is wrong and where to look.
+    """
+    def register(fn: Judge) -> Judge:
+        JUDGES[key] = CodingExercise(key, skeleton, task, fn)
+        return fn
+    return register
+
+
+def load_all() -> dict[str, CodingExercise]:
+    """Import every judge module of this package (once) and return the registry."""
+    global _LOADED
+    if not _LOADED:
+        for info in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{info.name}")
+        _LOADED = True
+    return JUDGES
+
+
+def skeleton_path(key: str) -> Path:
+    """The path of exercise ``key``'s skeleton file (what a notebook launches)."""
+    return EXERCISES_DIR / load_all()[key].skeleton
+
+
+def is_run_result(answer: Any) -> bool:
+    """Whether ``answer`` is a launch's result (a ``RunResult``) rather than a plain value."""
+    return all(hasattr(answer, name) for name in ("logs", "events", "exit_codes", "status"))
+
+
+def run_failed(result: Any) -> Optional[str]:
+    """A hint when the run itself failed (every judge starts with this), else None."""
+    if result.ok:
+        return None
+    cause = result.root_cause
+    where = f" (rank {cause.rank}: {cause.message or cause.signal or cause.exitcode})" \
+        if cause is not None else ""
+    return (f"the run did not finish: {result.status}{where}. Read the traceback printed "
+            "above the result, fix that line of your file, and launch it again.")
+
+
+def metric(result: Any, name: str) -> dict[int, Any]:
+    """Every rank's value of the ``metric`` event ``name`` (the last one each rank emitted)."""
+    found: dict[int, Any] = {}
+    for rank, events in result.events.items():
+        for event in events:
+            if event.get("kind") == "metric" and event.get("name") == name:
+                found[int(event.get("rank", rank))] = event.get("value")
+    return found
+
+
+def metrics(result: Any, name: str) -> dict[int, list[Any]]:
+    """Every value of the ``metric`` event ``name`` each rank emitted, in order."""
+    found: dict[int, list[Any]] = {}
+    for rank, events in result.events.items():
+        for event in events:
+            if event.get("kind") == "metric" and event.get("name") == name:
+                found.setdefault(int(event.get("rank", rank)), []).append(event.get("value"))
+    return found
