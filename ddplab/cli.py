@@ -31,7 +31,8 @@ def _launch(ns: argparse.Namespace) -> int:
                         timeout=ns.timeout, quiet=ns.quiet, backend=ns.backend,
                         nnodes=ns.nnodes, node_rank=ns.node_rank,
                         rdzv_endpoint=ns.rdzv_endpoint, master_addr=ns.master_addr,
-                        master_port=ns.master_port, threads=ns.threads)
+                        master_port=ns.master_port, threads=ns.threads,
+                        max_restarts=ns.max_restarts)
     except LaunchError as err:
         print(f"ddplab launch: {err}", file=sys.stderr)
         return 2
@@ -55,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of node 0 (multi-node)")
     run.add_argument("--master-addr", default=None)
     run.add_argument("--master-port", type=int, default=None)
+    run.add_argument("--max-restarts", type=int, default=0,
+                     help="restart every worker up to this many times after a failure "
+                          "(torchrun's --max-restarts)")
     run.add_argument("--quiet", action="store_true", help="print only the final error")
     run.add_argument("-m", dest="module", action="store_true",
                      help="TARGET is a module name (accepted for torchrun compatibility)")

@@ -173,7 +173,7 @@ def fast_path_unavailable() -> Optional[str]:
 
 def start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str], cwd: str,
                threads: int, nnodes: int, node_rank: int, endpoint: str, run_id: str,
-               preload: bool = True) -> Job:
+               preload: bool = True, max_restarts: int = 0) -> Job:
     """Start a torchrun-engine job through the preloaded ``ddplab.agent`` helper.
 
     Raises:
@@ -185,7 +185,7 @@ def start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str
     req = {
         "op": "launch", "target": target, "args": args, "nproc_per_node": nprocs,
         "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint, "run_id": run_id,
-        "env": job_env, "cwd": cwd, "threads": threads,
+        "env": job_env, "cwd": cwd, "threads": threads, "max_restarts": max_restarts,
         "preload": list(PRELOAD_TRAINING) if preload else [],
         "local_addr": "127.0.0.1" if endpoint.startswith(("127.", "localhost")) else None,
     }
@@ -223,10 +223,10 @@ def popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int
 
 
 def torchrun_cmd(target: str, args: list[str], nprocs: int, nnodes: int, node_rank: int,
-                  endpoint: str, run_id: str) -> list[str]:
+                  endpoint: str, run_id: str, max_restarts: int = 0) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
            "--nproc-per-node", str(nprocs), "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts", "0",
+           "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts", str(max_restarts),
            "--tee", "3", "--log-line-prefix-template", "[rank${rank}]:"]
     if nnodes > 1:
         cmd += ["--node-rank", str(node_rank)]

@@ -94,9 +94,14 @@ def _module_exists(name: str, path: list[str]) -> bool:
 
 
 def _check_inputs(nprocs: Any, engine: str, backend: Optional[str], nnodes: int,
-                  node_rank: int, port: Optional[int], host: str) -> None:
+                  node_rank: int, port: Optional[int], host: str, max_restarts: Any = 0) -> None:
     if engine not in ENGINES:
         raise LaunchError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}.")
+    if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+        raise LaunchError(f"max_restarts must be a whole number >= 0, got {max_restarts!r}.")
+    if max_restarts and engine != "torchrun":
+        raise LaunchError("max_restarts needs engine='torchrun' (its elastic agent restarts the "
+                          "workers); an mp.spawn script restarts nothing by itself.")
     if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
         raise LaunchError(f"nprocs must be a whole number >= 1, got {nprocs!r}.")
     if not 0 <= node_rank < nnodes:
@@ -137,6 +142,7 @@ def launch(
     master_addr: Optional[str] = None,
     master_port: Optional[int] = None,
     live: bool = True,
+    max_restarts: int = 0,
 ) -> RunResult:
     """Run ``target`` on ``nprocs`` processes and return what happened.
 
@@ -156,6 +162,10 @@ def launch(
         nnodes, node_rank, rdzv_endpoint, master_addr, master_port: multi-node options as in
             torchrun; by default one node with a rendezvous on 127.0.0.1 and a free port.
         live: show a progress bar and live loss plot from the workers' events.
+        max_restarts: how many times the elastic agent restarts every worker of the job after
+            one fails (torchrun's ``--max-restarts``; engine ``torchrun`` only). A restarted
+            worker sees ``TORCHELASTIC_RESTART_COUNT`` > 0 and resumes from its checkpoint
+            (lesson 10).
 
     Returns:
         A ``RunResult``; ``result.ok`` is False for any failure, timeout or interrupt.
@@ -168,7 +178,8 @@ def launch(
                                    env=env, backend=backend, threads=threads, cwd=cwd,
                                    nnodes=nnodes, node_rank=node_rank,
                                    rdzv_endpoint=rdzv_endpoint, master_addr=master_addr,
-                                   master_port=master_port)], quiet, live)
+                                   master_port=master_port, max_restarts=max_restarts)],
+                              quiet, live)
     return _run(jobs, view, timeout)[0]
 
 
@@ -230,7 +241,7 @@ def _start_jobs(specs: list[dict[str, Any]], quiet: bool, live: bool) -> tuple[l
 def _prepare(target: Any, nprocs: Any, args: Sequence[Any], engine: str,
              env: Optional[dict[str, str]], backend: Optional[str], threads: int,
              cwd: Any, nnodes: int, node_rank: int, rdzv_endpoint: Optional[str],
-             master_addr: Optional[str], master_port: Optional[int]
+             master_addr: Optional[str], master_port: Optional[int], max_restarts: int = 0
              ) -> tuple[Callable[..., Job], dict[str, Any]]:
     """Validate one launch and return the function and arguments that start it."""
     cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
@@ -239,13 +250,19 @@ def _prepare(target: Any, nprocs: Any, args: Sequence[Any], engine: str,
     if rdzv_endpoint:
         host, _, port_text = rdzv_endpoint.rpartition(":")
         port = int(port_text) if port_text else None
-    _check_inputs(nprocs, engine, backend, nnodes, node_rank, port, host)
+    _check_inputs(nprocs, engine, backend, nnodes, node_rank, port, host, max_restarts)
     resolved = _resolve_target(target, cwd)
     argv = [str(a) for a in args]
     extra = dict(env or {})
     if backend not in (None, "auto"):
         extra["DDPLAB_BACKEND"] = str(backend)
     extra.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", str(threads)))
+    if max_restarts:
+        # Since torch 2.5 the workers share the rendezvous's store by default, and a restarted
+        # attempt reads the addresses the failed attempt published there, so it cannot connect
+        # (pytorch/pytorch#135712). A store of their own per attempt avoids that.
+        extra.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+                         os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"))
     if host.startswith("127.") and nnodes == 1 or rdzv_endpoint and host.startswith("127."):
         extra.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
     job_env = child_env(os.environ, extra)
@@ -262,7 +279,7 @@ def _prepare(target: Any, nprocs: Any, args: Sequence[Any], engine: str,
     run_id = uuid.uuid4().hex if nnodes == 1 else f"ddplab-{endpoint}"
     fast = dict(target=resolved, args=argv, nprocs=nprocs, job_env=job_env, cwd=cwd,
                 threads=threads, nnodes=nnodes, node_rank=node_rank, endpoint=endpoint,
-                run_id=run_id, preload=_preload(resolved))
+                run_id=run_id, preload=_preload(resolved), max_restarts=max_restarts)
     why_not = fast_path_unavailable()
     if why_not is None:
         return start_fast, fast
@@ -271,12 +288,12 @@ def _prepare(target: Any, nprocs: Any, args: Sequence[Any], engine: str,
 
 def _subprocess_path(why: str, target: str, args: list[str], nprocs: int,
                      job_env: dict[str, str], cwd: str, nnodes: int, node_rank: int,
-                     endpoint: str, run_id: str, **_fast_only: Any
+                     endpoint: str, run_id: str, max_restarts: int = 0, **_fast_only: Any
                      ) -> tuple[Callable[..., Job], dict[str, Any]]:
     """The same launch as a plain torchrun subprocess; say why once per session."""
     _notice_once("subprocess", f"ddplab: launching through a torchrun subprocess (slower): "
                  f"{why}.")
-    cmd = torchrun_cmd(target, args, nprocs, nnodes, node_rank, endpoint, run_id)
+    cmd = torchrun_cmd(target, args, nprocs, nnodes, node_rank, endpoint, run_id, max_restarts)
     return popen_job, dict(cmd=cmd, job_env=job_env, cwd=cwd, world_size=nprocs * nnodes,
                             engine="torchrun")
 

@@ -338,3 +338,26 @@ def test_a_job_listens_on_loopback_only():
     addresses = [line.split()[1] for line in result.logs[0] if line.startswith("listen ")]
     assert len(addresses) >= 2  # the rendezvous store, the workers' store, gloo's sockets
     assert set(addresses) == {"0100007F"}, addresses  # 127.0.0.1 in /proc/net/tcp's hex
+
+
+@pytest.mark.parametrize("path", ["fast", "subprocess"])
+def test_max_restarts_restarts_every_worker_after_a_failure(monkeypatch, path):
+    if path == "subprocess":
+        monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+    script = str(SCRIPTS / "restart_once.py")  # rank 1 fails on attempt 0 only
+    once = launch(script, 2, quiet=True, timeout=120)
+    assert once.status == "failed" and once.root_cause.rank == 1
+    assert once.root_cause.exitcode == 5
+    again = launch(script, 2, quiet=True, timeout=120, max_restarts=1)
+    assert again.ok, again.error
+    assert again.exit_codes == {0: 0, 1: 0}
+    assert "rank 1 fails on attempt 0" in again.logs[1]
+    assert again.logs[0][-1] == "attempt 1: rank 0 sum 3"
+    assert again.logs[1][-1] == "attempt 1: rank 1 sum 3"
+
+
+def test_max_restarts_is_checked(tmp_path):
+    with pytest.raises(LaunchError, match="max_restarts must be"):
+        launch(PLAIN, 2, max_restarts=-1)
+    with pytest.raises(LaunchError, match="needs engine='torchrun'"):
+        launch(str(SCRIPTS / "spawn_min.py"), 2, engine="spawn", max_restarts=1)
