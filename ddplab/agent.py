@@ -86,7 +86,9 @@ def run_worker(target: str, argv: list[str], rank_fds: list[int], threads: int) 
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    atexit._clear()  # handlers the helper registered are not this script's
+    _warn_if_cuda_unusable(torch)
+    if callable(getattr(atexit, "_clear", None)):
+        atexit._clear()  # handlers the helper registered are not this script's
     code: Any = 0
     try:
         _run_target(target, argv)
@@ -115,8 +117,24 @@ def _finish_like_an_interpreter() -> None:
     could stay behind after a clean job.
     """
     sys.stdout.flush()
-    atexit._run_exitfuncs()
+    if callable(getattr(atexit, "_run_exitfuncs", None)):
+        atexit._run_exitfuncs()
     gc.collect()
+
+
+def _warn_if_cuda_unusable(torch: Any) -> None:
+    """Say so, loudly, if this worker was forked after CUDA was touched (it could not use it).
+
+    ddplab never asks CUDA anything before forking (see ``launch_config``); this guards against
+    a torch version or a preloaded module that does. ``DDPLAB_LAUNCH_PATH=subprocess`` avoids
+    forking altogether.
+    """
+    in_bad_fork = getattr(torch.cuda, "_is_in_bad_fork", None)
+    if callable(in_bad_fork) and in_bad_fork():
+        print("ddplab: warning: this worker was forked after its launcher touched CUDA, so it "
+              "cannot use the GPU (\"Cannot re-initialize CUDA in forked subprocess\"). "
+              "Relaunch with DDPLAB_LAUNCH_PATH=subprocess and report this with your torch "
+              "version.", file=sys.stderr, flush=True)
 
 
 def _print_user_traceback(exc: BaseException) -> None:
@@ -175,17 +193,18 @@ def _elastic_run(req: dict[str, Any], rank_fds: list[int]) -> dict[str, Any]:
     import logging
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     # ddplab reports failures itself, rank by rank; torch's copy of them is noise here.
     # (Workers inherit this through fork; run_worker turns logging back on.)
     logging.disable(logging.ERROR)
-    exitcodes = _record_exitcodes()
+    exitcodes: dict[str, int] = {}
+    _optional(_record_exitcodes, exitcodes)
     nnodes = int(req["nnodes"])
     configs: dict[str, Any] = {"timeout": int(req.get("rdzv_timeout", 900))}
     if nnodes > 1:
         configs["is_host"] = int(req["node_rank"]) == 0
-    config = LaunchConfig(
+    config = launch_config(
         min_nodes=nnodes,
         max_nodes=nnodes,
         nproc_per_node=int(req["nproc_per_node"]),
@@ -193,15 +212,15 @@ def _elastic_run(req: dict[str, Any], rank_fds: list[int]) -> dict[str, Any]:
         rdzv_backend="c10d",
         rdzv_endpoint=req["rdzv_endpoint"],
         rdzv_configs=configs,
-        max_restarts=0,
+        max_restarts=int(req.get("max_restarts", 0)),
         monitor_interval=0.05,
         start_method="fork",
         local_addr=req.get("local_addr"),
         shutdown_timeout=int(req.get("shutdown_timeout", 5)),
     )
     if req["rdzv_endpoint"].startswith(("127.", "localhost")):
-        _store_on_loopback()
-    _quick_rendezvous(single_node=nnodes == 1)
+        _optional(_store_on_loopback)
+    _optional(_quick_rendezvous, single_node=nnodes == 1)
     started = time.time()
     try:
         elastic_launch(config, run_worker)(req["target"], req["args"], rank_fds,
@@ -222,6 +241,61 @@ def _elastic_run(req: dict[str, Any], rank_fds: list[int]) -> dict[str, Any]:
     return {"status": "ok", "started": started, "exitcodes": exitcodes}
 
 
+def launch_config(**options: Any) -> Any:
+    """PyTorch's ``LaunchConfig`` for the installed torch, built without asking CUDA anything.
+
+    - Options this torch does not know are left out (``shutdown_timeout`` came in 2.7, for
+      example), so the same request works from the oldest supported torch to the newest.
+    - Since torch 2.8 ``LaunchConfig.__post_init__`` asks the accelerator how many devices there
+      are (``torch.accelerator.device_count()``) to pick default NUMA binding when
+      ``numa_options`` is None. That question initialises the CUDA runtime's device count, and
+      every process forked afterwards cannot use CUDA ("Cannot re-initialize CUDA in forked
+      subprocess"): our workers are forked from this process. Any value other than None skips
+      the question; it is then set back to None, so workers run unbound, as torchrun runs them
+      when the device count does not match. This reads and sets a public dataclass field only.
+    """
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    known = {f.name for f in dataclasses.fields(LaunchConfig)}
+    options = {name: value for name, value in options.items() if name in known}
+    if "numa_options" in known and options.get("numa_options") is None:
+        options["numa_options"] = _SKIP_DEVICE_QUERY
+        config = LaunchConfig(**options)
+        config.numa_options = None
+        return config
+    return LaunchConfig(**options)
+
+
+_SKIP_DEVICE_QUERY = object()  # a non-None numa_options: "do not ask the accelerator"
+
+
+def patches_enabled() -> bool:
+    """Whether the optional speed-ups that touch torch internals are on (``DDPLAB_TORCH_PATCHES``)."""
+    return os.environ.get("DDPLAB_TORCH_PATCHES", "1") != "0"
+
+
+def _optional(patch: Any, *args: Any, **kwargs: Any) -> bool:
+    """Apply one adjustment of torch internals, or skip it when it does not fit this torch.
+
+    Every such adjustment only saves time (or, for the loopback store, narrows where a store
+    listens); a launch must work without it. When its target is missing or has another shape
+    (an older or newer torch), or ``DDPLAB_TORCH_PATCHES=0``, it is skipped and the launch goes
+    on as plain torchrun would. Returns whether it was applied.
+    """
+    if not patches_enabled():
+        return False
+    try:
+        return patch(*args, **kwargs) is not False
+    except Exception as exc:  # noqa: BLE001  (any mismatch means: not for this torch)
+        version = getattr(sys.modules.get("torch"), "__version__", "?")
+        print(f"ddplab: skipped {patch.__name__.strip('_')} on torch {version}: "
+              f"{type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return False
+
+
 def _quick_rendezvous(single_node: bool) -> None:
     """Take two fixed costs out of the rendezvous, leaving what it does unchanged.
 
@@ -233,6 +307,9 @@ def _quick_rendezvous(single_node: bool) -> None:
     """
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
 
+    if not callable(getattr(dynamic, "_delay", None)) and not callable(
+            getattr(dynamic, "get_method_name", None)):
+        raise AttributeError("dynamic_rendezvous has neither _delay nor get_method_name")
     if single_node and callable(getattr(dynamic, "_delay", None)):
         delay = dynamic._delay
 
@@ -265,6 +342,12 @@ def _store_on_loopback() -> None:
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as backend
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
 
+    if "master_listen_fd" not in (TCPStore.__init__.__doc__ or ""):  # its pybind signature
+        raise TypeError("TCPStore takes no master_listen_fd")
+    if not callable(getattr(dynamic.DynamicRendezvousHandler, "_create_tcp_store_server", None)):
+        raise AttributeError("DynamicRendezvousHandler has no _create_tcp_store_server")
+    backend.TCPStore  # noqa: B018  (AttributeError when the backend module changed)
+
     def loopback_store(host: str, port: int, *args: Any, is_master: bool = False,
                        **kwargs: Any) -> Any:
         if is_master and "master_listen_fd" not in kwargs:
@@ -282,8 +365,8 @@ def _store_on_loopback() -> None:
         lambda self, addr, port: loopback_store(addr, port, is_master=True, multi_tenant=True))
 
 
-def _record_exitcodes() -> dict[str, int]:
-    """Collect every worker's exit code (pid -> code), not just the first failure's.
+def _record_exitcodes(codes: dict[str, int]) -> None:
+    """Collect every worker's exit code (pid -> code) into ``codes``, not just the first failure's.
 
     torch's elastic agent reports the first failed rank it notices; when rank 1 is killed and
     rank 0 then fails on the closed connection, it may notice rank 0 first. The process
@@ -292,8 +375,6 @@ def _record_exitcodes() -> dict[str, int]:
     import torch.multiprocessing  # noqa: F401  (loads the module the function shadows)
 
     spawn = sys.modules["torch.multiprocessing.spawn"]
-
-    codes: dict[str, int] = {}
     join = spawn.ProcessContext.join
 
     def recording_join(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -305,7 +386,6 @@ def _record_exitcodes() -> dict[str, int]:
                     codes[str(process.pid)] = process.exitcode
 
     spawn.ProcessContext.join = recording_join  # this agent process only
-    return codes
 
 
 # --------------------------------------------------------------------------- server loop
