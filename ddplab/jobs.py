@@ -224,10 +224,29 @@ def popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int
 
 def torchrun_cmd(target: str, args: list[str], nprocs: int, nnodes: int, node_rank: int,
                   endpoint: str, run_id: str, max_restarts: int = 0) -> list[str]:
+    """The ``python -m torch.distributed.run`` command line for the installed torch.
+
+    Every output line gets a ``[rankN]:`` prefix (``--tee 3`` and a prefix template). torchrun
+    takes the template as ``--log-line-prefix-template`` since torch 2.14; older releases (2.6
+    to 2.13) read it from ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` only, so there the command
+    starts with ``env`` setting that variable. The version comes from the package metadata:
+    torch is not imported here.
+    """
+    import re
+    import shutil
+    from importlib.metadata import version
+
+    template = "[rank${rank}]:"
+    release = tuple(int(x) for x in re.findall(r"\d+", version("torch"))[:2])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
            "--nproc-per-node", str(nprocs), "--rdzv-backend", "c10d",
            "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts", str(max_restarts),
-           "--tee", "3", "--log-line-prefix-template", "[rank${rank}]:"]
+           "--tee", "3"]
+    if release >= (2, 14):
+        cmd += ["--log-line-prefix-template", template]
+    else:
+        cmd = [shutil.which("env") or "/usr/bin/env",
+               f"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE={template}", *cmd]
     if nnodes > 1:
         cmd += ["--node-rank", str(node_rank)]
     if endpoint.startswith("127."):
