@@ -1,0 +1,205 @@
+"""Judges of the coding exercises of lessons 06 (AMP) and 08 (collectives).
+
+06 reads what ``exercises/amp.py`` observed while it trained: was every forward pass under
+``torch.autocast`` with the dtype the device wants (bfloat16 on a CPU, float16 on CUDA), did
+the weights stay float32, was the ``GradScaler`` on exactly where float16 needs it and really
+stepped and updated, and did the loss stay finite and go down.
+
+08 reads every rank's input and results from ``exercises/collective.py`` and recomputes the
+expected values from the inputs: the mean over ranks (``average``), the left neighbour's
+tensor (``ring_shift``) and the sum over ranks (the ring built from ``ring_shift``).
+
+Lessons: 06, 08.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence
+
+from . import judge, metric
+
+#: The autocast dtype each device type should use (PyTorch's AMP recipes): CPU autocast
+#: computes in bfloat16; on CUDA the exercise asks for float16, the format that needs a scaler.
+AMP_DTYPE = {"cpu": "bfloat16", "cuda": "float16"}
+#: Steps compared at each end of the run to decide whether the loss went down.
+LOSS_WINDOW = 5
+
+
+def _facts(result: Any, names: Sequence[str]) -> tuple[dict[str, dict[int, Any]], Optional[str]]:
+    """Every rank's value of each fact, or a hint when a fact is missing."""
+    found = {name: metric(result, name) for name in names}
+    ranks = set(range(result.world_size)) if result.world_size else {0}
+    for name, per_rank in found.items():
+        if set(per_rank) != ranks:
+            return found, (f"the run did not report {name!r} from every rank: the reporting "
+                           "part at the end of the file must run unchanged (restore it from "
+                           "the skeleton if you edited it).")
+    return found, None
+
+
+# ----------------------------------------------------------------------------- 06 AMP
+
+AMP_FACTS = ("device_type", "forwards", "forwards_under_autocast", "autocast_dtypes",
+             "layer_output_dtypes", "weight_dtype", "grad_dtype", "loss_dtype", "losses",
+             "scaler_before", "scaler")
+
+
+@judge("06", "amp.py", "train under torch.autocast with the device's dtype, and a GradScaler "
+       "exactly where float16 needs it")
+def judge_amp(result: Any) -> Optional[str]:
+    facts, missing = _facts(result, AMP_FACTS)
+    if missing:
+        return missing
+    for rank in sorted(facts["device_type"]):
+        hint = _amp_rank({name: values[rank] for name, values in facts.items()})
+        if hint:
+            return f"rank {rank}: {hint}"
+    return None
+
+
+def _amp_rank(f: dict[str, Any]) -> Optional[str]:
+    """The first thing wrong in one rank's facts, or None."""
+    device, want = f["device_type"], AMP_DTYPE.get(f["device_type"], "bfloat16")
+    if f["forwards"] == 0:
+        return "the model never ran a forward pass: keep `output = model(inputs)` in the loop."
+    if f["forwards_under_autocast"] < f["forwards"]:
+        return (f"{f['forwards'] - f['forwards_under_autocast']} of {f['forwards']} forward "
+                "passes ran without autocast. Put `output = model(inputs)` and the loss inside "
+                f"`with torch.autocast(device.type, dtype=amp_dtype):` (TODO 3).")
+    if f["autocast_dtypes"] != [want]:
+        return (f"autocast computed in {', '.join(f['autocast_dtypes'])}, but on {device} it "
+                f"should be {want} (TODO 1): CPU autocast computes in bfloat16, CUDA autocast "
+                "in float16.")
+    if f["weight_dtype"] != "float32" or f["grad_dtype"] != "float32":
+        return (f"the weights are {f['weight_dtype']} and their gradients {f['grad_dtype']}: "
+                "autocast keeps the parameters in float32 and casts copies for each operation, "
+                "so do not convert the model (no .half() or .to(dtype)).")
+    if want not in f["layer_output_dtypes"]:
+        return (f"the first convolution produced {', '.join(f['layer_output_dtypes'])}, not "
+                f"{want}: its input or weights were changed by hand; let autocast do the casts.")
+    if f["loss_dtype"] != "float32":
+        return (f"the loss is {f['loss_dtype']}: compute it inside the autocast block too, "
+                "where cross_entropy runs in float32 (TODO 3).")
+    hint = _scaler_hint(f["scaler_before"], f["scaler"], want)
+    if hint:
+        return hint
+    return _loss_hint(f["losses"])
+
+
+def _scaler_hint(before: dict[str, Any], after: dict[str, Any], dtype: str) -> Optional[str]:
+    """What is wrong with the GradScaler for an autocast ``dtype``, or None."""
+    if dtype == "float16":
+        if not after.get("enabled"):
+            return ("float16 gradients underflow without loss scaling: create "
+                    "`torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)` "
+                    "(TODO 2) and use it for backward and the step (TODO 4).")
+        stepped = (after.get("growth_tracker") or 0) > 0 or after.get("scale") != before.get(
+            "scale")
+        if not stepped:
+            return ("the scaler is enabled but never stepped and updated: call "
+                    "`scaler.scale(loss).backward()`, `scaler.step(optimizer)` and "
+                    "`scaler.update()` at every step (TODO 4).")
+        return None
+    if after.get("enabled"):
+        return (f"the GradScaler is enabled with {dtype}, which has float32's range and needs "
+                "no loss scaling: enable it only for float16, "
+                "`torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)` "
+                "(TODO 2).")
+    return None
+
+
+def _loss_hint(losses: Sequence[float]) -> Optional[str]:
+    """A hint when the loss is not finite or did not go down, else None."""
+    if not losses or not all(math.isfinite(x) for x in losses):
+        return ("the loss became inf or NaN: check that backward runs on the scaled loss and "
+                "the step goes through `scaler.step(optimizer)`, which unscales first (TODO 4).")
+    window = min(LOSS_WINDOW, max(1, len(losses) // 2))
+    first = sum(losses[:window]) / window
+    last = sum(losses[-window:]) / window
+    if not last < first:
+        return (f"the loss did not go down (first steps {first:.3f}, last steps {last:.3f}): "
+                "the model is not learning; make sure every step calls backward and the "
+                "optimizer step (TODO 4).")
+    return None
+
+
+# ----------------------------------------------------------------------------- 08 collectives
+
+COLLECTIVE_FACTS = ("input", "average", "shifted", "ring_sum")
+
+
+@judge("08", "collective.py", "average a tensor over ranks with all_reduce, and pass tensors "
+       "round a ring with isend/irecv")
+def judge_collective(result: Any) -> Optional[str]:
+    facts, missing = _facts(result, COLLECTIVE_FACTS)
+    if missing:
+        return missing
+    inputs = facts["input"]
+    n = len(inputs)
+    total = [sum(column) for column in zip(*(inputs[r] for r in range(n)))]
+    mean = [value / n for value in total]
+    hint = _average_hint(facts["average"], inputs, total, mean)
+    if hint:
+        return hint
+    hint = _shift_hint(facts["shifted"], inputs)
+    if hint:
+        return hint
+    for rank, got in sorted(facts["ring_sum"].items()):
+        if not _close(got, total):
+            return (f"rank {rank}: passing tensors {n - 1} times round the ring with your "
+                    f"ring_shift gave {_short(got)}, not the sum {_short(total)}.")
+    return None
+
+
+def _close(got: Any, want: Sequence[float], tol: float = 1e-4) -> bool:
+    try:
+        values = [float(v) for v in got]
+    except (TypeError, ValueError):
+        return False
+    return len(values) == len(want) and all(
+        math.isclose(a, b, rel_tol=tol, abs_tol=tol) for a, b in zip(values, want))
+
+
+def _short(values: Any) -> str:
+    try:
+        return "[" + ", ".join(f"{float(v):.3g}" for v in values) + "]"
+    except (TypeError, ValueError):
+        return repr(values)
+
+
+def _average_hint(averages: dict[int, Any], inputs: dict[int, Any], total: Sequence[float],
+                  mean: Sequence[float]) -> Optional[str]:
+    for rank, got in sorted(averages.items()):
+        if _close(got, mean):
+            continue
+        if _close(got, inputs[rank]):
+            return (f"rank {rank}: average() returned the rank's own tensor: nothing was "
+                    "exchanged. Call dist.all_reduce(tensor) (it sums over ranks in place), "
+                    "then divide by dist.get_world_size() (TODO 1).")
+        if _close(got, total):
+            return (f"rank {rank}: average() returned the sum over ranks: divide it by "
+                    "dist.get_world_size() (TODO 1).")
+        return (f"rank {rank}: average() returned {_short(got)}, but the mean of every rank's "
+                f"input is {_short(mean)} (TODO 1).")
+    return None
+
+
+def _shift_hint(shifted: dict[int, Any], inputs: dict[int, Any]) -> Optional[str]:
+    n = len(inputs)
+    for rank, got in sorted(shifted.items()):
+        left, right = (rank - 1) % n, (rank + 1) % n
+        if _close(got, inputs[left]):
+            continue
+        if _close(got, inputs[rank]):
+            return (f"rank {rank}: ring_shift() returned the rank's own tensor: nothing "
+                    f"arrived. Send to the right neighbour with dist.isend(tensor, dst=(rank + "
+                    f"1) % world_size), receive from the left with dist.irecv(buffer, src=(rank "
+                    f"- 1) % world_size), wait for both and return the buffer (TODO 2).")
+        if n > 2 and _close(got, inputs[right]):
+            return (f"rank {rank}: ring_shift() received from the right neighbour (rank "
+                    f"{right}); the ring turns the other way: send to rank + 1, receive from "
+                    f"rank - 1 (TODO 2).")
+        return (f"rank {rank}: ring_shift() returned {_short(got)}, but rank {left}'s tensor "
+                f"{_short(inputs[left])} should have arrived from the left (TODO 2).")
+    return None

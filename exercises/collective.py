@@ -1,0 +1,82 @@
+"""Exercise 08: write two collectives yourself. Fill in the two TODO(exercise) blocks.
+
+Run it from notebook 08, or from the repository root::
+
+    python -m ddplab launch --nproc-per-node 4 exercises/collective.py
+    torchrun --standalone --nproc-per-node 4 exercises/collective.py
+
+and hand the launch's result to the judge: ``ddplab.check("08", result)``.
+
+What to write:
+
+1. ``average(tensor)``: every rank ends with the element-wise mean of all ranks' tensors
+   (what DDP does to gradients): ``dist.all_reduce`` sums in place, then divide by the world
+   size.
+2. ``ring_shift(tensor)``: one step of a ring: send your tensor to the right neighbour
+   (``rank + 1``) and return the tensor that arrives from the left one (``rank - 1``), both
+   modulo the world size. Use the non-blocking ``dist.isend`` / ``dist.irecv`` and wait for
+   both: if every rank first blocks in a send, nobody is receiving yet and the job can hang.
+
+The fixed part calls them and reports every rank's input and results (``metric`` events).
+With a working ``ring_shift`` it also builds an all-reduce out of it: pass the message on
+``world_size - 1`` times, adding what arrives. (That simple ring sends the whole tensor each
+step; notebook 08's ring sends one chunk per step, which is why it scales.)
+
+Lesson: 08.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as torch_dist
+
+from ddplab import dist, events
+
+
+def average(tensor: torch.Tensor) -> torch.Tensor:
+    """Return the element-wise mean of ``tensor`` over every rank (on every rank)."""
+    # TODO(exercise) 1: sum over all ranks with torch_dist.all_reduce(tensor) (in place),
+    #   then divide by torch_dist.get_world_size().
+    return tensor
+
+
+def ring_shift(tensor: torch.Tensor) -> torch.Tensor:
+    """Send ``tensor`` to rank + 1 and return what rank - 1 sent (modulo the world size)."""
+    rank, world_size = torch_dist.get_rank(), torch_dist.get_world_size()
+    received = torch.empty_like(tensor)
+    # TODO(exercise) 2: post torch_dist.isend(tensor, dst=(rank + 1) % world_size) and
+    #   torch_dist.irecv(received, src=(rank - 1) % world_size), then .wait() on both.
+    received.copy_(tensor)
+    return received
+
+
+def main() -> None:
+    # setup: gloo on CPUs, nccl on GPUs (one process per GPU)
+    info = dist.setup()
+    if info.world_size < 2:
+        raise SystemExit("launch at least 2 processes: a collective needs company.")
+
+    # every rank starts from its own tensor
+    generator = torch.Generator().manual_seed(1000 + info.rank)
+    x = torch.randn(6, generator=generator).to(info.device)
+    events.emit("metric", name="input", value=x.tolist())
+
+    # 1. the mean over ranks
+    events.emit("metric", name="average", value=average(x.clone()).tolist())
+
+    # 2. one step round the ring, then an all-reduce made of world_size - 1 steps
+    events.emit("metric", name="shifted", value=ring_shift(x.clone()).tolist())
+    total, message = x.clone(), x.clone()
+    for _ in range(info.world_size - 1):
+        message = ring_shift(message)
+        total += message
+    events.emit("metric", name="ring_sum", value=total.tolist())
+    print(f"rank {info.rank}: input {x.tolist()[:2]}..., ring sum {total.tolist()[:2]}...",
+          flush=True)
+
+    # cleanup
+    dist.cleanup()
+
+
+if __name__ == "__main__":
+    main()

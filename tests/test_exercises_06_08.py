@@ -1,0 +1,163 @@
+"""Coding exercises 06 (AMP) and 08 (collectives): skeletons judged wrong with a useful hint,
+reference solutions judged right, and the judges' device rules on runs this machine cannot make
+(CUDA float16), built from a real run's facts."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+import ddplab
+from ddplab import judges
+from ddplab.results import RunResult
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS = ROOT / "tests" / "solutions"
+
+
+def run(path: Path, nprocs: int) -> RunResult:
+    result = ddplab.launch(str(path), nprocs, quiet=True, live=False, timeout=300)
+    assert result.ok, result.error
+    return result
+
+
+@pytest.fixture(scope="module")
+def amp_solution() -> RunResult:
+    return run(SOLUTIONS / "amp.py", 2)
+
+
+@pytest.fixture(scope="module")
+def collective_solution() -> RunResult:
+    return run(SOLUTIONS / "collective.py", 4)
+
+
+def with_facts(result: RunResult, **changes: object) -> RunResult:
+    """A copy of ``result`` whose metric facts are changed on every rank."""
+    fake = copy.deepcopy(result)
+    for events in fake.events.values():
+        for event in events:
+            if event.get("kind") == "metric" and event["name"] in changes:
+                value = changes[event["name"]]
+                event["value"] = value(event["value"]) if callable(value) else value
+    return fake
+
+
+def test_both_exercises_are_registered_with_their_skeletons():
+    known = judges.load_all()
+    assert known["06"].skeleton == "amp.py" and known["08"].skeleton == "collective.py"
+    for key in ("06", "08"):
+        skeleton = judges.skeleton_path(key)
+        assert "# TODO(exercise)" in skeleton.read_text()
+        assert (SOLUTIONS / skeleton.name).is_file()
+        assert "# TODO(exercise)" not in (SOLUTIONS / skeleton.name).read_text()
+
+
+# ----------------------------------------------------------------------------- 06
+
+
+def test_amp_skeleton_runs_and_is_judged_wrong():
+    verdict = ddplab.check("06", run(judges.skeleton_path("06"), 2))
+    assert not verdict
+    assert "without autocast" in verdict.message and "TODO 3" in verdict.message
+
+
+def test_amp_solution_is_judged_right_on_this_machine(amp_solution):
+    assert ddplab.check("06", amp_solution)
+    device = judges.metric(amp_solution, "device_type")
+    dtypes = judges.metric(amp_solution, "autocast_dtypes")
+    scaler = judges.metric(amp_solution, "scaler")
+    assert set(dtypes) == set(device) == {0, 1}
+    for rank, kind in device.items():   # the device decides, as in PyTorch's AMP recipe
+        assert dtypes[rank] == ["bfloat16" if kind == "cpu" else "float16"]
+        assert scaler[rank]["enabled"] == (kind == "cuda")
+
+
+def test_fp16_on_cuda_needs_an_enabled_scaler_that_steps(amp_solution):
+    cuda = dict(device_type="cuda", autocast_dtypes=["float16"],
+                layer_output_dtypes=["float16"])
+    stepped = {"exists": True, "enabled": True, "type": "GradScaler", "scale": 32768.0,
+               "growth_tracker": 12}
+    fresh = {**stepped, "scale": 65536.0, "growth_tracker": 0}
+    assert ddplab.check("06", with_facts(amp_solution, **cuda, scaler_before=fresh,
+                                          scaler=stepped))
+    disabled = ddplab.check("06", with_facts(amp_solution, **cuda))   # the CPU's disabled one
+    assert not disabled and "underflow" in disabled.message and "TODO 2" in disabled.message
+    unused = ddplab.check("06", with_facts(amp_solution, **cuda, scaler_before=fresh,
+                                           scaler=fresh))
+    assert not unused and "scaler.update()" in unused.message
+
+
+def test_bf16_on_cpu_needs_no_scaler(amp_solution):
+    enabled = {"exists": True, "enabled": True, "type": "GradScaler", "scale": 65536.0,
+               "growth_tracker": 40}
+    verdict = ddplab.check("06", with_facts(amp_solution, device_type="cpu", scaler=enabled))
+    assert not verdict and "needs no loss scaling" in verdict.message
+
+
+@pytest.mark.parametrize("changes, words", [
+    (dict(autocast_dtypes=["float16"]), "should be bfloat16"),
+    (dict(weight_dtype="bfloat16"), "do not convert the model"),
+    (dict(loss_dtype="bfloat16"), "compute it inside the autocast block"),
+    (dict(losses=lambda xs: [*xs[:-1], float("nan")]), "inf or NaN"),
+    (dict(losses=lambda xs: list(reversed(xs))), "did not go down"),
+    (dict(forwards_under_autocast=lambda n: n - 1), "without autocast"),
+])
+def test_amp_hints_name_the_mistake(amp_solution, changes, words):
+    verdict = ddplab.check("06", with_facts(amp_solution, **changes))
+    assert not verdict and words in verdict.message
+
+
+def test_amp_facts_missing_from_a_rank_are_reported(amp_solution):
+    fake = copy.deepcopy(amp_solution)
+    fake.events[1] = [e for e in fake.events[1] if e.get("name") != "losses"]
+    verdict = ddplab.check("06", fake)
+    assert not verdict and "'losses'" in verdict.message
+
+
+# ----------------------------------------------------------------------------- 08
+
+
+def test_collective_skeleton_runs_and_is_judged_wrong():
+    verdict = ddplab.check("08", run(judges.skeleton_path("08"), 4))
+    assert not verdict
+    assert "dist.all_reduce" in verdict.message and "TODO 1" in verdict.message
+
+
+def test_collective_solution_is_judged_right(collective_solution):
+    assert ddplab.check("08", collective_solution)
+    inputs = judges.metric(collective_solution, "input")
+    sums = judges.metric(collective_solution, "ring_sum")
+    expected = [sum(column) for column in zip(*inputs.values())]
+    assert len(inputs) == 4 and all(v == pytest.approx(expected, rel=1e-5)
+                                    for v in sums.values())
+
+
+def test_collective_hints(collective_solution):
+    inputs = judges.metric(collective_solution, "input")
+    total = [sum(column) for column in zip(*inputs.values())]
+    summed = ddplab.check("08", with_facts(collective_solution, average=total))
+    assert not summed and "divide it by" in summed.message
+    backwards = ddplab.check("08", shifted_from(collective_solution, +1))
+    assert not backwards and "other way" in backwards.message
+    nothing = ddplab.check("08", shifted_from(collective_solution, 0))
+    assert not nothing and "nothing arrived" in nothing.message
+
+
+def shifted_from(result: RunResult, offset: int) -> RunResult:
+    """A copy of ``result`` in which rank r's ring_shift returned rank r + offset's input."""
+    inputs = judges.metric(result, "input")
+    fake = copy.deepcopy(result)
+    for rank, events in fake.events.items():
+        for event in events:
+            if event.get("name") == "shifted":
+                event["value"] = inputs[(rank + offset) % len(inputs)]
+    return fake
+
+
+def test_a_failed_run_is_explained_before_any_judging(collective_solution):
+    failed = copy.deepcopy(collective_solution)
+    failed.status = "timeout"
+    verdict = ddplab.check("08", failed)
+    assert not verdict and "did not finish: timeout" in verdict.message
