@@ -33,8 +33,11 @@ from .launcher import launch
 
 TRAIN = "ddplab.workers.train"
 RING = "ddplab.workers.ring_allreduce"
+#: What the source's timing table states about its setup. It never names its GPUs, so neither
+#: do we: its rows are "the source's GPUs", whatever they were.
 SOURCE_HARDWARE = ("the source's numbers: ResNet-50 trained from scratch on CIFAR-10, batch 256 "
-                   "per GPU, one epoch, A100-class GPUs")
+                   "per GPU, one epoch, on the source's GPUs (their model is not stated)")
+SOURCE_LABEL = "source's GPUs"
 # setup name -> (GPUs the source used, seconds per epoch the source reported)
 SOURCE_SECONDS = {"single": (1, 13.2), "DataParallel": (4, 19.1), "DDP x2": (2, 9.8),
                   "DDP xN": (4, 6.1), "DDP xN + AMP": (4, 6.5)}
@@ -206,7 +209,7 @@ def plot_speedup(rows: Sequence[Row], ax: Any = None) -> Any:
               for name, (gpus, seconds) in SOURCE_SECONDS.items()}
     most = max(d for d, _s in [*ours.values(), *source.values()])
     ax.plot([1, most], [1, most], "k--", lw=1, label="ideal: speed-up = devices")
-    for points, who, color in ((ours, "ours", "C0"), (source, "source (A100)", "gray")):
+    for points, who, color in ((ours, "ours", "C0"), (source, SOURCE_LABEL, "gray")):
         line = [points[n] for n in ("single", "DDP x2", "DDP xN") if n in points]
         ax.plot(*zip(*sorted(set(line))), "-o", color=color, label=f"{who}: single, DDP")
         for name, marker in (("DataParallel", "s"), ("DDP xN + AMP", "^")):

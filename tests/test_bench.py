@@ -49,6 +49,18 @@ def test_markdown_table_puts_the_source_beside_ours():
     bench.plot_speedup(rows)
 
 
+def test_the_source_hardware_is_not_invented():
+    """The source's table never names its GPUs: the text and the plot say "the source's GPUs"."""
+    import re
+
+    rows = [_row("single", 1, 100.0), _row("DDP x2", 2, 150.0)]
+    legend = [t.get_text() for t in bench.plot_speedup(rows).axes[0].get_legend().get_texts()]
+    source_lines = [text for text in legend if text.startswith(bench.SOURCE_LABEL)]
+    assert source_lines and "the source's GPUs" in bench.SOURCE_HARDWARE
+    gpu_model = re.compile(r"\b(A|H|V|P|T)\d{2,3}\b|RTX|Tesla")
+    assert not any(gpu_model.search(text) for text in [*legend, bench.SOURCE_HARDWARE])
+
+
 @pytest.mark.slow
 def test_a_tiny_scaling_table_measures_two_setups():
     setups = [bench.Setup("single", 1, "single", 1), bench.Setup("DDP x2", 2, "ddp", 2)]
