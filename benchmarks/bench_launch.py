@@ -8,9 +8,11 @@ notebook kernel) <= 0.10x the same torchrun. Run: ``python benchmarks/bench_laun
 from __future__ import annotations
 
 import argparse
-
+import os
 import statistics
+import sys
 import time
+from typing import Callable
 
 from common import PY, ROOT, interleaved, run_cmd, save, summary, timed
 
@@ -41,13 +43,33 @@ def warm_phases(repeats: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in phases.items()}
 
 
+NOTEBOOK_LAUNCHER = "accelerate notebook_launcher (warm)"
+
+
+def _peers() -> dict[str, Callable[[], float]]:
+    """The warm launch's peers, each warmed up once (their first call imports and starts)."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "scripts"))
+    import peers
+
+    found: dict[str, Callable[[], float]] = {
+        "bare fork start_processes (warm)": lambda: timed(peers.bare_fork)}
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        print("accelerate is not installed: notebook_launcher not measured (make bench "
+              "installs it)")
+    else:
+        found[NOTEBOOK_LAUNCHER] = lambda: timed(peers.notebook_launcher)
+    for fn in found.values():
+        fn()
+    return found
+
+
 def main() -> dict:
     parser = argparse.ArgumentParser()
     parser.add_argument("-n", "--repeats", type=int, default=5)
     ns = parser.parse_args()
     env_one = {"OMP_NUM_THREADS": "1"}
-    import os
-
     env = {**os.environ, **env_one}
     import ddplab
 
@@ -56,6 +78,9 @@ def main() -> dict:
     def warm() -> float:
         return timed(lambda: ddplab.launch(JOB, 2, quiet=True).check())
 
+    os.environ.update(env_one)  # the peers fork this process: same threads as the others
+    peers = _peers()
+
     candidates = {
         "torchrun (cold)": lambda: timed(lambda: run_cmd(
             [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", JOB],
@@ -63,9 +88,16 @@ def main() -> dict:
         "ddplab launch CLI (cold)": lambda: timed(lambda: run_cmd(
             [PY, "-m", "ddplab", "launch", "--nproc-per-node", "2", "--quiet", JOB], env=env)),
         "ddplab.launch (warm)": warm,
+        **peers,
     }
     result = summary(interleaved(candidates, ns.repeats), baseline="torchrun (cold)")
     result["targets"] = {"ddplab launch CLI (cold)": 0.75, "ddplab.launch (warm)": 0.10}
+    if NOTEBOOK_LAUNCHER in peers:
+        ratio = (result["medians"]["ddplab.launch (warm)"]
+                 / result["medians"][NOTEBOOK_LAUNCHER])
+        result["peer_ratio"] = {"ddplab.launch (warm) / notebook_launcher (warm)": ratio}
+    else:
+        result["peer_ratio"] = {"missing": "accelerate is not installed (make bench installs it)"}
     phases = warm_phases(ns.repeats)
     result["warm_phases"] = phases
     finding = ("Where a warm launch's time goes (medians of {n} more launches of the same job, "
@@ -80,6 +112,8 @@ def main() -> dict:
         name: (f"{result['medians'][name]:.2f} s against {cold:.2f} s for torchrun. " + finding)
         for name, limit in result["targets"].items() if result["ratios"][name] > limit}
     path = save("launch", result)
+    for name, ratio in result["peer_ratio"].items():
+        print(f"{name}: {ratio if isinstance(ratio, str) else f'{ratio:.2f}'}")
     for name, ratio in result["ratios"].items():
         print(f"{name:28s} median {result['medians'][name]:6.2f} s  ratio {ratio:5.2f}")
     print(f"wrote {path}")

@@ -201,26 +201,37 @@ def _elastic_run(req: dict[str, Any], rank_fds: list[int]) -> dict[str, Any]:
     exitcodes: dict[str, int] = {}
     _optional(_record_exitcodes, exitcodes)
     nnodes = int(req["nnodes"])
+    restarts = int(req.get("max_restarts", 0))
+    endpoint = req["rdzv_endpoint"]
+    loopback = endpoint.startswith(("127.", "localhost"))
     configs: dict[str, Any] = {"timeout": int(req.get("rdzv_timeout", 900))}
-    if nnodes > 1:
-        configs["is_host"] = int(req["node_rank"]) == 0
+    if nnodes == 1 and restarts == 0:
+        # One node, one attempt: torchrun's static rendezvous (one store on a known port, no
+        # rounds to negotiate) is all it takes, with public API only.
+        backend, endpoint = "static", _static_endpoint(endpoint, loopback)
+        configs["rank"] = 0
+    else:
+        backend = "c10d"
+        if nnodes > 1:
+            configs["is_host"] = int(req["node_rank"]) == 0
     config = launch_config(
         min_nodes=nnodes,
         max_nodes=nnodes,
         nproc_per_node=int(req["nproc_per_node"]),
         run_id=req["run_id"],
-        rdzv_backend="c10d",
-        rdzv_endpoint=req["rdzv_endpoint"],
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
         rdzv_configs=configs,
-        max_restarts=int(req.get("max_restarts", 0)),
-        monitor_interval=0.05,
+        max_restarts=restarts,
+        monitor_interval=0.01,
         start_method="fork",
         local_addr=req.get("local_addr"),
         shutdown_timeout=int(req.get("shutdown_timeout", 5)),
     )
-    if req["rdzv_endpoint"].startswith(("127.", "localhost")):
+    if loopback:
         _optional(_store_on_loopback)
-    _optional(_quick_rendezvous, single_node=nnodes == 1)
+    if backend == "c10d":
+        _optional(_quick_rendezvous, single_node=nnodes == 1)
     started = time.time()
     try:
         elastic_launch(config, run_worker)(req["target"], req["args"], rank_fds,
@@ -261,14 +272,24 @@ def launch_config(**options: Any) -> Any:
     known = {f.name for f in dataclasses.fields(LaunchConfig)}
     options = {name: value for name, value in options.items() if name in known}
     if "numa_options" in known and options.get("numa_options") is None:
-        options["numa_options"] = _SKIP_DEVICE_QUERY
+        options["numa_options"] = _numa_placeholder()
         config = LaunchConfig(**options)
         config.numa_options = None
         return config
     return LaunchConfig(**options)
 
 
-_SKIP_DEVICE_QUERY = object()  # a non-None numa_options: "do not ask the accelerator"
+def _numa_placeholder() -> Any:
+    """A ``numa_options`` value that only stops ``LaunchConfig`` from asking the accelerator.
+
+    (accelerate's ``notebook_launcher``, which also forks its workers, does the same.)
+    """
+    try:
+        from torch.numa.binding import AffinityMode, NumaOptions
+
+        return NumaOptions(AffinityMode.NODE)
+    except (ImportError, AttributeError, TypeError):
+        return object()
 
 
 def patches_enabled() -> bool:
@@ -294,6 +315,26 @@ def _optional(patch: Any, *args: Any, **kwargs: Any) -> bool:
               f"{type(exc).__name__}: {exc}",
               file=sys.stderr)
         return False
+
+
+def _static_endpoint(endpoint: str, loopback: bool) -> str:
+    """``HOST:PORT`` for the static rendezvous, choosing a free port when none was given.
+
+    On the loopback address the port is bound here, and the listening socket kept for the
+    store (see ``_store_on_loopback``), so nobody can take it in between.
+    """
+    host, _, port_text = endpoint.rpartition(":")
+    port = int(port_text or 0)
+    if port == 0:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1" if loopback else "", 0))
+        port = listener.getsockname()[1]
+        if loopback and patches_enabled():
+            listener.listen(128)
+            _LISTENERS[port] = listener
+        else:
+            listener.close()
+    return f"{host}:{port}"
 
 
 def _quick_rendezvous(single_node: bool) -> None:
@@ -329,7 +370,7 @@ def _quick_rendezvous(single_node: bool) -> None:
         dynamic.get_method_name = get_method_name
 
 
-_LISTENERS: list[socket.socket] = []  # kept open for the life of this agent process
+_LISTENERS: dict[int, socket.socket] = {}  # port -> listener, open for the agent's life
 
 
 def _store_on_loopback() -> None:
@@ -341,26 +382,31 @@ def _store_on_loopback() -> None:
     from torch.distributed import TCPStore
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as backend
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+    from torch.distributed.elastic.rendezvous import static_tcp_rendezvous as static
 
     if "master_listen_fd" not in (TCPStore.__init__.__doc__ or ""):  # its pybind signature
         raise TypeError("TCPStore takes no master_listen_fd")
     if not callable(getattr(dynamic.DynamicRendezvousHandler, "_create_tcp_store_server", None)):
         raise AttributeError("DynamicRendezvousHandler has no _create_tcp_store_server")
-    backend.TCPStore  # noqa: B018  (AttributeError when the backend module changed)
+    backend.TCPStore, static.TCPStore  # noqa: B018  (AttributeError when a module changed)
 
-    def loopback_store(host: str, port: int, *args: Any, is_master: bool = False,
-                       **kwargs: Any) -> Any:
+    def loopback_store(host: str, port: int, world_size: Any = None, is_master: bool = False,
+                       *args: Any, **kwargs: Any) -> Any:
         if is_master and "master_listen_fd" not in kwargs:
-            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            listener.bind(("127.0.0.1", port))
-            listener.listen(128)
-            _LISTENERS.append(listener)
-            port = listener.getsockname()[1]
+            listener = _LISTENERS.get(port)
+            if listener is None:
+                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                listener.bind(("127.0.0.1", port))
+                listener.listen(128)
+                port = listener.getsockname()[1]
+                _LISTENERS[port] = listener
             kwargs["master_listen_fd"] = listener.fileno()
-        return TCPStore(host, port, *args, is_master=is_master, **kwargs)
+        return TCPStore(host, port, world_size, is_master, *args, **kwargs)
 
-    # Two stores listen: the rendezvous's, and the one the workers bootstrap from.
+    # c10d: two stores listen, the rendezvous's and the one the workers bootstrap from;
+    # static: one store, which the workers share.
     backend.TCPStore = loopback_store  # type: ignore[assignment]  (this agent process only)
+    static.TCPStore = loopback_store  # type: ignore[assignment]
     dynamic.DynamicRendezvousHandler._create_tcp_store_server = (  # type: ignore[method-assign]
         lambda self, addr, port: loopback_store(addr, port, is_master=True, multi_tenant=True))
 
