@@ -89,6 +89,10 @@ def run_worker(target: str, argv: list[str], rank_fds: list[int], threads: int) 
     _warn_if_cuda_unusable(torch)
     if callable(getattr(atexit, "_clear", None)):
         atexit._clear()  # handlers the helper registered are not this script's
+    option = {"underscore": "--local_rank", "dash": "--local-rank"}.get(
+        os.environ.get("DDPLAB_LOCAL_RANK_ARG", ""))
+    if option:  # as torch.distributed.launch did: ddplab.launch(..., local_rank_arg=True)
+        argv = [f"{option}={local_rank}", *argv]
     code: Any = 0
     try:
         _run_target(target, argv)
