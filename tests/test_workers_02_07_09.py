@@ -1,0 +1,165 @@
+"""Workers and helpers of lessons 02, 07 and 09: what the launchers pass, who writes a
+checkpoint on two nodes, each rank's input pipeline, DataParallel's memory (CPU path)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ddplab
+from ddplab import cmdlines, slurm
+from ddplab.env import free_port
+from ddplab.workers import legacy_args
+
+ROOT = Path(__file__).resolve().parent.parent
+C10D = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint", "host0:29500",
+        "--rdzv-id", "job"]
+
+
+# ------------------------------------------------------------------ 07: command lines
+
+
+def test_c10d_ignores_node_rank_and_static_uses_it():
+    def config(backend: str, node: int) -> dict:
+        argv = [*C10D, "--rdzv-backend", backend, "--node-rank", str(node), "train.py"]
+        return cmdlines.torchrun_config(argv)["config"]
+
+    assert config("c10d", 0) == config("c10d", 1)            # nothing of it reaches the agent
+    assert config("static", 0) != config("static", 1)
+    assert config("static", 1)["rdzv_configs"]["rank"] == 1
+
+
+def test_torchrun_config_leaves_the_environment_alone(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    found = cmdlines.torchrun_config([*C10D, "--rdzv-backend", "c10d", "-m", "pkg.mod", "--x"])
+    assert "OMP_NUM_THREADS" not in os.environ              # torch's code set it; undone
+    assert found["script_args"] == ["--x"] and found["config"]["max_nodes"] == 2
+
+
+def test_the_old_launcher_passes_local_rank_with_a_dash_which_the_source_parser_rejects():
+    argv = cmdlines.legacy_script_argv(["--epochs", "3"], local_rank=1)
+    assert argv == ["--local-rank=1", "--epochs", "3"]
+    parsed, error = cmdlines.parse_outcome(legacy_args.parse_args_as_the_source, argv[:1])
+    assert parsed is None and "unrecognized arguments: --local-rank=1" in error
+    fixed, error = cmdlines.parse_outcome(legacy_args.parse_args, argv[:1])
+    assert error == "" and fixed.local_rank == 1
+    old_style, _ = cmdlines.parse_outcome(legacy_args.parse_args, ["--local_rank=3"])
+    assert old_style.local_rank == 3
+
+
+@pytest.mark.slow
+def test_the_real_old_launcher_breaks_the_source_parser_and_not_the_fix(tmp_path):
+    def old_launch(parser: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "torch.distributed.launch", "--nproc-per-node", "2",
+               "--master-port", str(free_port()), str(ROOT / "ddplab/workers/legacy_args.py")]
+        env = {**os.environ, "LEGACY_PARSER": parser, "OMP_NUM_THREADS": "1"}
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240,
+                              cwd=tmp_path)
+
+    broken, fixed = old_launch("source"), old_launch("fixed")
+    assert broken.returncode != 0
+    assert "unrecognized arguments: --local-rank=0" in broken.stderr
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert '"name": "local_rank", "value": 1' in fixed.stdout
+
+
+def test_slurm_script_runs_and_starts_torchrun_as_promised():
+    script = slurm.render(nodes=3, gpus_per_node=2, cpus_per_task=16,
+                          target_args=["--epochs", "10"])
+    run = cmdlines.slurm_dry_run(script, nodes=3)
+    assert run["returncode"] == 0, run["stdout"]
+    assert run["command"][0] == "torchrun" and run["omp_num_threads"] == "8"   # 16 cores / 2
+    parsed = cmdlines.torchrun_config(run["command"][1:])
+    assert parsed["config"]["min_nodes"] == parsed["config"]["max_nodes"] == 3
+    assert parsed["config"]["nproc_per_node"] == 2 and parsed["config"]["run_id"] == "4242"
+    assert parsed["config"]["rdzv_endpoint"] == "node001:29500"
+    assert parsed["script_args"] == ["--epochs", "10"]
+
+
+# ------------------------------------------------------------------ 07: two nodes save
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ckpt")
+    nodes = ddplab.launch_multinode("ddplab.workers.multinode_save", nnodes=2, nproc_per_node=2,
+                                    args=["--out", str(out)], env={"DDPLAB_BACKEND": "gloo"},
+                                    quiet=True, timeout=180)
+    assert all(run.ok for run in nodes), [run.error for run in nodes]
+    return out, nodes
+
+
+def test_local_rank_guard_writes_once_per_node_and_rank_guard_once(two_nodes):
+    out, _nodes = two_nodes
+    shared = {guard: (out / "shared" / f"{guard}_guard_writes.log").read_text().split()
+              for guard in ("local_rank", "rank")}
+    assert sorted(shared["local_rank"][::2]) == ["0", "2"]    # ranks 0 and 2 both wrote
+    assert shared["rank"][::2] == ["0"]
+
+
+def test_loading_after_a_barrier_needs_storage_every_node_sees(two_nodes):
+    _out, nodes = two_nodes
+    loads = [e for run in nodes for e in run.events_of("metric") if e["name"] == "loaded"]
+    failed = {(e["rank"], e["guard"], e["storage"]) for e in loads if not e["ok"]}
+    assert failed == {(2, "rank", "node-local"), (3, "rank", "node-local")}
+
+
+def test_group_ranks_follow_the_agents_order_at_the_rendezvous(two_nodes):
+    _out, nodes = two_nodes
+    who = [e for run in nodes for e in run.events_of("identity")]
+    assert sorted(e["rank"] for e in who) == [0, 1, 2, 3]
+    for e in who:
+        assert e["rank"] == e["group_rank"] * 2 + e["local_rank"]
+    by_pid = sorted({(e["hostname"], e["agent_pid"]) for e in who})
+    assert [sorted({e["group_rank"] for e in who if e["agent_pid"] == pid})
+            for _host, pid in by_pid] == [[0], [1]]
+
+
+# ------------------------------------------------------------------ 09: input pipeline
+
+
+def pipeline(*args: str) -> dict:
+    result = ddplab.launch("ddplab.workers.input_pipeline", 2, args=["--epochs", "2", *args],
+                           quiet=True, live=False, timeout=180)
+    assert result.ok, result.error
+    metrics = [e for e in result.events_of("metric")]
+    return {"draws": {(e["rank"], e["epoch"]): e for e in metrics if e["name"] == "draws"},
+            "steps": [e for e in metrics if e["name"] == "steps"]}
+
+
+def test_loader_workers_without_a_seed_per_rank_repeat_each_others_augmentations():
+    run = pipeline("--num-workers", "2")
+    draws = run["draws"]
+    assert draws[0, 0]["value"] == draws[1, 0]["value"]                 # the same "random"
+    assert len(draws[0, 0]["workers"]) == 2                             # two loader processes
+    assert not set(draws[0, 0]["workers"]) & set(draws[0, 1]["workers"])  # new ones each epoch
+    assert all(e["samples"] == run["steps"][0]["samples"] for e in run["steps"])
+
+
+def test_persistent_workers_and_a_generator_per_rank():
+    draws = pipeline("--num-workers", "2", "--persistent-workers", "--seed-per-rank")["draws"]
+    assert draws[0, 0]["value"] != draws[1, 0]["value"]
+    assert draws[0, 0]["workers"] == draws[0, 1]["workers"]            # kept between epochs
+
+
+def test_seed_per_rank_without_workers_and_the_tensor_loader():
+    draws = pipeline("--seed-per-rank")["draws"]
+    assert draws[0, 0]["value"] != draws[1, 0]["value"] and draws[0, 0]["workers"] == []
+    tensor = pipeline("--loader", "tensor")
+    assert len(tensor["steps"]) == 4 and all(e["wait_ms"] >= 0 for e in tensor["steps"])
+
+
+# ------------------------------------------------------------------ 02: DataParallel memory
+
+
+def test_dp_memory_reports_nothing_to_compare_without_two_gpus():
+    result = ddplab.launch("ddplab.workers.dp_memory", 1, quiet=True, live=False, timeout=120)
+    assert result.ok, result.error
+    event = next(e for e in result.events_of("metric") if e["name"] == "max_memory_allocated")
+    gpus = ddplab.env.probe()["gpu_count"]
+    assert event["gpus"] == gpus and (event["value"] == [] if gpus < 2 else
+                                      event["value"][0] > max(event["value"][1:]))
