@@ -364,36 +364,48 @@ def autocast_facts(device_type: str = "cpu", dtype: Optional[torch.dtype] = None
 
 
 def number_formats() -> list[dict[str, Any]]:
-    """Compare float32, float16 and bfloat16: range, precision, and two telling conversions.
+    """Compare float32, float16 and bfloat16: range, precision, and three telling conversions.
 
     Returns:
         One row per dtype: ``dtype``, ``bits``, ``max``, ``smallest`` (smallest normal number,
-        ``finfo.tiny``), ``eps`` (gap after 1.0), ``1e-8`` and ``70000`` (those numbers after
-        conversion: fp16 rounds the first to 0 and overflows the second to inf).
+        ``finfo.tiny``), ``subnormal`` (smallest positive number at all, a subnormal: the
+        next number after 0), ``eps`` (gap after 1.0), and ``1e-8``, ``3e-8`` and ``70000``
+        (those numbers after conversion). Conversion rounds to the nearest number the format
+        has, so in float16 (subnormal 6e-8) everything below half of it, 2^-25 or about 3e-8,
+        becomes 0 (1e-8 does), 3e-8 rounds up to 6e-8, and 70000 overflows to inf.
 
     Lesson: 06.
     """
     rows = []
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         info = torch.finfo(dtype)
+        zero = torch.zeros((), dtype=dtype)
         rows.append({
             "dtype": str(dtype).replace("torch.", ""), "bits": info.bits, "max": info.max,
-            "smallest": info.tiny, "eps": info.eps,
-            "1e-8": torch.tensor(1e-8).to(dtype).item(),
-            "70000": torch.tensor(70000.0).to(dtype).item(),
+            "smallest": info.tiny, "subnormal": torch.nextafter(zero, zero + 1).item(),
+            "eps": info.eps,
+            **{text: torch.tensor(float(text)).to(dtype).item()
+               for text in ("1e-8", "3e-8", "70000")},
         })
     return rows
 
 
-def tiny_gradient(dtype: torch.dtype, use_scaler: bool, loss_scale: float = 1e-8) -> float:
+def tiny_gradient(dtype: Optional[torch.dtype], use_scaler: bool, loss_scale: float = 1e-8
+                  ) -> float:
     """Train step in miniature: return the largest weight gradient of a layer run in ``dtype``.
 
-    The loss is multiplied by ``loss_scale`` (1e-8), so every gradient is about 1e-8: below
-    the smallest number float16 can hold (6e-8), well inside bfloat16's range. A ``torch.amp.GradScaler``
-    multiplies the loss by 65536 before backward and divides the gradients afterwards.
+    A layer maps three samples of ones to two outputs; the loss is the outputs' sum times
+    ``loss_scale`` (1e-8). Backward then hands every output the gradient 1e-8, and each weight
+    gets the sum over the three samples, 3e-8. Under autocast the outputs are 16-bit, so the
+    1e-8 arriving at them is stored in that format first: in float16 it is below half the
+    smallest subnormal (about 3e-8) and becomes 0, and so does every weight gradient behind it.
+    bfloat16 has float32's range and keeps it. A ``torch.amp.GradScaler`` multiplies the loss
+    by 65536 before backward (the 1e-8 becomes 6.6e-4, fine in float16) and divides the
+    gradients by the same factor afterwards.
 
     Args:
-        dtype: the autocast dtype (``torch.float16`` or ``torch.bfloat16``), on the CPU.
+        dtype: the autocast dtype (``torch.float16`` or ``torch.bfloat16``) on the CPU, or
+            None for plain float32 (the reference).
         use_scaler: scale the loss with a GradScaler.
         loss_scale: the factor that makes the gradients tiny.
 
@@ -406,7 +418,7 @@ def tiny_gradient(dtype: torch.dtype, use_scaler: bool, loss_scale: float = 1e-8
     layer = nn.Linear(4, 2)
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", enabled=use_scaler)
-    with torch.autocast("cpu", dtype=dtype):
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
         out = layer(torch.ones(3, 4))
     loss = out.float().sum() * loss_scale
     scaler.scale(loss).backward()
