@@ -1,0 +1,183 @@
+"""Lesson 11 on real gloo processes: FSDP/ZeRO bytes and losses, the hand-written pipeline,
+its timeline, and the send/recv exercise (skeleton judged wrong, solution right)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddplab import check, launch, timeline
+from ddplab.judges import skeleton_path
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTION = ROOT / "tests" / "solutions" / "pipeline_forward.py"
+# fully_shard runs on CPU streams from torch 2.7 on (the worker skips it on older CPUs).
+FSDP_ON_CPU = torch.__version__ >= "2.7"
+
+
+def by_mode_and_rank(result) -> dict[tuple[str, int], dict]:
+    return {(e["mode"], e["rank"]): e for e in result.events_of("memory")}
+
+
+def losses(result) -> dict[str, list[float]]:
+    found: dict[str, list[float]] = {}
+    for e in result.events_of("loss"):
+        found.setdefault(e["mode"], []).append(e["loss"])
+    return found
+
+
+# ------------------------------------------------------------------------------ sharding
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_each_rank_holds_about_one_nth_under_fsdp_and_the_losses_equal_ddps(nprocs):
+    result = launch("ddplab.workers.sharding", nprocs, args=["--steps", "4"], quiet=True)
+    assert result.ok, result.error
+    memory, found = by_mode_and_rank(result), losses(result)
+    full = memory["ddp", 0]["full_params"]
+    for r in range(nprocs):
+        assert memory["ddp", r]["params"] == memory["ddp", r]["grads"] == full
+        assert memory["ddp", r]["optimizer"] > 2 * full
+        assert memory["ddp", r]["collectives"] == {"allreduce": 1}
+    zero1 = [memory["zero1", r]["optimizer"] for r in range(nprocs)]
+    assert sum(zero1) == memory["ddp", 0]["optimizer"] and max(zero1) < sum(zero1)
+    if not FSDP_ON_CPU:
+        skipped = result.events_of("skipped")
+        assert skipped and skipped[0]["modes"] == ["zero2", "zero3"]
+        assert "2.7" in skipped[0]["reason"] and ("zero3", 0) not in memory
+        return
+    for r in range(nprocs):
+        for key in ("params", "params_in_backward", "grads", "optimizer"):
+            share = memory["zero3", r][key] / memory["ddp", r][key]
+            assert share == pytest.approx(1 / nprocs, rel=0.05), (key, r, share)
+        assert memory["zero2", r]["params_in_backward"] == full
+        assert memory["zero2", r]["grads"] == memory["zero3", r]["grads"]
+    for key in ("params", "grads"):
+        assert sum(memory["zero3", r][key] for r in range(nprocs)) == memory["ddp", 0][key]
+    layers = memory["zero3", 0]["collectives"]["reduce_scatter"]
+    assert memory["zero3", 0]["collectives"] == {"allgather": 2 * layers, "reduce_scatter": layers}
+    assert memory["zero2", 0]["collectives"] == {"allgather": layers, "reduce_scatter": layers}
+    assert sorted(found) == ["ddp", "zero1", "zero2", "zero3"]
+    for mode, values in found.items():
+        assert values == pytest.approx(found["ddp"], abs=1e-5), mode
+    assert found["ddp"][-1] < found["ddp"][0]
+
+
+# ------------------------------------------------------------------------------ pipeline
+
+
+def pipeline_events(result) -> dict[tuple[int, int], dict]:
+    return {(e["micro_batches"], e["rank"]): e for e in result.events_of("pipeline")}
+
+
+def test_two_stage_pipeline_equals_the_unsplit_model():
+    result = launch("ddplab.workers.pipeline", 2, args=[
+        "--micro-batches", "1", "4", "--hidden", "128", "--repeats", "1", "--library"],
+        quiet=True)
+    assert result.ok, result.error
+    steps = pipeline_events(result)
+    assert sorted(steps) == [(1, 0), (1, 1), (4, 0), (4, 1)]
+    for (m, r), e in steps.items():
+        assert e["grad_error"] < 1e-5, (m, r)
+        assert (e["output_error"] is None) == (r == 0)
+    assert steps[4, 1]["output_error"] < 1e-5
+    held = steps[1, 0]["param_bytes"] + steps[1, 1]["param_bytes"]
+    assert held == steps[1, 0]["full_param_bytes"]
+    assert steps[1, 0]["bytes_sent"] == steps[4, 0]["bytes_sent"] == 256 * 128 * 4  # activations
+    assert steps[1, 1]["bytes_sent"] == 256 * 128 * 4                               # their grads
+    library = {e["rank"]: e for e in result.events_of("library")}
+    assert library[0]["available"] and library[1]["output_error"] < 1e-5
+    assert max(e["grad_error"] for e in library.values()) < 1e-5
+
+
+def test_middle_stage_receives_and_sends_both_ways_and_its_timeline_is_whole():
+    result = launch("ddplab.workers.pipeline", 3, args=[
+        "--micro-batches", "2", "--depth", "3", "--hidden", "32", "--batch-size", "64",
+        "--repeats", "1"], quiet=True)
+    assert result.ok, result.error
+    steps = pipeline_events(result)
+    assert all(e["grad_error"] < 1e-5 for e in steps.values())
+    assert steps[2, 2]["output_error"] < 1e-5
+    assert steps[2, 1]["bytes_sent"] == 2 * 64 * 32 * 4      # activations on, gradients back
+    runs = timeline.spans_by_run(result.events_of("span"))
+    assert list(runs) == [2]
+    for rank in range(3):
+        mine = sorted((s for s in runs[2] if s["rank"] == rank), key=lambda s: s["start"])
+        assert [(s["phase"], s["micro"]) for s in mine] == [
+            ("forward", 0), ("forward", 1), ("backward", 1), ("backward", 0)]
+        assert all(a["end"] <= b["start"] for a, b in zip(mine, mine[1:]))   # one at a time
+
+
+@pytest.mark.parametrize("nprocs, args, advice", [
+    (3, ["--depth", "4"], "multiple of the number of processes"),
+    (2, ["--micro-batches", "3"], "pick divisors")])
+def test_a_split_that_does_not_divide_is_refused_with_advice(nprocs, args, advice):
+    result = launch("ddplab.workers.pipeline", nprocs, args=[*args, "--hidden", "16"],
+                    quiet=True)
+    assert not result.ok
+    assert advice in result.log(0) + result.error
+
+
+# ------------------------------------------------------------------------------ timeline
+
+
+def spans(*rows: tuple[int, str, int, float, float], micro_batches: int = 1) -> list[dict]:
+    return [{"rank": r, "phase": p, "micro": m, "start": a, "end": b,
+             "micro_batches": micro_batches} for r, p, m, a, b in rows]
+
+
+def test_bubble_of_a_step_taken_in_turns_is_one_half_and_of_a_full_pipeline_smaller():
+    turns = spans((0, "forward", 0, 0, 1), (1, "forward", 0, 1, 2), (1, "backward", 0, 2, 4),
+                  (0, "backward", 0, 4, 6))
+    assert timeline.bubble(turns) == pytest.approx(0.5)
+    overlapped = spans((0, "forward", 0, 0, 1), (0, "forward", 1, 1, 2),
+                       (1, "forward", 0, 1, 2), (1, "forward", 1, 2, 3), micro_batches=2)
+    assert timeline.bubble(overlapped) == pytest.approx(1 - 4 / 6)
+    assert timeline.ideal_bubble(2, 1) == 0.5 and timeline.ideal_bubble(2, 4) == 0.2
+    assert timeline.ideal_bubble(4, 8) == pytest.approx(3 / 11)
+    runs = timeline.spans_by_run(overlapped + turns)
+    assert list(runs) == [1, 2]
+    fig = timeline.plot(runs, title="test")
+    assert len(fig.axes) == 2 and "idle 50%" in fig.axes[0].get_title(loc="left")
+    with pytest.raises(ValueError, match="no spans"):
+        timeline.bubble([])
+
+
+# ------------------------------------------------------------------------------ exercise
+
+
+def test_solution_differs_from_the_skeleton_only_in_the_gaps():
+    skeleton = skeleton_path("11").read_text().splitlines()
+    solution = SOLUTION.read_text().splitlines()
+    assert len(skeleton) == len(solution)
+    changed = [(a, b) for a, b in zip(skeleton[1:], solution[1:]) if a != b]
+    assert len(changed) == 2 and all("TODO(exercise)" in a for a, _ in changed)
+
+
+def test_untouched_skeleton_is_judged_wrong_with_a_hint(capsys):
+    result = launch(skeleton_path("11"), 2, quiet=True, timeout=120)
+    assert result.ok, result.error          # it runs; the judge, not a traceback, explains
+    verdict = check("11", result)
+    assert not verdict and "zeros" in verdict.message and "send" in verdict.message
+
+
+def test_solution_is_judged_right():
+    result = launch(SOLUTION, 2, quiet=True, timeout=120)
+    assert check("11", result), result.error
+
+
+@pytest.mark.parametrize("keep, hint", [("recv", "never came"), ("send", "never received")])
+def test_one_sided_send_or_recv_gets_its_own_hint(tmp_path, keep, hint):
+    text = skeleton_path("11").read_text()
+    filled = {"send": "torch_dist.send(activation, dst=1)",
+              "recv": "torch_dist.recv(received, src=0)"}[keep]
+    pattern = {"send": r"# TODO\(exercise\): send .*", "recv": r"# TODO\(exercise\): receive .*"}
+    half = tmp_path / "half_done.py"
+    half.write_text(re.sub(pattern[keep], filled, text))
+    result = launch(half, 2, quiet=True, timeout=120)
+    verdict = check("11", result)
+    assert not verdict and hint in verdict.message, verdict.message
