@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from ddplab import data, events, models
 from ddplab.dist import pick_backend
 
-EPOCHS = 3
+EPOCHS = 2
 
 
 def main() -> None:
