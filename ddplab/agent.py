@@ -405,6 +405,12 @@ def _store_on_loopback() -> None:
                 port = listener.getsockname()[1]
                 _LISTENERS[port] = listener
             kwargs["master_listen_fd"] = listener.fileno()
+            if _torch_older_than(2, 7):  # libuv's store takes a listening socket from 2.7 on
+                kwargs.setdefault("use_libuv", False)
+            try:
+                return TCPStore(host, port, world_size, is_master, *args, **kwargs)
+            except NotImplementedError:  # torch < 2.7: libuv's store takes no listening socket
+                kwargs["use_libuv"] = False
         return TCPStore(host, port, world_size, is_master, *args, **kwargs)
 
     # c10d: two stores listen, the rendezvous's and the one the workers bootstrap from;
@@ -413,6 +419,13 @@ def _store_on_loopback() -> None:
     static.TCPStore = loopback_store  # type: ignore[assignment]
     dynamic.DynamicRendezvousHandler._create_tcp_store_server = (  # type: ignore[method-assign]
         lambda self, addr, port: loopback_store(addr, port, is_master=True, multi_tenant=True))
+
+
+def _torch_older_than(major: int, minor: int) -> bool:
+    import torch
+
+    found = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    return found < (major, minor)
 
 
 def _record_exitcodes(codes: dict[str, int]) -> None:
