@@ -43,7 +43,7 @@ from ddplab import data, dist, events, models
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="exercises/amp.py", description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=40, help="optimizer steps per rank")
+    p.add_argument("--steps", type=int, default=24, help="optimizer steps per rank")
     p.add_argument("--batch-size", type=int, default=32, help="per process")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
