@@ -50,3 +50,27 @@ def test_torch_ranges_admit_the_cached_wheels():
             b = tuple(int(x) for x in bound.split("."))
             assert {">=": version >= b, "<=": version <= b, "<": version < b,
                     "==": version == b, ">": version > b}[op], (name, spec)
+
+
+def _floor(spec: str) -> tuple[int, ...]:
+    match = re.search(r">=([\d.]+)", spec)
+    assert match, f"{spec!r} declares no floor (>=)"
+    return tuple(int(x) for x in match.group(1).split("."))
+
+
+def test_declared_torch_floor_is_the_release_make_test_compat_runs():
+    default = re.search(r"^TORCH \?= ([\d.]+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert default, "the Makefile sets no default TORCH for make test-compat"
+    tested = tuple(int(x) for x in default.group(1).split("."))
+    floor = _floor(pyproject_requirements()["torch"])
+    assert tested[:len(floor)] == floor and not any(tested[len(floor):]), (
+        f"pyproject.toml declares torch{pyproject_requirements()['torch']} but make test-compat "
+        f"tests torch {default.group(1)}: declare the release the tests run on")
+
+
+def test_torchvision_floor_is_the_one_made_for_the_torch_floor():
+    reqs = pyproject_requirements()
+    torch_major, torch_minor = _floor(reqs["torch"])[:2]
+    # torchvision 0.(minor + 15) is built for torch 2.minor (2.6 -> 0.21, 2.14 -> 0.29)
+    assert torch_major == 2
+    assert _floor(reqs["torchvision"])[:2] == (0, torch_minor + 15), reqs["torchvision"]
