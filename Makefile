@@ -8,7 +8,8 @@ export MPLBACKEND ?= Agg
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 NB_TIMEOUT ?= 600
 
-.PHONY: setup lab test test-unit test-notebooks course bench strip test-browser clean
+.PHONY: setup lab test test-unit test-notebooks course bench strip test-browser test-compat \
+	test-gpu clean
 
 setup: $(STAMP)
 
@@ -37,6 +38,25 @@ test-notebooks: setup
 test-browser: setup
 	bash tests/browser/setup.sh $(BIN)/python
 	DDPLAB_BROWSER=1 $(BIN)/python -m pytest -q -rP -p no:cacheprovider tests/browser
+
+# The launcher, training and collectives tests and notebooks 03 and 07 on another torch
+# release, in a venv of its own (.venv-compat-TORCH, built once): the floor by default, any
+# release with `make test-compat TORCH=2.15.0`. tests/compat/venv.sh picks the torchvision.
+TORCH ?= 2.6.0
+COMPAT_VENV = .venv-compat-$(TORCH)
+COMPAT_TESTS = tests/test_launch.py tests/test_agent.py tests/test_cli.py \
+	tests/test_train_worker.py tests/test_train.py tests/test_collectives.py tests/compat
+COMPAT_NOTEBOOKS = $(wildcard notebooks/03_*.ipynb notebooks/07_*.ipynb)
+
+test-compat:
+	bash tests/compat/venv.sh $(PYTHON) $(TORCH) $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider --nbval-lax \
+		--nbval-current-env --nbval-cell-timeout=$(NB_TIMEOUT) $(COMPAT_TESTS) $(COMPAT_NOTEBOOKS)
+
+# The launcher suite and every notebook on 2 or more GPUs (nccl); elsewhere one line says why
+# it did nothing. Counts GPUs with nvidia-smi and a subprocess, never CUDA in this python.
+test-gpu: setup
+	$(BIN)/python tests/gpu/run.py
 
 # Every notebook executed headless, with outputs, into build/ for reading.
 course: setup
