@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
+import torch
 
 from ddplab import launch
+from ddplab.workers.collectives import GLOO_REDUCE_SCATTER_SINCE, torch_release
 from ddplab.workers.ring_allreduce import sweep_sizes
 
 pytestmark = pytest.mark.slow
@@ -25,10 +28,28 @@ def test_collectives_give_the_textbook_results():
         assert got["all_reduce", rank]["after"] == total
         assert got["all_gather", rank]["after"] == sum(x, [])
         assert got["reduce_scatter", rank]["after"] == [total[rank]]
+        assert got["reduce_scatter", rank]["via"] == (
+            "reduce_scatter" if torch_release() >= GLOO_REDUCE_SCATTER_SINCE
+            else "reduce_scatter_tensor")
     arrived = [got["barrier", r]["arrived"] for r in range(n)]
     left = [got["barrier", r]["left"] for r in range(n)]
     assert arrived[-1] - arrived[0] > 0.3
     assert min(left) >= max(arrived) - 0.05
+
+
+def test_gloo_has_the_list_reduce_scatter_exactly_where_the_gate_says():
+    probe = Path(__file__).parent / "compat" / "gloo_reduce_scatter.py"
+    result = launch(str(probe), 2, quiet=True)
+    assert result.ok, result.error
+    said = result.events_of("probe")
+    assert len(said) == 2
+    has_it = torch_release() >= GLOO_REDUCE_SCATTER_SINCE
+    for event in said:
+        assert event["works"] == has_it, (
+            f"torch {torch.__version__}: gloo reduce_scatter works={event['works']} "
+            f"({event['error'] or 'no error'}), but GLOO_REDUCE_SCATTER_SINCE says {has_it}")
+        if not has_it:
+            assert "does not support reduce_scatter" in event["error"]
 
 
 def test_ring_and_parameter_server_equal_all_reduce_on_awkward_sizes():

@@ -7,7 +7,8 @@ Run it::
 
 Rank r starts from ``x_r = [10r, 10r + 1, ..., 10r + n - 1]`` (n = world size), so every
 result can be checked by hand. For each collective every rank emits one ``collective`` event:
-``name``, ``rank``, ``before`` and ``after`` (lists of numbers). The barrier reports
+``name``, ``rank``, ``before`` and ``after`` (lists of numbers); reduce_scatter also says
+``via`` which torch call did it (see ``has_list_reduce_scatter``). The barrier reports
 ``arrived`` and ``left`` (seconds since a common start): rank r arrives r x ``--stagger``
 seconds late, and nobody leaves before the last one arrived.
 
@@ -17,6 +18,7 @@ Lesson: 08.
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from typing import Any, Optional, Sequence
 
@@ -40,11 +42,11 @@ def start_tensor(rank: int, world_size: int, device: torch.device) -> torch.Tens
     return torch.arange(world_size, dtype=torch.float32, device=device) + 10.0 * rank
 
 
-def report(name: str, before: torch.Tensor, after: Any) -> None:
-    """Emit one ``collective`` event for this rank."""
+def report(name: str, before: torch.Tensor, after: Any, **extra: Any) -> None:
+    """Emit one ``collective`` event for this rank (``extra`` adds fields, e.g. ``via``)."""
     if isinstance(after, (list, tuple)):
         after = torch.cat([t.reshape(-1) for t in after])
-    events.emit("collective", name=name, before=before.tolist(), after=after.tolist())
+    events.emit("collective", name=name, before=before.tolist(), after=after.tolist(), **extra)
 
 
 def run_collectives(info: dist.DistInfo) -> None:
@@ -67,10 +69,37 @@ def run_collectives(info: dist.DistInfo) -> None:
     torch_dist.all_gather(gathered, x)              # everyone gets every rank's tensor, in order
     report("all_gather", x, gathered)
 
-    mine = torch.empty(1, device=x.device)
-    torch_dist.reduce_scatter(mine, list(x.chunk(n)))  # rank r gets the sum of everyone's chunk r
-    report("reduce_scatter", x, mine)
+    mine = torch.empty(1, device=x.device)         # rank r gets the sum of everyone's chunk r
+    if has_list_reduce_scatter():
+        torch_dist.reduce_scatter(mine, list(x.chunk(n)))
+        report("reduce_scatter", x, mine, via="reduce_scatter")
+    else:                                           # gloo before torch 2.8: the one-tensor form
+        torch_dist.reduce_scatter_tensor(mine, x)
+        report("reduce_scatter", x, mine, via="reduce_scatter_tensor")
     # [/collectives]
+
+
+# The first torch release whose gloo backend has the list form of reduce_scatter (2.6 and 2.7
+# raise "ProcessGroupGloo does not support reduce_scatter"); nccl has always had it.
+GLOO_REDUCE_SCATTER_SINCE = (2, 8)
+
+
+def torch_release() -> tuple[int, int]:
+    """The installed torch's (major, minor), e.g. (2, 6) for ``2.6.0+cu124``."""
+    major, minor = re.match(r"(\d+)\.(\d+)", torch.__version__).groups()
+    return int(major), int(minor)
+
+
+def has_list_reduce_scatter() -> bool:
+    """True when the group's backend has ``reduce_scatter`` with a list of chunks.
+
+    gloo has it since torch 2.8; before, the same collective runs as ``reduce_scatter_tensor``
+    (the chunks back to back in one tensor), which gloo has on every torch we support. nccl has
+    both everywhere.
+
+    Lesson: 08.
+    """
+    return torch_dist.get_backend() != "gloo" or torch_release() >= GLOO_REDUCE_SCATTER_SINCE
 
 
 def run_barrier(info: dist.DistInfo, stagger: float) -> None:
