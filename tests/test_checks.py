@@ -64,3 +64,14 @@ def test_answers_in_other_spellings():
     assert check("07", "6") and check("08", 175) and check("09", 0.54)
     assert not check("01", "fast") and not check("03", 1024) and not check("04", "169")
     assert not check("08", "a lot") and not check("09", 1.5)
+
+
+def test_the_example_in_checks_docstring_is_a_correct_answer(capsys):
+    import ast
+    import re
+
+    from ddplab import checks
+
+    example = re.search(r'ddplab\.check\("03", (\(.*?\))\)', checks.check.__doc__)
+    assert example, "check's docstring should show a warm-up answer to exercise 03"
+    assert check("03", ast.literal_eval(example.group(1)))
