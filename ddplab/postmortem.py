@@ -1,0 +1,127 @@
+"""Read a failed launch like a debugger would: where each rank stopped, what is still running.
+
+A hung or crashed job leaves evidence in its ``RunResult``: every rank's output, with the
+traceback of a Python exception or the stack that ``faulthandler`` prints when a process is
+killed by a signal. These helpers pull out the facts a notebook cell prints and asserts::
+
+    result = ddplab.launch("ddplab.workers.desync", 2, args=["--fault", "one_rank",
+                                                             "--pg-timeout", "3"])
+    for rank in sorted(result.logs):
+        print(rank, postmortem.stopped_at(result, rank))   # the worker's line each rank was on
+    assert postmortem.survivors(result.pids) == []           # nothing left running
+
+Kernel side: reads text and asks ``ps``; imports neither torch nor any worker module.
+
+Lesson: 10.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+import subprocess
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
+_LIBRARY = re.compile(r"site-packages|dist-packages|<frozen|/lib/python\d|ddplab/agent\.py")
+_FINGERPRINT = re.compile(
+    r"Rank (?P<rank>\d+) is running collective: CollectiveFingerPrint\((?P<body>.*?)\)"
+    r"(?:, but|\.Collectives)")
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One line of user code in a traceback: file, line number, function and the code itself."""
+
+    path: str
+    line: int
+    function: str
+    code: str
+
+    def __str__(self) -> str:
+        name = self.path.rsplit("/", 1)[-1]
+        return f"{name}:{self.line} in {self.function}: {self.code}"
+
+
+def user_frames(lines: Iterable[str]) -> list[Frame]:
+    """The frames of user code (not torch, not the standard library) in ``lines``, innermost last.
+
+    Reads Python tracebacks (most recent call last) and ``faulthandler`` dumps (most recent
+    call first, printed when a process dies of a signal such as SIGABRT).
+    """
+    frames: list[Frame] = []
+    block: list[Frame] = []
+    reverse = False
+    for text in lines:
+        if "most recent call first" in text or "most recent call last" in text:
+            frames += reversed(block) if reverse else block
+            block, reverse = [], "first" in text
+            continue
+        match = _FRAME.match(text)
+        if match and not _LIBRARY.search(match["path"]):
+            path, line = match["path"], int(match["line"])
+            code = linecache.getline(path, line).strip()
+            block.append(Frame(path, line, match["func"], code))
+    frames += reversed(block) if reverse else block
+    return frames
+
+
+def stopped_at(result: Any, rank: int, script: str = "") -> Optional[Frame]:
+    """The innermost line of user code in ``rank``'s last traceback, or None (no traceback).
+
+    Args:
+        result: a launch's ``RunResult``.
+        rank: whose output to read.
+        script: only frames of files whose path ends with this (e.g. ``"desync.py"``), to skip
+            helpers the script called.
+    """
+    lines = list(result.logs.get(rank, []))
+    starts = [i for i, text in enumerate(lines) if "most recent call" in text]
+    if not starts:
+        return None
+    frames = [f for f in user_frames(lines[starts[-1]:]) if f.path.endswith(script)]
+    return frames[-1] if frames else None
+
+
+def error_lines(result: Any, rank: int, pattern: str) -> list[str]:
+    """Every line of ``rank``'s output that matches the regular expression ``pattern``."""
+    found = re.compile(pattern)
+    return [text for text in result.logs.get(rank, []) if found.search(text)]
+
+
+def fingerprints(message: str) -> dict[int, str]:
+    """The collectives each rank was running, from a ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` error.
+
+    ``"Detected mismatch between collectives on ranks. Rank 0 is running collective:
+    CollectiveFingerPrint(SequenceNumber=1, OpType=ALLGATHER, TensorShape=[51], ...), but
+    Rank 1 is running ..."`` becomes ``{0: "ALLGATHER [51] Long", 1: "ALLGATHER [50] Long"}``.
+    """
+    found: dict[int, str] = {}
+    for match in _FINGERPRINT.finditer(message):
+        body = match["body"]
+        op = re.search(r"OpType=(\w+)", body)
+        shape = re.search(r"TensorShape=(\[[^\]]*\])", body)
+        dtype = re.search(r"TensorDtypes=(\w+)", body)
+        found[int(match["rank"])] = " ".join(
+            m.group(1) for m in (op, shape, dtype) if m is not None)
+    return found
+
+
+def survivors(pids: Iterable[int]) -> list[int]:
+    """The processes among ``pids`` that are still running (zombies count as gone).
+
+    Asks ``ps`` (Linux and macOS), so it also sees processes that are not children of the
+    caller.
+    """
+    wanted = sorted({int(pid) for pid in pids})
+    if not wanted:
+        return []
+    out = subprocess.run(["ps", "-o", "pid=,stat=", "-p", ",".join(map(str, wanted))],
+                         capture_output=True, text=True, check=False).stdout
+    alive = []
+    for row in out.splitlines():
+        fields = row.split()
+        if len(fields) >= 2 and not fields[1].startswith("Z"):
+            alive.append(int(fields[0]))
+    return alive
