@@ -1,0 +1,306 @@
+"""Lesson 10 on real gloo processes: every fault fails the way the notebook says, every fix
+works, the exercise's skeleton is judged wrong with a useful hint and its solution right; and
+the ``postmortem`` helpers on text they will meet."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import ddplab
+from ddplab import judges, postmortem
+from ddplab.judges import metric, metrics
+from ddplab.results import RunResult
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS = ROOT / "tests" / "solutions"
+DESYNC, FAULTS = "ddplab.workers.desync", "ddplab.workers.faults"
+PG_TIMEOUT = ["--pg-timeout", "3"]
+DETAIL = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+
+
+def run(target, *args, env=None, **options) -> RunResult:
+    return ddplab.launch(target, 2, args=[*args], backend="gloo", env=env, quiet=True,
+                         timeout=options.pop("timeout", 120), **options)
+
+
+def mismatch_report(result: RunResult, rank: int) -> dict[int, str]:
+    lines = postmortem.error_lines(result, rank, "Detected mismatch")
+    assert lines, f"rank {rank} reported no mismatch:\n{result.log(rank)[-2000:]}"
+    return postmortem.fingerprints(lines[0])
+
+
+# ------------------------------------------------------------------ postmortem, no processes
+
+PYTHON_TRACEBACK = [
+    "Traceback (most recent call last):",
+    '  File "/srv/job/train.py", line 40, in <module>',
+    "    main()",
+    '  File "/srv/job/train.py", line 31, in main',
+    "    dist.all_reduce(total)",
+    '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", '
+    'line 3913, in all_reduce',
+    "    work.wait()",
+    "RuntimeError: Timed out waiting 3000ms for recv operation to complete",
+]
+FAULTHANDLER_DUMP = [
+    "Fatal Python error: Aborted",
+    "",
+    "Thread 0x00007f22cddedb80 (most recent call first):",
+    '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", '
+    'line 5055 in all_gather',
+    '  File "/srv/job/eval.py", line 105 in main',
+    '  File "/srv/job/eval.py", line 148 in <module>',
+    '  File "<frozen runpy>", line 88 in _run_code',
+]
+
+
+def test_user_frames_skip_library_code_and_read_both_kinds_of_stack():
+    frames = postmortem.user_frames(PYTHON_TRACEBACK)
+    assert [(f.path, f.line, f.function) for f in frames] == [
+        ("/srv/job/train.py", 40, "<module>"), ("/srv/job/train.py", 31, "main")]
+    dumped = postmortem.user_frames(FAULTHANDLER_DUMP)  # printed innermost first
+    assert [(f.line, f.function) for f in dumped] == [(148, "<module>"), (105, "main")]
+
+
+def test_stopped_at_reads_the_last_stack_of_a_rank_and_its_code(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("\n" * 30 + "    dist.all_reduce(total)  # the line\n")
+    lines = [line.replace("/srv/job/train.py", str(script)) for line in PYTHON_TRACEBACK]
+    result = RunResult("failed", 1, 0.0, 2, logs={0: ["hello", *lines], 1: []})
+    frame = postmortem.stopped_at(result, 0, "job.py")
+    assert (frame.line, frame.function) == (31, "main")
+    assert frame.code == "dist.all_reduce(total)  # the line"
+    assert str(frame).startswith("job.py:31 in main: dist.all_reduce")
+    assert postmortem.stopped_at(result, 1) is None
+    assert postmortem.stopped_at(result, 0, "other.py") is None
+
+
+def test_fingerprints_name_each_ranks_collective():
+    message = ("RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running "
+               "collective: CollectiveFingerPrint(SequenceNumber=1, OpType=ALLGATHER, "
+               "TensorShape=[50], TensorDtypes=Long, TensorDeviceTypes=TensorOptions(dtype=float "
+               "(default), device=cpu)), but Rank 0 is running collective: CollectiveFingerPrint("
+               "SequenceNumber=1, OpType=ALLGATHER, TensorShape=[51], TensorDtypes=Long, "
+               "TensorDeviceTypes=TensorOptions(dtype=float (default), device=cpu))).Collectives "
+               "differ in the following aspects:   Tensor Tensor shapes: 50vs 51")
+    assert postmortem.fingerprints(message) == {1: "ALLGATHER [50] Long",
+                                                0: "ALLGATHER [51] Long"}
+    barrier = ("Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=0OpType=BARRIER)"
+               ", but Rank 0 is running collective: CollectiveFingerPrint(SequenceNumber=0OpType="
+               "GATHER).Collectives differ")
+    assert postmortem.fingerprints(barrier) == {1: "BARRIER", 0: "GATHER"}
+
+
+def test_survivors_sees_running_processes_only():
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert postmortem.survivors([sleeper.pid]) == [sleeper.pid]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert postmortem.survivors([sleeper.pid]) == []
+    assert postmortem.survivors([]) == []
+
+
+# ------------------------------------------------------------------ collectives out of step
+
+
+
+@pytest.mark.slow
+def test_desync_reference_passes_the_detail_checks():
+    result = run(DESYNC, *PG_TIMEOUT, env=DETAIL)
+    assert result.ok, result.error
+    shards = metric(result, "shard")
+    assert shards == {0: 51, 1: 50}
+    assert set(metric(result, "debug_level").values()) == {"DETAIL"}
+    assert all(g == [51, 50] for g in metric(result, "gathered").values())
+    assert len(set(metric(result, "accuracy").values())) == 1
+
+
+@pytest.mark.slow
+def test_one_rank_collective_hangs_until_the_launcher_ends_it_and_nothing_survives():
+    result = run(DESYNC, "--fault", "one_rank", timeout=6)
+    assert result.status == "timeout" and result.root_cause is None
+    assert len(result.pids) == 2
+    assert postmortem.survivors(result.pids.values()) == []
+
+
+@pytest.mark.slow
+def test_one_rank_collective_with_a_pg_timeout_names_where_each_rank_waited():
+    result = run(DESYNC, "--fault", "one_rank", *PG_TIMEOUT)
+    assert result.status == "failed" and "Timed out" in result.root_cause.message
+    assert "all_reduce(total)" in postmortem.stopped_at(result, 0, "desync.py").code
+    assert "all_gather" in postmortem.stopped_at(result, 1, "desync.py").code
+    assert postmortem.survivors(result.pids.values()) == []
+
+
+@pytest.mark.slow
+def test_one_rank_collective_under_detail_fails_at_once_naming_both_collectives():
+    result = run(DESYNC, "--fault", "one_rank", *PG_TIMEOUT, env=DETAIL)
+    assert not result.ok
+    seen = mismatch_report(result, 0)
+    assert seen[0].startswith("ALLREDUCE") and seen[1].startswith("ALLGATHER")
+
+
+@pytest.mark.slow
+def test_shape_mismatch_aborts_inside_gloo_and_detail_names_the_shapes():
+    plain = run(DESYNC, "--fault", "shape", *PG_TIMEOUT)
+    assert not plain.ok and plain.root_cause.signal == "SIGABRT"
+    assert postmortem.error_lines(plain, plain.root_cause.rank, "EnforceNotMet")
+    assert "all_gather(gathered" in postmortem.stopped_at(plain, plain.root_cause.rank,
+                                                          "desync.py").code
+    detail = run(DESYNC, "--fault", "shape", *PG_TIMEOUT, env=DETAIL)
+    assert not detail.ok
+    assert mismatch_report(detail, 0) == {0: "ALLGATHER [51] Long", 1: "ALLGATHER [50] Long"}
+
+
+@pytest.mark.slow
+def test_order_mismatch_times_out_plain_and_detail_names_both_orders():
+    plain = run(DESYNC, "--fault", "order", *PG_TIMEOUT)
+    assert plain.status == "failed" and "Timed out" in plain.root_cause.message
+    detail = run(DESYNC, "--fault", "order", *PG_TIMEOUT, env=DETAIL)
+    seen = mismatch_report(detail, 1)
+    assert seen[0].startswith("BROADCAST") and seen[1].startswith("ALLREDUCE")
+
+
+# ------------------------------------------------------------------ DDP training faults
+
+@pytest.mark.slow
+def test_uneven_inputs_hang_in_the_extra_backward():
+    result = run(FAULTS, "--fault", "uneven", *PG_TIMEOUT)
+    assert result.status == "failed"
+    assert metric(result, "batches") == {0: 3, 1: 2}
+    assert metric(result, "steps") == {1: 2}  # rank 0 never finished its loop
+    assert "backward()" in postmortem.stopped_at(result, 0, "faults.py").code
+
+
+@pytest.mark.slow
+def test_join_lets_uneven_ranks_finish_with_the_same_weights():
+    result = run(FAULTS, "--fault", "uneven", "--join", *PG_TIMEOUT)
+    assert result.ok, result.error
+    assert metric(result, "steps") == metric(result, "batches") == {0: 3, 1: 2}
+    assert len(set(metric(result, "checksum").values())) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drop_last, per_rank", [(False, 3), (True, 2)])
+def test_distributed_sampler_gives_every_rank_the_same_number_of_batches(drop_last, per_rank):
+    extra = ["--drop-last"] if drop_last else []
+    result = run(FAULTS, "--fault", "uneven", "--sampler", *extra, *PG_TIMEOUT)
+    assert result.ok, result.error
+    assert metric(result, "batches") == metric(result, "steps") == {0: per_rank, 1: per_rank}
+
+
+@pytest.mark.slow
+def test_unused_parameters_fail_at_the_next_step_and_info_names_them():
+    result = run(FAULTS, "--fault", "unused", *PG_TIMEOUT,
+                 env={"TORCH_DISTRIBUTED_DEBUG": "INFO"})
+    assert not result.ok
+    assert "Expected to have finished reduction" in result.root_cause.message
+    names = postmortem.error_lines(result, result.root_cause.rank, "did not receive grad")
+    assert any("aux.weight" in line and "aux.bias" in line for line in names)
+    assert metric(result, "steps") == {}
+
+
+@pytest.mark.slow
+def test_find_unused_and_static_graph_both_fix_the_unused_branch_with_the_same_weights():
+    found = run(FAULTS, "--fault", "unused", "--find-unused", *PG_TIMEOUT)
+    static = run(FAULTS, "--fault", "unused", "--static-graph", *PG_TIMEOUT)
+    assert found.ok and static.ok, (found.error, static.error)
+    sums = {*metric(found, "checksum").values(), *metric(static, "checksum").values()}
+    assert len(sums) == 1
+
+
+@pytest.mark.slow
+def test_find_unused_without_unused_parameters_warns_about_its_cost():
+    result = run(FAULTS, "--find-unused", *PG_TIMEOUT)
+    assert result.ok, result.error
+    warning = postmortem.error_lines(result, 0, "find_unused_parameters=True was specified")
+    assert warning and "extra traversal of the autograd graph" in warning[0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+                    <= (2, 6), reason="DDP builds on the DETAIL wrapper on torch 2.6")
+def test_faults_refuses_detail_with_a_message_instead_of_a_segfault():
+    result = run(FAULTS, *PG_TIMEOUT, env=DETAIL)
+    assert not result.ok and result.root_cause.signal is None
+    assert "TORCH_DISTRIBUTED_DEBUG=INFO" in result.root_cause.message
+
+
+@pytest.mark.slow
+def test_a_crash_is_pinned_on_its_rank_and_a_restart_resumes_to_the_same_weights(tmp_path):
+    crashed = run(FAULTS, "--fault", "crash", "--epochs", "3", "--checkpoint-dir",
+                  tmp_path / "crash")
+    assert not crashed.ok and crashed.root_cause.rank == 1
+    assert "crashed in epoch 2" in crashed.root_cause.message
+    assert crashed.exit_codes[0] != 0
+    assert (tmp_path / "crash" / "checkpoint.pt").exists()
+
+    restarted = run(FAULTS, "--fault", "crash", "--epochs", "3", "--checkpoint-dir",
+                    tmp_path / "restart", max_restarts=1)
+    plain = run(FAULTS, "--epochs", "3", "--checkpoint-dir", tmp_path / "plain")
+    assert restarted.ok and plain.ok, (restarted.error, plain.error)
+    assert metrics(restarted, "restart") == {0: [0, 1], 1: [0, 1]}
+    assert metrics(restarted, "start_epoch") == {0: [0, 1], 1: [0, 1]}
+    assert metric(restarted, "checksum") == metric(plain, "checksum")
+
+
+# ------------------------------------------------------------------ the exercise
+
+def test_the_exercise_is_registered_with_its_skeleton_and_solution():
+    exercise = judges.load_all()["10"]
+    skeleton = judges.skeleton_path("10")
+    assert exercise.skeleton == "uneven_join.py" and "# TODO(exercise)" in skeleton.read_text()
+    solution = SOLUTIONS / skeleton.name
+    assert solution.is_file() and "# TODO(exercise)" not in solution.read_text()
+
+
+@pytest.mark.slow
+def test_untouched_skeleton_times_out_and_the_hint_points_at_join():
+    result = run(judges.skeleton_path("10"), *PG_TIMEOUT)
+    assert result.ok, result.error  # the skeleton reports the timeout instead of crashing
+    verdict = ddplab.check("10", result)
+    assert not verdict and "timed out" in verdict.message and "Join([model])" in verdict.message
+    assert "rank 0 in training" in verdict.message
+
+
+@pytest.mark.slow
+def test_solution_is_judged_right():
+    result = run(SOLUTIONS / "uneven_join.py", *PG_TIMEOUT)
+    assert ddplab.check("10", result), result.error
+
+
+@pytest.mark.slow
+def test_dropping_the_extra_batches_is_judged_wrong(tmp_path):
+    text = judges.skeleton_path("10").read_text()
+    shortcut = text.replace("    for inputs, targets in batches:",
+                            "    for inputs, targets in batches[:4]:  # as many as the fewest")
+    assert shortcut != text
+    script = tmp_path / "uneven_join.py"
+    script.write_text(shortcut)
+    verdict = ddplab.check("10", run(script, *PG_TIMEOUT))
+    assert not verdict and "rank 0 took 4 optimizer steps but has 5 batches" in verdict.message
+
+
+def fake_run(**per_rank: dict[int, object]) -> RunResult:
+    """A finished 2-rank run whose ranks reported the given metrics."""
+    events = {rank: [{"kind": "metric", "rank": rank, "name": name, "value": values[rank]}
+                     for name, values in per_rank.items() if rank in values] for rank in (0, 1)}
+    return RunResult("ok", 0, 1.0, 2, events=events)
+
+
+def test_judge_rejects_even_shards_and_different_weights():
+    even = fake_run(batches={0: 4, 1: 4}, steps={0: 4, 1: 4}, checksum={0: 1.0, 1: 1.0})
+    assert "same number of batches" in judges.load_all()["10"].judge(even)
+    apart = fake_run(batches={0: 5, 1: 4}, steps={0: 5, 1: 4}, checksum={0: 1.0, 1: 2.0})
+    assert "different weights" in judges.load_all()["10"].judge(apart)
+    right = fake_run(batches={0: 5, 1: 4}, steps={0: 5, 1: 4}, checksum={0: 1.0, 1: 1.0})
+    assert judges.load_all()["10"].judge(right) is None
+    silent = fake_run(batches={0: 5, 1: 4})
+    assert "did not report 'steps'" in judges.load_all()["10"].judge(silent)
