@@ -168,7 +168,8 @@ def slurm_dry_run(script: str, *, nodes: int, cpus_per_task: int = 16, job_id: i
 
     Returns:
         ``returncode``, ``stdout`` (the script's own output), ``command`` (what srun got, e.g.
-        ``["torchrun", "--nnodes", "4", ...]``) and ``omp_num_threads``.
+        ``["torchrun", "--nnodes", "4", ...]``), ``omp_num_threads`` and ``job_id`` (the
+        ``SLURM_JOB_ID`` it ran under).
 
     Lesson: 07.
     """
@@ -189,4 +190,5 @@ def slurm_dry_run(script: str, *, nodes: int, cpus_per_task: int = 16, job_id: i
                               capture_output=True, text=True, timeout=timeout)
         called = json.loads(record.read_text()) if record.exists() else {}
     return {"returncode": done.returncode, "stdout": done.stdout + done.stderr,
-            "command": called.get("argv", []), "omp_num_threads": called.get("omp")}
+            "command": called.get("argv", []), "omp_num_threads": called.get("omp"),
+            "job_id": str(job_id)}
