@@ -73,6 +73,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
+    """One rank's run: setup, data, model, resume, the loop (with saves), cleanup."""
     args = parse_args(argv)
 
     # [setup]
@@ -181,6 +182,7 @@ def load_checkpoint(path: str, model: DDP, optimizer: torch.optim.Optimizer,
         memory = [torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count())]
     events.emit("metric", name="loaded", epoch=state["epoch"], cuda_memory=memory,
                 devices=sorted({str(t.device) for t in state["model"].values()}))
+    print(f"resumed from {path} after epoch {state['epoch']}", flush=True)
     return state["epoch"]
 
 
