@@ -5,6 +5,8 @@ Examples::
     python -m ddplab doctor
     python -m ddplab launch --nproc-per-node 2 -m ddplab.workers.train --epochs 2
     python -m ddplab launch --nproc-per-node 2 my_script.py --lr 0.1
+    python -m ddplab launch --engine spawn --nproc-per-node 2 my_mp_spawn_script.py
+    python -m ddplab launch --json result.json ddplab/workers/train.py --epochs 2
     python -m ddplab course          # execute every notebook into build/
     python -m ddplab bench           # the scaling benchmark of notebook 09
 
@@ -15,8 +17,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 
 def _launch(ns: argparse.Namespace) -> int:
@@ -26,19 +29,112 @@ def _launch(ns: argparse.Namespace) -> int:
 
     # One launch per process: preload the training stack only for ddplab's training workers.
     os.environ.setdefault("DDPLAB_PRELOAD_TRAINING", "auto")
+    report = _Report(quiet=ns.quiet)
     try:
         result = launch(ns.target, ns.nproc_per_node, args=ns.args, engine=ns.engine,
                         timeout=ns.timeout, quiet=ns.quiet, backend=ns.backend,
                         nnodes=ns.nnodes, node_rank=ns.node_rank,
                         rdzv_endpoint=ns.rdzv_endpoint, master_addr=ns.master_addr,
                         master_port=ns.master_port, threads=ns.threads,
-                        max_restarts=ns.max_restarts)
+                        max_restarts=ns.max_restarts, local_rank_arg=ns.local_rank_arg or False,
+                        on_event=report.event)
     except LaunchError as err:
         print(f"ddplab launch: {err}", file=sys.stderr)
         return 2
-    if not result.ok and ns.quiet:
+    except KeyboardInterrupt as interrupt:  # Ctrl-C: every process of the job has ended
+        print(f"{interrupt}" if str(interrupt) else "ddplab launch: interrupted",
+              file=sys.stderr)
+        if ns.json and getattr(interrupt, "result", None) is not None:
+            _write_json(ns.json, interrupt.result)  # type: ignore[attr-defined]
+        return 130
+    if ns.json:
+        _write_json(ns.json, result)
+    if result.ok:
+        report.finish(result)
+    elif ns.quiet:
         print(f"ddplab launch: {result.status}: {result.error}", file=sys.stderr)
     return result.returncode
+
+
+def _write_json(path: str, result: Any) -> None:
+    with open(path, "w") as out:
+        json.dump(result.to_dict(), out, indent=1, default=str)
+        out.write("\n")
+
+
+class _Report:
+    """The terminal's view of ddplab's workers: one line per epoch, the summary in words."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.epochs: Optional[int] = None
+
+    def event(self, event: dict[str, Any]) -> None:
+        if self.quiet or event.get("rank", 0) != 0:
+            return
+        if event["kind"] == "progress" and event.get("epochs"):
+            self.epochs = int(event["epochs"])
+        elif event["kind"] == "epoch":
+            self._write(epoch_line(event, self.epochs))
+
+    def finish(self, result: Any) -> None:
+        if not self.quiet and result.summary is not None:
+            self._write(summary_words(result.summary))
+
+    @staticmethod
+    def _write(line: str) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(line, file=sys.stdout)  # above a progress bar, if one is showing
+        sys.stdout.flush()
+
+
+def epoch_line(event: dict[str, Any], epochs: Optional[int] = None) -> str:
+    """``epoch 2/3: loss 0.4123, accuracy 91.2%, 1.84 s (732 samples/s)`` from an epoch event."""
+    text = f"epoch {event.get('epoch', '?')}" + (f"/{epochs}" if epochs else "") + ":"
+    parts = []
+    if "loss" in event:
+        parts.append(f"loss {float(event['loss']):.4f}")
+    if "accuracy" in event:
+        parts.append(f"accuracy {float(event['accuracy']):.1%}")
+    if "epoch_time" in event:
+        time_text = f"{float(event['epoch_time']):.2f} s"
+        if "samples_per_s" in event:
+            time_text += f" ({float(event['samples_per_s']):.0f} samples/s)"
+        parts.append(time_text)
+    return f"{text} {', '.join(parts)}"
+
+
+def summary_words(s: dict[str, Any]) -> str:
+    """The final summary of a training worker as a sentence or two."""
+    words = []
+    if "world_size" in s:
+        where = " ".join(str(s[k]) for k in ("backend", "device") if s.get(k))
+        words.append(f"trained on {s['world_size']} process(es)" + (f" ({where})" if where
+                                                                     else ""))
+    if "global_batch" in s:
+        words.append(f"global batch {s['global_batch']}")
+    if "history" in s or "epochs" in s:
+        count = s.get("epochs") if isinstance(s.get("epochs"), int) else len(s["history"])
+        words.append(f"{count} epoch(s)")
+    text = "summary: " + ", ".join(words)
+    results = []
+    if "final_loss" in s:
+        results.append(f"final loss {float(s['final_loss']):.4f}")
+    if "final_accuracy" in s:
+        results.append(f"test accuracy {float(s['final_accuracy']):.1%}")
+    if s.get("samples_per_s"):
+        results.append(f"{float(s['samples_per_s']):.0f} samples/s")
+    if s.get("train_time"):
+        results.append(f"{float(s['train_time']):.1f} s of training")
+    if results:
+        text += ": " + ", ".join(results)
+    checksums = s.get("param_checksums_per_rank")
+    if checksums:
+        same = len(set(checksums)) == 1
+        text += (". The weights are identical on every rank" if same else
+                 ". The ranks' weights differ") + f" (checksum {float(checksums[0]):.6f})"
+    return text + "."
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,6 +155,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-restarts", type=int, default=0,
                      help="restart every worker up to this many times after a failure "
                           "(torchrun's --max-restarts)")
+    run.add_argument("--local-rank-arg", dest="local_rank_arg", action="store_const",
+                     const="underscore", default=None,
+                     help="pass each rank --local_rank=N before its arguments, as "
+                          "torch.distributed.launch did before torch 2.0")
+    run.add_argument("--local-rank-arg-dash", dest="local_rank_arg", action="store_const",
+                     const="dash", help="the same with --local-rank=N (its spelling since 2.0)")
+    run.add_argument("--json", metavar="PATH", default=None,
+                     help="write the result (status, exit codes, root cause, summary, events, "
+                          "logs) to PATH as JSON")
     run.add_argument("--quiet", action="store_true", help="print only the final error")
     run.add_argument("-m", dest="module", action="store_true",
                      help="TARGET is a module name (accepted for torchrun compatibility)")

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
+MAX_FDS = 64  # file descriptors one request to the helper may carry (ddplab.agent._MAX_FDS)
+
 # What training workers import on top of torch (DDP's constructor alone imports torch._dynamo,
 # seconds per process): the helper imports these once, so every later fork has them.
 PRELOAD_TRAINING = ("torch._dynamo", "torchvision", "ddplab.data", "ddplab.models",
@@ -35,6 +37,7 @@ class Job:
     pgid: int
     sources: dict[int, Union[int, str]]  # fd -> rank label (local rank int) or "launcher"
     node: str = ""
+    err_fds: set[int] = field(default_factory=set)  # the sources that carry stderr
     report_fd: Optional[int] = None
     popen: Optional[subprocess.Popen] = None
     report: bytes = b""
@@ -44,6 +47,11 @@ class Job:
     exits: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (code, time)
     workers_gone_at: Optional[float] = None
     stuck: bool = False
+    # engine "spawn": the processes the script started with mp.spawn (pid -> start time), as
+    # seen in /proc while the job ran; their exit codes are the script's to know, not ours.
+    spawned: dict[int, int] = field(default_factory=dict)
+    _not_ranks: set[int] = field(default_factory=set)
+    _watched_at: float = 0.0
 
     def workers_gone(self) -> bool:
         """True once every local worker has reported its pid and none of them runs any more."""
@@ -52,13 +60,39 @@ class Job:
         return not any(_running(pid) for pid in self.pids.values())
 
     def alive(self) -> bool:
+        """True while a process of the job runs (zombies waiting for their reaper do not)."""
         if self.popen is not None and self.popen.poll() is None:
             return True
-        try:
-            os.killpg(self.pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
+        return _group_running(self.pgid)
+
+    def watch_spawned(self, every: float = 0.2) -> None:
+        """Note the rank processes an ``mp.spawn`` script has started (engine "spawn").
+
+        They are the script's children (or, with the forkserver start method, its forkserver's),
+        apart from multiprocessing's helpers; mp.spawn starts them in rank order.
+        """
+        now = time.monotonic()
+        if self.popen is None or self.engine != "spawn" or now - self._watched_at < every:
+            return
+        self._watched_at = now
+        parents = {self.popen.pid}
+        table = _process_table(self.pgid)
+        for pid, (ppid, _start) in table.items():
+            if ppid == self.popen.pid and "multiprocessing.forkserver" in _cmdline(pid):
+                parents.add(pid)
+        for pid, (ppid, start) in table.items():
+            if ppid not in parents or pid in parents or pid in self.spawned \
+                    or pid in self._not_ranks:
+                continue
+            if "multiprocessing.resource_tracker" in _cmdline(pid):
+                self._not_ranks.add(pid)
+            else:
+                self.spawned[pid] = start
+
+    def spawned_ranks(self) -> dict[int, int]:
+        """The spawned processes seen, as rank -> pid (in the order they were started)."""
+        order = sorted(self.spawned, key=lambda pid: (self.spawned[pid], pid))
+        return dict(enumerate(order))
 
     def kill(self, sig: int) -> None:
         try:
@@ -84,9 +118,53 @@ class Job:
                 self.popen.wait()
         end = time.monotonic() + 5.0
         while self.alive() and time.monotonic() < end:
-            time.sleep(0.01)
+            time.sleep(0.02)
         if self.alive():
             self.kill(signal.SIGKILL)
+
+
+def _group_running(pgid: int) -> bool:
+    """True while a process of group ``pgid`` runs.
+
+    A zombie does not count: an orphan of the job (multiprocessing's resource tracker, say)
+    waits as a zombie until PID 1 reaps it, which takes a second in some containers and
+    forever in others.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    if not sys.platform.startswith("linux"):
+        return True
+    return bool(_process_table(pgid))
+
+
+def _process_table(pgid: int) -> dict[int, tuple[int, int]]:
+    """Running (non-zombie) processes of group ``pgid``: pid -> (parent pid, start time)."""
+    found: dict[int, tuple[int, int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            found[int(name)] = (int(fields[1]), int(fields[19]))
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _running(pid: int) -> bool:
@@ -180,6 +258,9 @@ def start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str
         FastPathRefused: the helper cannot fork workers safely (CUDA is initialised in it).
     """
     rank_pipes = [os.pipe() for _ in range(nprocs)]
+    # A second pipe per rank for its stderr (a helper that predates them writes both streams to
+    # the first pipe, and these simply close); beyond the fds one request may carry, one pipe.
+    err_pipes = [os.pipe() for _ in range(nprocs)] if 2 + 2 * nprocs <= MAX_FDS else []
     log_r, log_w = os.pipe()
     report_r, report_w = os.pipe()
     req = {
@@ -189,7 +270,7 @@ def start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str
         "preload": list(PRELOAD_TRAINING) if preload else [],
         "local_addr": "127.0.0.1" if endpoint.startswith(("127.", "localhost")) else None,
     }
-    write_ends = [report_w, log_w, *[w for _r, w in rank_pipes]]
+    write_ends = [report_w, log_w, *[w for _r, w in rank_pipes + err_pipes]]
     try:
         with AgentServer._lock:
             reply = AgentServer.get().request(req, write_ends)
@@ -197,29 +278,38 @@ def start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str
         for fd in write_ends:
             os.close(fd)
     if "refused" in reply:
-        for fd in [report_r, log_r, *[r for r, _w in rank_pipes]]:
+        for fd in [report_r, log_r, *[r for r, _w in rank_pipes + err_pipes]]:
             os.close(fd)
         _REFUSED.append(str(reply["refused"]))
         raise FastPathRefused(reply["refused"])
     sources: dict[int, Union[int, str]] = {log_r: "launcher"}
     sources.update({r: i for i, (r, _w) in enumerate(rank_pipes)})
+    sources.update({r: i for i, (r, _w) in enumerate(err_pipes)})
+    # The agent's own log is torchrun's stderr: its warnings and errors.
+    err_fds = {log_r, *[r for r, _w in err_pipes]}
     return Job(world_size=nprocs * nnodes, engine="torchrun", pgid=int(reply["pid"]),
-                sources=sources, report_fd=report_r, nproc_per_node=nprocs)
+                sources=sources, report_fd=report_r, nproc_per_node=nprocs, err_fds=err_fds)
 
 
 def popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int,
                engine: str) -> Job:
-    """Start a subprocess in its own session with merged output (ranks tagged by prefix)."""
+    """Start a subprocess in its own session; its stdout and stderr are read apart.
+
+    Ranks share these two pipes; their lines are told apart by a ``[rankN]`` prefix (torchrun's
+    ``--log-line-prefix-template``, or ``ddplab.dist``'s for ``mp.spawn`` ranks).
+    """
     from .agent import set_parent_death_signal
 
     proc = subprocess.Popen(
         cmd, cwd=cwd, env=job_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=set_parent_death_signal,
+        stderr=subprocess.PIPE, start_new_session=True, preexec_fn=set_parent_death_signal,
     )
-    out = os.dup(proc.stdout.fileno())  # the launcher owns and closes this copy
+    out = os.dup(proc.stdout.fileno())  # the launcher owns and closes these copies
+    err = os.dup(proc.stderr.fileno())
     proc.stdout.close()
+    proc.stderr.close()
     return Job(world_size=world_size, engine=engine, pgid=proc.pid, popen=proc,
-               sources={out: "launcher"})
+               sources={out: "launcher", err: "launcher"}, err_fds={err})
 
 
 def torchrun_cmd(target: str, args: list[str], nprocs: int, nnodes: int, node_rank: int,

@@ -13,8 +13,16 @@ Engines:
   launch, so a launch costs a fraction of a cold ``torchrun``. Elsewhere, with
   ``DDPLAB_LAUNCH_PATH=subprocess``, or if CUDA is initialised in the helper (forked workers
   could not use it), a plain ``python -m torch.distributed.run`` subprocess, said once.
-- ``spawn``: the script is run as a plain process that calls ``torch.multiprocessing.spawn``
-  itself; it receives ``MASTER_ADDR``, a free ``MASTER_PORT`` and ``--nprocs N``.
+- ``spawn``: the script is run unchanged, as ``python script.py ARGS``, and calls
+  ``torch.multiprocessing.spawn`` itself: it decides its own process count and parses its own
+  command line. ddplab adds nothing to its arguments; its environment holds ``MASTER_ADDR``,
+  a free ``MASTER_PORT``, ``DDPLAB_NPROCS`` (the requested process count, for scripts that
+  want it: ``ddplab.workers.spawn_ddp`` reads it) and ``DDPLAB_RANK_PREFIX=1`` (ranks set up
+  by ``ddplab.dist`` then tag their lines ``[rankN]``, so their output is told apart).
+
+``KeyboardInterrupt`` (a Jupyter interrupt) ends every process of the job, says so, and is
+raised again, so an interrupted cell stops "Run All" like any other; the exception carries the
+``RunResult`` as ``.result``.
 
 Example::
 
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -39,11 +48,14 @@ from typing import Any, Callable, Optional, Sequence, Union
 from . import env as _env
 from .jobs import (FastPathRefused, Job, child_env, fast_path_unavailable, popen_job,
                    start_fast, torchrun_cmd)
-from .results import (RankFailure, RunResult, failures_from_output, root_cause, short_message,
-                      signal_name, traceback_tail)
+from .results import (RankFailure, RunResult, fail, failures_from_output, root_cause,
+                      short_message, signal_name, spawn_outcome, stderr_cause, traceback_tail)
 from .streams import Streams
 
 ENGINES = ("torchrun", "spawn")
+#: ``local_rank_arg`` values: the spelling ``torch.distributed.launch`` used before torch 2.0
+#: (``--local_rank=N``) and since (``--local-rank=N``).
+LOCAL_RANK_ARGS = {"underscore": "--local_rank", "dash": "--local-rank"}
 DEFAULT_TIMEOUT = float(os.environ.get("DDPLAB_TIMEOUT", "3600"))
 _NOTICE_SHOWN: set[str] = set()
 
@@ -91,6 +103,43 @@ def _module_exists(name: str, path: list[str]) -> bool:
             return False
         search = list(spec.submodule_search_locations or []) or None
     return True
+
+
+def _local_rank_style(value: Union[bool, str], engine: str) -> Optional[str]:
+    """The ``--local_rank`` spelling to pass (None: pass nothing); LaunchError if unknown."""
+    if value is False or value is None:
+        return None
+    style = "underscore" if value is True else {"--local_rank": "underscore",
+                                                "--local-rank": "dash"}.get(str(value), value)
+    if style not in LOCAL_RANK_ARGS:
+        raise LaunchError(f"local_rank_arg must be True, 'underscore' (--local_rank) or 'dash' "
+                          f"(--local-rank), got {value!r}.")
+    if engine != "torchrun":
+        raise LaunchError("local_rank_arg needs engine='torchrun': an mp.spawn script gets "
+                          "its rank as the first argument of the function it spawns.")
+    return str(style)
+
+
+def _declares_local_rank(target: str) -> bool:
+    """True if the target declares a ``--local_rank`` option and never reads ``LOCAL_RANK``.
+
+    Such a script was written for ``torch.distributed.launch``, which passed the option; under
+    torchrun (and ddplab) every rank keeps the option's default unless asked.
+    """
+    path = target
+    if not target.endswith(".py") and not os.path.isabs(target):
+        import importlib.util
+
+        try:
+            spec = importlib.util.find_spec(target)
+        except (ImportError, ValueError):
+            return False
+        path = spec.origin if spec is not None and spec.origin else ""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return False
+    return bool(re.search(r"""["']--local[_-]rank["']""", text)) and "LOCAL_RANK" not in text
 
 
 def _check_inputs(nprocs: Any, engine: str, backend: Optional[str], nnodes: int,
@@ -143,6 +192,8 @@ def launch(
     master_port: Optional[int] = None,
     live: bool = True,
     max_restarts: int = 0,
+    local_rank_arg: Union[bool, str] = False,
+    on_event: Optional[Callable[[dict[str, Any]], None]] = None,
 ) -> RunResult:
     """Run ``target`` on ``nprocs`` processes and return what happened.
 
@@ -166,21 +217,30 @@ def launch(
             one fails (torchrun's ``--max-restarts``; engine ``torchrun`` only). A restarted
             worker sees ``TORCHELASTIC_RESTART_COUNT`` > 0 and resumes from its checkpoint
             (lesson 10).
+        local_rank_arg: pass each rank ``--local_rank=N`` before its arguments, as the old
+            ``torch.distributed.launch`` did, for scripts written for it (lesson 07): True or
+            ``"underscore"`` for ``--local_rank``, ``"dash"`` for ``--local-rank`` (what it
+            passed since torch 2.0). torchrun passes nothing: the rank is in ``LOCAL_RANK``.
+        on_event: called with every event a worker emits, as it arrives (the CLI prints one
+            line per epoch with it).
 
     Returns:
-        A ``RunResult``; ``result.ok`` is False for any failure, timeout or interrupt.
+        A ``RunResult``; ``result.ok`` is False for any failure or timeout.
 
     Raises:
         LaunchError: bad input (missing script, nprocs < 1, unknown engine, nccl without
             enough GPUs, a busy port you asked for), before anything starts.
+        KeyboardInterrupt: the launch was interrupted (a Jupyter interrupt, Ctrl-C), raised
+            again once every process of the job has ended; ``.result`` holds the RunResult.
     """
     jobs, view = _start_jobs([dict(target=target, nprocs=nprocs, args=args, engine=engine,
                                    env=env, backend=backend, threads=threads, cwd=cwd,
                                    nnodes=nnodes, node_rank=node_rank,
                                    rdzv_endpoint=rdzv_endpoint, master_addr=master_addr,
-                                   master_port=master_port, max_restarts=max_restarts)],
+                                   master_port=master_port, max_restarts=max_restarts,
+                                   local_rank_arg=local_rank_arg)],
                               quiet, live)
-    return _run(jobs, view, timeout)[0]
+    return _run(jobs, view, timeout, on_event)[0]
 
 
 def launch_multinode(
@@ -241,7 +301,8 @@ def _start_jobs(specs: list[dict[str, Any]], quiet: bool, live: bool) -> tuple[l
 def _prepare(target: Any, nprocs: Any, args: Sequence[Any], engine: str,
              env: Optional[dict[str, str]], backend: Optional[str], threads: int,
              cwd: Any, nnodes: int, node_rank: int, rdzv_endpoint: Optional[str],
-             master_addr: Optional[str], master_port: Optional[int], max_restarts: int = 0
+             master_addr: Optional[str], master_port: Optional[int], max_restarts: int = 0,
+             local_rank_arg: Union[bool, str] = False
              ) -> tuple[Callable[..., Job], dict[str, Any]]:
     """Validate one launch and return the function and arguments that start it."""
     cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
@@ -251,9 +312,19 @@ def _prepare(target: Any, nprocs: Any, args: Sequence[Any], engine: str,
         host, _, port_text = rdzv_endpoint.rpartition(":")
         port = int(port_text) if port_text else None
     _check_inputs(nprocs, engine, backend, nnodes, node_rank, port, host, max_restarts)
+    style = _local_rank_style(local_rank_arg, engine)
     resolved = _resolve_target(target, cwd)
     argv = [str(a) for a in args]
     extra = dict(env or {})
+    if style:
+        extra["DDPLAB_LOCAL_RANK_ARG"] = style  # read where each rank's argv is built
+    elif engine == "torchrun" and not any(a.startswith(("--local_rank", "--local-rank"))
+                                          for a in argv) and _declares_local_rank(resolved):
+        print(f"ddplab.launch: {resolved} declares --local_rank (written for "
+              f"torch.distributed.launch, which passed it) and does not read LOCAL_RANK: every "
+              f"rank will keep the option's default. Pass local_rank_arg=True (CLI: "
+              f"--local-rank-arg) to give each rank --local_rank=N, or read "
+              f"int(os.environ['LOCAL_RANK']) in the script.", file=sys.stderr)
     if backend not in (None, "auto"):
         extra["DDPLAB_BACKEND"] = str(backend)
     extra.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", str(threads)))
@@ -272,9 +343,9 @@ def _prepare(target: Any, nprocs: Any, args: Sequence[Any], engine: str,
         else:
             cmd = [sys.executable, resolved]
         job_env.update(MASTER_ADDR=host, MASTER_PORT=str(port or _env.free_port(host)),
-                       DDPLAB_RANK_PREFIX="1")
-        return popen_job, dict(cmd=[*cmd, "--nprocs", str(nprocs), *argv], job_env=job_env,
-                                cwd=cwd, world_size=nprocs, engine="spawn")
+                       DDPLAB_NPROCS=str(nprocs), DDPLAB_RANK_PREFIX="1")
+        return popen_job, dict(cmd=[*cmd, *argv], job_env=job_env, cwd=cwd, world_size=nprocs,
+                                engine="spawn")
     endpoint = f"{host}:{port if port is not None else 0}"
     run_id = uuid.uuid4().hex if nnodes == 1 else f"ddplab-{endpoint}"
     fast = dict(target=resolved, args=argv, nprocs=nprocs, job_env=job_env, cwd=cwd,
@@ -293,6 +364,8 @@ def _subprocess_path(why: str, target: str, args: list[str], nprocs: int,
     """The same launch as a plain torchrun subprocess; say why once per session."""
     _notice_once("subprocess", f"ddplab: launching through a torchrun subprocess (slower): "
                  f"{why}.")
+    if job_env.get("DDPLAB_LOCAL_RANK_ARG"):  # torchrun has no such option: a tiny wrapper
+        target, args = "ddplab.local_rank_arg", [target, *args]
     cmd = torchrun_cmd(target, args, nprocs, nnodes, node_rank, endpoint, run_id, max_restarts)
     return popen_job, dict(cmd=cmd, job_env=job_env, cwd=cwd, world_size=nprocs * nnodes,
                             engine="torchrun")
@@ -319,16 +392,22 @@ def _notice_once(key: str, text: str) -> None:
 # --------------------------------------------------------------------------- running
 
 
-def _run(jobs: list[Job], view: Any, timeout: Optional[float]) -> list[RunResult]:
-    """Stream every job's output until all end; end them all on timeout or interrupt."""
+def _run(jobs: list[Job], view: Any, timeout: Optional[float],
+         on_event: Optional[Callable[[dict[str, Any]], None]] = None) -> list[RunResult]:
+    """Stream every job's output until all end; end them all on timeout or interrupt.
+
+    Raises:
+        KeyboardInterrupt: again, after every process of every job has ended.
+    """
     start = time.monotonic()
     deadline = start + (DEFAULT_TIMEOUT if timeout is None else float(timeout))
-    streams = Streams(jobs, view)
+    streams = Streams(jobs, view, on_event)
+    interrupt: Optional[KeyboardInterrupt] = None
     try:
         try:
             status = streams.pump(deadline)
-        except KeyboardInterrupt:
-            status = "interrupted"
+        except KeyboardInterrupt as exc:
+            status, interrupt = "interrupted", exc
         if status != "done":
             for job in jobs:
                 job.terminate()
@@ -345,6 +424,10 @@ def _run(jobs: list[Job], view: Any, timeout: Optional[float]) -> list[RunResult
     wall = time.monotonic() - start
     results = [_result(i, job, streams, status, wall, timeout) for i, job in enumerate(jobs)]
     _job_root_cause(results, jobs)
+    if interrupt is not None:
+        again = KeyboardInterrupt(f"ddplab.launch: {results[0].error}")
+        again.result, again.results = results[0], results  # type: ignore[attr-defined]
+        raise again from None
     for result in results:
         if not result.ok:
             view.failure(result)
@@ -370,6 +453,7 @@ def _result(index: int, job: Job, streams: Streams, status: str, wall: float,
             timeout: Optional[float]) -> RunResult:
     """Build one job's RunResult from what was read and the agent's report."""
     logs = {label: lines for (i, label), lines in streams.logs.items() if i == index}
+    stderr = {label: lines for (i, label), lines in streams.stderr.items() if i == index}
     events = {rank: evs for (i, rank), evs in streams.events.items() if i == index}
     result = RunResult(status="ok", returncode=0, wall_time=wall, world_size=job.world_size,
                        logs=logs, events=events, engine=job.engine, pids=dict(job.pids))
@@ -382,7 +466,10 @@ def _result(index: int, job: Job, streams: Streams, status: str, wall: float,
         result.status, result.returncode = "interrupted", 130
         result.error = "interrupted: every process of the job was ended."  # shown once
         return result
-    failures, codes = _failures(job, logs)
+    if job.engine == "spawn":
+        code = job.popen.returncode if job.popen is not None else None
+        return spawn_outcome(result, code, job.spawned_ranks(), job.exits, logs, stderr)
+    failures, codes = _failures(job, logs, stderr)
     if job.stuck:
         failures = [RankFailure(rank=rank, exitcode=None, message=(
             "ended without returning to the launcher (os._exit or a crash of the interpreter); "
@@ -398,19 +485,23 @@ def _result(index: int, job: Job, streams: Streams, status: str, wall: float,
         return result
     result.exit_codes = codes
     if failures:
-        result.status, result.returncode = "failed", 1
-        result.root_cause = root_cause(failures, job.exits)
-        result.error = str(result.root_cause)
+        fail(result, root_cause(failures, job.exits), job.engine, logs, stderr)
     return result
 
 
-def _failures(job: Job, logs: dict[Union[int, str], list[str]]
+def _failures(job: Job, logs: dict[Union[int, str], list[str]],
+              stderr: Optional[dict[Union[int, str], list[str]]] = None
               ) -> tuple[Optional[list[RankFailure]], dict[int, Optional[int]]]:
     """Failed ranks and every rank's exit code; (None, {}) when the launcher itself failed."""
     if job.popen is not None:
-        found = failures_from_output(job.popen.returncode, logs)
+        found = failures_from_output(job.popen.returncode, logs, ranks_only=True)
+        if job.popen.returncode and not found:  # torchrun itself failed, before any rank did
+            message, tail = stderr_cause((stderr or {}).get("launcher", []))
+            found = [RankFailure(rank=None, exitcode=job.popen.returncode,
+                                 signal=signal_name(job.popen.returncode), message=message,
+                                 traceback=tail)]
         codes: dict[int, Optional[int]] = {r: (None if found else 0) for r in range(job.world_size)}
-        codes.update({f.rank: f.exitcode for f in found})
+        codes.update({f.rank: f.exitcode for f in found if f.rank is not None})
         return found, codes
     report = _report(job)
     if report.get("status") not in ("ok", "failed"):

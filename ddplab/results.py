@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import signal
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Union
 
 # Errors a healthy rank reports when a peer died first: never the root cause.
@@ -23,21 +23,32 @@ _SECONDARY = re.compile(
 
 @dataclass
 class RankFailure:
-    """Why one rank failed: exit code or signal, and the tail of its traceback."""
+    """Why one rank failed: exit code or signal, and the tail of its traceback.
 
-    rank: int
+    ``rank`` is None when the process that failed is the launching process itself (engine
+    "spawn": the script that calls ``mp.spawn``), not one of the ranks; ``when`` then says
+    whether it had started any rank. ``hint`` says what to do about a failure ddplab
+    recognises (a torchrun-style script given to engine "spawn", nccl without GPUs, ...).
+    """
+
+    rank: Optional[int]
     exitcode: Optional[int]
     signal: Optional[str] = None
     message: str = ""
     traceback: str = ""
+    when: str = ""
+    hint: str = ""
 
     def __str__(self) -> str:
         how = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exitcode}"
-        text = f"rank {self.rank} {how}"
+        who = f"rank {self.rank}" if self.rank is not None else "the launching process"
+        text = f"{who} {how}" + (f" {self.when}" if self.when else "")
         if self.message:
             text += f": {self.message}"
         if self.traceback:
             text += "\n" + self.traceback
+        if self.hint:
+            text += "\nhint: " + self.hint
         return text
 
 
@@ -46,8 +57,15 @@ class RunResult:
     """What a launch returns: status, per-rank exit codes, logs, events and the root cause.
 
     ``status`` is one of ``ok``, ``failed``, ``timeout``, ``interrupted``, ``error``; ``ok`` is
-    True only for ``ok``. ``exit_codes[rank]`` is None for a rank the launcher stopped because
-    another rank failed (or a timeout or interrupt came).
+    True only for ``ok``. ``exit_codes[rank]`` is None where the launcher does not know it: a
+    rank it stopped because another rank failed (or a timeout or interrupt came), and with
+    engine "spawn" a rank whose end only the launching script saw.
+
+    ``logs[rank]`` holds the lines known to come from that rank; ``logs["launcher"]`` the
+    launcher's own lines (torchrun's agent, or with engine "spawn" the launching script) and
+    every line that does not say which rank wrote it: ``mp.spawn`` ranks share their parent's
+    stdout, and only lines carrying a ``[rankN]`` prefix (``ddplab.dist.setup()`` adds one, as
+    does PyTorch to an error of a rank in a process group) can be told apart.
     """
 
     status: str
@@ -83,6 +101,21 @@ class RunResult:
         """One rank's output (or ``"launcher"``) as text, event lines left out."""
         return "\n".join(self.logs.get(rank, []))
 
+    def to_dict(self) -> dict[str, Any]:
+        """Everything in the result as plain JSON-able values (``python -m ddplab launch --json``)."""
+        def keys(mapping: dict[Any, Any]) -> dict[str, Any]:
+            return {str(key): value for key, value in mapping.items()}
+
+        return {
+            "status": self.status, "ok": self.ok, "returncode": self.returncode,
+            "wall_time": self.wall_time, "world_size": self.world_size, "engine": self.engine,
+            "exit_codes": keys(self.exit_codes), "pids": keys(self.pids),
+            "error": self.error,
+            "root_cause": asdict(self.root_cause) if self.root_cause else None,
+            "job_root_cause": asdict(self.job_root_cause) if self.job_root_cause else None,
+            "summary": self.summary, "events": keys(self.events), "logs": keys(self.logs),
+        }
+
     def check(self) -> "RunResult":
         """Return self when ok, else raise RuntimeError with the root cause."""
         if not self.ok:
@@ -90,7 +123,10 @@ class RunResult:
         return self
 
     def __repr__(self) -> str:
-        cause = f", root_cause=rank {self.root_cause.rank}" if self.root_cause else ""
+        cause = ""
+        if self.root_cause is not None:
+            rank = self.root_cause.rank
+            cause = f", root_cause={'rank ' + str(rank) if rank is not None else 'launcher'}"
         return (f"RunResult(status={self.status!r}, world_size={self.world_size}, "
                 f"wall_time={self.wall_time:.2f}s{cause})")
 
@@ -104,9 +140,13 @@ def signal_name(code: Optional[int]) -> Optional[str]:
         return f"signal {-code}"
 
 
-def failures_from_output(code: int, logs: dict[Union[int, str], list[str]]
-                         ) -> list[RankFailure]:
-    """Failures of a subprocess job, read from torchrun's or mp.spawn's error report."""
+def failures_from_output(code: int, logs: dict[Union[int, str], list[str]],
+                         ranks_only: bool = False) -> list[RankFailure]:
+    """Failures of a subprocess job, read from torchrun's or mp.spawn's error report.
+
+    When the report names no rank, the launching process itself failed: one failure with
+    ``rank=None`` (none with ``ranks_only``).
+    """
     if code == 0:
         return []
     text = "\n".join(logs.get("launcher", []))
@@ -117,14 +157,16 @@ def failures_from_output(code: int, logs: dict[Union[int, str], list[str]]
                                  signal=signal_name(code)))
     for match in re.finditer(r"[Pp]rocess (\d+) terminated with (?:exit code (\d+)|signal "
                              r"(SIG\w+)|the following error)", text):
-        exitcode = int(match.group(2)) if match.group(2) else (None if match.group(3) else 1)
+        exitcode = int(match.group(2)) if match.group(2) else 1
+        if match.group(3):
+            exitcode = -getattr(signal.Signals, match.group(3), signal.SIGKILL).value
         found.append(RankFailure(rank=int(match.group(1)), exitcode=exitcode,
                                  signal=match.group(3)))
-    if not found:
-        signame = signal.Signals(-code).name if code < 0 else None
-        found.append(RankFailure(rank=0, exitcode=code, signal=signame))
+    if not found and not ranks_only:
+        found.append(RankFailure(rank=None, exitcode=code, signal=signal_name(code)))
     for failure in found:
-        lines = logs.get(failure.rank, []) or logs.get("launcher", [])
+        lines = (logs.get(failure.rank, []) if failure.rank is not None else []) or \
+            logs.get("launcher", [])
         failure.traceback = traceback_tail(lines)
         failure.message = short_message(lines)
     return found
@@ -135,11 +177,14 @@ def root_cause(failures: list[RankFailure],
     """The failure that came first and is not a peer's echo of it (e.g. "connection closed").
 
     A rank killed by SIGTERM was stopped by the launcher after another rank failed, and a
-    rank that reports a closed connection lost a peer: both rank after a genuine failure.
+    rank that reports a closed connection lost a peer: both rank after a genuine failure. A
+    failure of the launching process ranks after its ranks' (mp.spawn fails when a rank did).
     """
-    def key(f: RankFailure) -> tuple[bool, float, int]:
+    def key(f: RankFailure) -> tuple[bool, bool, float, int]:
         echo = bool(_SECONDARY.search(f.message + "\n" + f.traceback)) or f.signal == "SIGTERM"
-        return echo, exits.get(f.rank, (0, 0.0))[1], f.rank
+        if f.rank is None:
+            return echo, True, 0.0, -1
+        return echo, False, exits.get(f.rank, (0, 0.0))[1], f.rank
     return sorted(failures, key=key)[0]
 
 
@@ -153,4 +198,94 @@ def short_message(lines: list[str]) -> str:
     for line in reversed(lines):
         if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b", line):
             return line.strip()
+    return ""
+
+
+def fail(result: RunResult, cause: RankFailure, engine: str,
+          logs: dict[Union[int, str], list[str]], stderr: dict[Union[int, str], list[str]]
+          ) -> None:
+    """Record ``cause`` as the result's failure, with a hint when ddplab knows the fix."""
+    if not cause.hint:
+        where: Union[int, str] = "launcher" if cause.rank is None else cause.rank
+        text = "\n".join([cause.message, cause.traceback, *stderr.get(where, []),
+                          *logs.get(where, [])[-50:], *stderr.get("launcher", [])[-50:]])
+        cause.hint = hint_for(text, engine)
+    result.status, result.returncode = "failed", 1
+    result.root_cause = cause
+    result.error = str(cause)
+
+
+def spawn_outcome(result: RunResult, code: Optional[int], ranks: dict[int, int],
+                  exits: dict[int, tuple[int, float]], logs: dict[Union[int, str], list[str]],
+                  stderr: dict[Union[int, str], list[str]]) -> RunResult:
+    """What is known of an ``mp.spawn`` script's ranks, and nothing more.
+
+    The ranks are the script's children: their exit codes reach the script, not the launcher.
+    What the launcher knows: the processes it saw the script start, the lines that carry a
+    rank, mp.spawn's report of a failed rank, and the script's own exit code (0 means mp.spawn
+    returned, so every rank it started exited with 0).
+    """
+    found = failures_from_output(code or 0, logs, ranks_only=True) if code else []
+    seen = set(ranks) | {r for r in logs if isinstance(r, int)} | {f.rank for f in found
+                                                                    if f.rank is not None}
+    count = max(seen) + 1 if seen else 0
+    result.world_size, result.pids = count, ranks
+    codes: dict[int, Optional[int]] = {rank: None for rank in range(count)}
+    if code == 0:
+        codes.update({rank: 0 for rank in seen})
+    codes.update({f.rank: f.exitcode for f in found if f.rank is not None})
+    result.exit_codes = codes
+    if found:
+        fail(result, root_cause(found, exits), "spawn", logs, stderr)
+    elif code != 0 or not count:
+        message, tail = stderr_cause(stderr.get("launcher", []))
+        cause = RankFailure(rank=None, exitcode=code, signal=signal_name(code),
+                            message=message, traceback=tail)
+        if not count:
+            cause.when = "before starting any rank" if code else "without starting any rank"
+            cause.hint = "" if code else NO_RANK_HINT
+        fail(result, cause, "spawn", logs, stderr)
+    return result
+
+
+def stderr_cause(lines: list[str]) -> tuple[str, str]:
+    """(the error line, the lines before it) from the end of a process's stderr."""
+    lines = [line for line in lines if line.strip()]
+    tail = traceback_tail(lines)
+    if tail:
+        return short_message(lines) or lines[-1].strip(), tail
+    return (lines[-1].strip() if lines else ""), "\n".join(lines[-10:-1])
+
+
+# Failures whose fix ddplab knows: (pattern in the output, engines it applies to, what to do).
+_HINTS = (
+    (re.compile(r"environment variable (RANK|WORLD_SIZE|LOCAL_RANK) expected, but not set|"
+                r"KeyError: '(RANK|WORLD_SIZE|LOCAL_RANK)'"), ("spawn",),
+     "this is a torchrun-style script: it reads RANK and WORLD_SIZE, which torchrun sets for "
+     "every process it starts. Launch it with engine='torchrun' (the default; CLI: --engine "
+     "torchrun). engine='spawn' is for scripts that call torch.multiprocessing.spawn "
+     "themselves."),
+    (re.compile(r"ProcessGroupNCCL is only supported with GPUs|no GPUs found|"
+                r"Found no NVIDIA driver|No CUDA GPUs are available|"
+                r"Torch not compiled with CUDA enabled|CUDA driver initialization failed|"
+                r"invalid device ordinal|NCCL is not available|NCCL error"), ("spawn", "torchrun"),
+     "the script uses the nccl backend or CUDA devices, and this machine has no usable GPU "
+     "(python -m ddplab doctor says what it has). On CPU use the gloo backend: "
+     "backend = 'nccl' if torch.cuda.is_available() else 'gloo' (ddplab.dist.setup() picks it "
+     "for you), keep tensors and models on the CPU, or run the script where GPUs are."),
+)
+
+NO_RANK_HINT = (
+    "an mp.spawn script decides how many processes it starts; one that counts GPUs "
+    "(world_size = torch.cuda.device_count(), as PyTorch's multi-GPU examples do) starts none on "
+    "a machine without GPUs. Run it where GPUs are, or start as many processes as asked: ddplab "
+    "offers the requested count in the DDPLAB_NPROCS environment variable "
+    "(ddplab.workers.spawn_ddp reads it), and pick gloo on CPU.")
+
+
+def hint_for(text: str, engine: str) -> str:
+    """What to do about a failure whose output is ``text`` ("" when ddplab has no advice)."""
+    for pattern, engines, hint in _HINTS:
+        if engine in engines and pattern.search(text):
+            return hint
     return ""

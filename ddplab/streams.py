@@ -1,8 +1,9 @@
 """Reading a launch's pipes in the caller's thread: rank output, events and the agent's report.
 
-Every rank writes to a pipe of its own (the subprocess path: one merged pipe whose lines carry a
-``[rankN]`` prefix); ``Streams.pump`` reads them all with one selector until they close, prints
-each line live with its rank, turns ``@ddplab`` event lines into progress and metrics, and
+Every rank writes its stdout and its stderr to pipes of its own (the subprocess paths: the
+launching process's two pipes, whose lines carry a ``[rankN]`` prefix when a rank wrote them);
+``Streams.pump`` reads them all with one selector until they close, prints each line live with
+its rank (stderr lines on stderr), turns ``@ddplab`` event lines into progress and metrics, and
 notices an agent left waiting for workers that are already gone. Reading happens in the
 caller's main thread, so the output reaches the notebook cell also under nbval.
 
@@ -14,24 +15,31 @@ from __future__ import annotations
 import os
 import re
 import selectors
+import sys
 import time
-from typing import Any, Union
+from typing import Any, Callable, Optional, Union
 
 from . import events as _events
 from .jobs import Job
 
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:? ?")
+# torchrun's --tee copies a rank's unfinished last line without a newline, so the next rank's
+# first line follows on the same line: "[rank0]:progress 99%[rank1]:pid 42".
+_TORCHRUN_PREFIX = re.compile(r"(?<=.)(?=\[rank\d+\]:)")
 
 
 class Streams:
     """Read every job's pipes in the calling thread: lines, events, reports."""
 
-    def __init__(self, jobs: list[Job], view: Any) -> None:
+    def __init__(self, jobs: list[Job], view: Any,
+                 on_event: Optional[Callable[[dict[str, Any]], None]] = None) -> None:
         self.view = view
+        self.on_event = on_event
         self.jobs = jobs
         self.sel = selectors.DefaultSelector()
         self.partial: dict[int, bytes] = {}
         self.logs: dict[tuple[int, Union[int, str]], list[str]] = {}
+        self.stderr: dict[tuple[int, Union[int, str]], list[str]] = {}
         self.events: dict[tuple[int, int], list[dict[str, Any]]] = {}
         for index, job in enumerate(jobs):
             for fd, label in job.sources.items():
@@ -40,6 +48,7 @@ class Streams:
             if job.report_fd is not None:
                 os.set_blocking(job.report_fd, False)
                 self.sel.register(job.report_fd, selectors.EVENT_READ, (index, job, "report"))
+        self.tick = 0.2 if any(job.engine == "spawn" for job in jobs) else 0.5
 
     def pump(self, deadline: float) -> str:
         """Read until every pipe closes ("done") or the deadline passes ("timeout")."""
@@ -47,7 +56,7 @@ class Streams:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return "timeout"
-            for key, _mask in self.sel.select(timeout=min(remaining, 0.5)):
+            for key, _mask in self.sel.select(timeout=min(remaining, self.tick)):
                 self._read(key.fd, *key.data)
             self._watch()
         return "done"
@@ -60,6 +69,7 @@ class Streams:
         """
         now = time.monotonic()
         for job in self.jobs:
+            job.watch_spawned()
             if job.stuck or not job.workers_gone():
                 job.workers_gone_at = None
                 continue
@@ -93,8 +103,12 @@ class Streams:
             self._close(fd)
             if lines and not lines[-1]:
                 lines.pop()
+        err = fd in job.err_fds
+        split = job.popen is not None and job.engine == "torchrun"
         for raw in lines:
-            self._line(index, job, label, raw.decode("utf-8", "replace").rstrip("\r"))
+            text = raw.decode("utf-8", "replace").rstrip("\r")
+            for part in _TORCHRUN_PREFIX.split(text) if split else [text]:
+                self._line(index, job, label, part, err)
 
     def _close(self, fd: int) -> None:
         self.sel.unregister(fd)
@@ -106,26 +120,73 @@ class Streams:
             self._close(key.fd)
         self.sel.close()
 
-    def _line(self, index: int, job: Job, label: Union[int, str], text: str) -> None:
+    def _line(self, index: int, job: Job, label: Union[int, str], text: str,
+              err: bool = False) -> None:
         source = label
         if label == "launcher":
             match = _RANK_PREFIX.match(text)
             if match:
                 source, text = int(match.group(1)), text[match.end():]
+                again = _RANK_PREFIX.match(text)  # torch's own "[rankN]:" on an error's lines
+                if again and int(again.group(1)) == source:
+                    text = text[again.end():]
         rank = job.rank_of.get(source, source)
-        event = _events.parse(text)
-        if event is not None and event["kind"] == "rank" and isinstance(source, int):
+        text, event = split_event(text)
+        if text:  # a line, or a last line without its newline that an event line followed
+            self._print(index, job, rank, text, err)
+        if event is None:
+            return
+        if event["kind"] == "rank" and isinstance(source, int):
             job.rank_of[source] = rank = int(event["rank"])
             job.pids[rank] = int(event.get("pid", 0))
             return
-        if event is not None and event["kind"] == "exit":
+        if event["kind"] == "exit":
             job.exits[int(event["rank"])] = (int(event["code"]), float(event["time"]))
             return
-        if event is not None:
-            self.events.setdefault((index, int(event.get("rank", rank if isinstance(rank, int)
-                                                               else 0))), []).append(event)
-            self.view.event(event)
-            return
+        self.events.setdefault((index, int(event.get("rank", rank if isinstance(rank, int)
+                                                           else 0))), []).append(event)
+        self.view.event(event)
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def _print(self, index: int, job: Job, rank: Union[int, str], text: str, err: bool) -> None:
         self.logs.setdefault((index, rank), []).append(text)
-        self.view.line(f"{job.node}rank{rank}" if isinstance(rank, int) else
-                       f"{job.node}{rank}", text)
+        if err:
+            self.stderr.setdefault((index, rank), []).append(text)
+        prefix = f"{job.node}rank{rank}" if isinstance(rank, int) else f"{job.node}{rank}"
+        if not err:
+            self.view.line(prefix, text)
+        else:
+            show_stderr(self.view, prefix, text)
+
+
+def split_event(text: str) -> tuple[str, Optional[dict[str, Any]]]:
+    """Split a line into (output, event): an event line may follow output that had no newline.
+
+    ``print("progress 99%", end="")`` followed by an event gives one line,
+    ``progress 99%@ddplab {...}``: the output is kept as it was printed, the event taken out.
+    """
+    event = _events.parse(text)
+    if event is not None:
+        return "", event
+    at = text.rfind(_events.MARKER)
+    if at > 0:
+        event = _events.parse(text[at:])
+        if event is not None:
+            return text[:at], event
+    return text, None
+
+
+def show_stderr(view: Any, prefix: str, text: str) -> None:
+    """Print one stderr line of a rank on the caller's stderr, as the view prints stdout."""
+    if getattr(view, "quiet", False):
+        return
+    from .widgets import in_notebook
+
+    line = f"[{prefix}] {text}"
+    bar = getattr(view, "bar", None)
+    if bar is not None and not in_notebook():
+        bar.write(line, file=sys.stderr)
+    else:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()

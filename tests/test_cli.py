@@ -1,8 +1,12 @@
 """python -m ddplab: every subcommand answers, and options reach course and bench."""
 
+import json
+import os
+import re
+import signal
 import subprocess
-from pathlib import Path
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +40,86 @@ def test_max_restarts_reaches_the_elastic_agent():
     restarted = ddplab("launch", "--nproc-per-node", "2", "--max-restarts", "1", script)
     assert restarted.returncode == 0, restarted.stderr
     assert "[rank1] attempt 1: rank 1 sum 3" in restarted.stdout
+
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def test_training_worker_prints_its_epochs_and_summary_and_json_holds_the_result(tmp_path):
+    out = tmp_path / "result.json"
+    done = ddplab("launch", "--nproc-per-node", "2", "--json", str(out),
+                  "ddplab/workers/train.py", "--epochs", "2", timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    epochs = [line for line in lines if line.startswith("epoch ")]
+    assert [line.split(":")[0] for line in epochs] == ["epoch 1/2", "epoch 2/2"]
+    assert all("loss" in line and "accuracy" in line and " s (" in line for line in epochs)
+    summary = [line for line in lines if line.startswith("summary: ")]
+    assert len(summary) == 1 and "trained on 2 process(es)" in summary[0]
+    saved = json.loads(out.read_text())
+    assert saved["status"] == "ok" and saved["exit_codes"] == {"0": 0, "1": 0}
+    assert saved["root_cause"] is None
+    assert f"test accuracy {saved['summary']['final_accuracy']:.1%}" in summary[0]
+    assert [e["epoch"] for e in saved["events"]["0"] if e["kind"] == "epoch"] == [1, 2]
+    assert "@ddplab" not in done.stdout + done.stderr
+
+
+def test_json_of_a_failed_run_names_the_root_cause(tmp_path):
+    out = tmp_path / "result.json"
+    done = ddplab("launch", "--nproc-per-node", "2", "--json", str(out),
+                  str(SCRIPTS / "faulty.py"), "exit")
+    assert done.returncode == 1 and "rank 1 exited with code 3" in done.stderr
+    saved = json.loads(out.read_text())
+    assert saved["status"] == "failed" and saved["exit_codes"]["1"] == 3
+    assert saved["root_cause"]["rank"] == 1 and saved["root_cause"]["exitcode"] == 3
+
+
+def test_ranks_stderr_goes_to_stderr_and_stdout_to_stdout():
+    env = {**os.environ, "DDPLAB_LAUNCH_PATH": "subprocess"}
+    done = subprocess.run([sys.executable, "-m", "ddplab", "launch", "--nproc-per-node", "2",
+                           str(SCRIPTS / "streams.py")], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    for rank in (0, 1):
+        assert f"[rank{rank}] out line of rank {rank}\n" in done.stdout
+        assert f"[rank{rank}] progress 99%\n" in done.stdout
+        assert f"[rank{rank}] err line of rank {rank}\n" in done.stderr
+    assert "err line" not in done.stdout and "out line" not in done.stderr
+
+
+def test_ctrl_c_ends_the_job_and_exits_130():
+    proc = subprocess.Popen([sys.executable, "-m", "ddplab", "launch", "--nproc-per-node", "2",
+                             str(SCRIPTS / "faulty.py"), "sleep"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        seen = ""
+        while len(re.findall(r"\bpid (\d+)", seen)) < 2:
+            line = proc.stdout.readline()
+            assert line, f"the launch ended early: {proc.stderr.read()}"
+            seen += line
+        pids = [int(p) for p in re.findall(r"\bpid (\d+)", seen)]
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert "interrupted: every process of the job was ended" in err
+    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()
+                and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+
+
+def test_local_rank_arg_passes_each_rank_its_local_rank(tmp_path):
+    script = tmp_path / "legacy.py"
+    script.write_text("import argparse\np = argparse.ArgumentParser()\n"
+                      "p.add_argument('--local_rank', type=int, default=-1)\n"
+                      "p.add_argument('--lr', type=float)\n"
+                      "a = p.parse_args()\nprint('local_rank', a.local_rank, 'lr', a.lr)\n")
+    plain = ddplab("launch", "--nproc-per-node", "2", str(script), "--lr", "0.5")
+    assert plain.returncode == 0 and plain.stdout.count("local_rank -1 lr 0.5") == 2
+    assert plain.stderr.count("declares --local_rank") == 1  # one warning, not one per rank
+    passed = ddplab("launch", "--nproc-per-node", "2", "--local-rank-arg", str(script),
+                    "--lr", "0.5")
+    assert passed.returncode == 0, passed.stderr
+    assert "[rank0] local_rank 0 lr 0.5" in passed.stdout
+    assert "[rank1] local_rank 1 lr 0.5" in passed.stdout
+    assert "declares --local_rank" not in passed.stderr

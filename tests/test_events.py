@@ -28,3 +28,18 @@ def test_numpy_and_tensor_values_become_plain_json(capsys):
     events.emit("metric", a=np.float32(1.5), b=torch.tensor([1.0, 2.0]))
     event = events.parse(capsys.readouterr().out.strip())
     assert event["a"] == 1.5 and event["b"] == [1.0, 2.0]
+
+
+def test_an_event_after_a_line_without_newline_is_split_off():
+    from ddplab.streams import split_event
+
+    exit_event = {"kind": "exit", "rank": 1, "code": 0, "time": 1.5}
+    glued = "progress 99%" + events.MARKER + json.dumps(exit_event)
+    assert split_event(glued) == ("progress 99%", exit_event)
+    assert split_event(events.MARKER + json.dumps(exit_event)) == ("", exit_event)
+    assert split_event("loss 0.25") == ("loss 0.25", None)
+    # Text that merely contains the marker is output, not an event.
+    odd = "see " + events.MARKER + "{not json"
+    assert split_event(odd) == (odd, None)
+    assert split_event("x" + events.MARKER + json.dumps([1])) == ("x" + events.MARKER + "[1]",
+                                                                 None)

@@ -5,8 +5,10 @@ Run it (2 processes; add ``--epochs``, ``--batch-size``, ``--dataset``... as nee
     python -m ddplab.workers.spawn_ddp --nprocs 2
     python -m ddplab launch --engine spawn --nproc-per-node 2 ddplab.workers.spawn_ddp
 
-From a notebook: ``ddplab.launch("ddplab.workers.spawn_ddp", 2, engine="spawn")`` (the launcher
-passes ``--nprocs 2`` and a free ``MASTER_PORT``).
+From a notebook: ``ddplab.launch("ddplab.workers.spawn_ddp", 2, engine="spawn")``. The launcher
+runs the script unchanged and adds nothing to its arguments: it sets ``MASTER_ADDR``, a free
+``MASTER_PORT`` and ``DDPLAB_NPROCS=2`` in its environment; ``--nprocs`` defaults to
+``DDPLAB_NPROCS`` (2 without it) and, given, overrides it.
 
 The parent process parses the arguments and calls ``mp.spawn(main, args=(nprocs, args),
 nprocs=nprocs)``, which starts ``nprocs`` fresh interpreters and calls ``main(rank, nprocs,
@@ -37,10 +39,15 @@ from ddplab import data, dist, events, models, train
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """Parse the command line (``--nprocs`` is the number of processes to spawn)."""
+    """Parse the command line (``--nprocs`` is the number of processes to spawn).
+
+    ``--nprocs`` defaults to ``DDPLAB_NPROCS``, the count ``ddplab.launch`` was asked for.
+    """
     p = argparse.ArgumentParser(prog="python -m ddplab.workers.spawn_ddp", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nprocs", type=int, default=2, help="processes to spawn (one per GPU)")
+    p.add_argument("--nprocs", type=int, default=int(os.environ.get("DDPLAB_NPROCS", "2")),
+                   help="processes to spawn, one per GPU (default: $DDPLAB_NPROCS, set by "
+                        "ddplab.launch, or 2)")
     p.add_argument("--dataset", choices=data.DATASETS, default="digits")
     p.add_argument("--data-root", default="data")
     p.add_argument("--model", choices=models.MODELS, help="default: cnn, or resnet18 for cifar10")

@@ -1,8 +1,18 @@
-"""Stands in for a notebook kernel: launches faulty.py in sleep mode and reports the result."""
+"""Stands in for a notebook kernel: launches faulty.py in sleep mode and reports the result.
+
+An interrupt (SIGINT) must end every process of the job, then reach this caller again as a
+KeyboardInterrupt carrying the result: the caller reports it and lets it end the program.
+"""
 import json
 import sys
 
 import ddplab
 
-result = ddplab.launch(sys.argv[1], 2, args=["sleep"], timeout=120)
+try:
+    result = ddplab.launch(sys.argv[1], 2, args=["sleep"], timeout=120)
+except KeyboardInterrupt as interrupt:
+    result = interrupt.result
+    print("INTERRUPTED " + str(interrupt), flush=True)
+    print("RESULT " + json.dumps({"status": result.status, "ok": result.ok}), flush=True)
+    raise
 print("RESULT " + json.dumps({"status": result.status, "ok": result.ok}), flush=True)

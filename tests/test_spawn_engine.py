@@ -1,0 +1,132 @@
+"""engine="spawn": real mp.spawn scripts run unchanged, and the result says only what is known.
+
+Includes unedited scripts from pytorch/examples (tests/scripts/pytorch_examples, BSD-3-Clause).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from ddplab import env as ddenv
+from ddplab import launch
+from ddplab.workers import spawn_ddp
+
+SCRIPTS = Path(__file__).parent / "scripts"
+PLAIN_SPAWN = str(SCRIPTS / "spawn_plain.py")
+EXAMPLES = SCRIPTS / "pytorch_examples"
+
+
+def spawn(target, nprocs=2, **kwargs):
+    return launch(str(target), nprocs, engine="spawn", quiet=True, live=False, timeout=300,
+                  **kwargs)
+
+
+def gone(pids, seconds: float = 15.0) -> bool:
+    """True once none of ``pids`` runs any more (zombies count as gone)."""
+    def running(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and any(running(p) for p in pids):
+        time.sleep(0.05)
+    return not any(running(p) for p in pids)
+
+
+def test_a_plain_script_gets_no_arguments_and_the_count_in_the_environment():
+    result = spawn(PLAIN_SPAWN, 3)
+    assert result.ok, result.error
+    lines = result.logs["launcher"]
+    assert lines[0] == "argv []"                       # nothing added to its command line
+    host, port = lines[1].split()[1].split(":")
+    assert host == "127.0.0.1" and 0 < int(port) < 65536
+    assert sorted(lines[2:]) == ["a rank's sum: 6"] * 3  # DDPLAB_NPROCS=3 was offered
+    # Its ranks share the parent's stdout and print plain lines: no per-rank log is invented,
+    # but the launcher saw the three processes mp.spawn started, and mp.spawn returned.
+    assert [key for key in result.logs if key != "launcher"] == []
+    assert result.world_size == 3 and sorted(result.pids) == [0, 1, 2]
+    assert result.exit_codes == {0: 0, 1: 0, 2: 0}
+    assert gone(result.pids.values())
+
+
+def test_a_failed_rank_is_named_and_unknown_exit_codes_stay_none():
+    result = spawn(PLAIN_SPAWN, args=["--fail-rank", "1"])
+    assert result.status == "failed" and result.root_cause.rank == 1
+    assert result.exit_codes == {0: None, 1: 3}  # rank 0 was ended by mp.spawn: unknown code
+    assert "rank 1 exited with code 3" in result.error
+    assert gone(result.pids.values())
+
+
+def test_the_launching_process_failing_before_any_rank_is_said_so():
+    result = spawn(PLAIN_SPAWN, args=["--no-such-option"])
+    assert result.status == "failed" and result.root_cause.rank is None
+    assert result.exit_codes == {} and result.world_size == 0
+    assert result.error.startswith(
+        "the launching process exited with code 2 before starting any rank: ")
+    assert "unrecognized arguments: --no-such-option" in result.error  # its stderr, the cause
+    assert "rank 0" not in result.error
+
+
+def test_a_torchrun_style_script_given_to_spawn_gets_a_hint():
+    result = spawn(SCRIPTS / "plain.py")
+    assert result.status == "failed" and result.root_cause.rank is None
+    assert "RANK expected, but not set" in result.error
+    assert "hint: this is a torchrun-style script" in result.error
+    assert "engine='torchrun'" in result.root_cause.hint
+
+
+def test_nccl_without_gpus_gets_a_hint():
+    if ddenv.gpu_count():
+        pytest.skip("this machine has GPUs: nccl works here")
+    result = spawn(PLAIN_SPAWN, args=["--backend", "nccl"])
+    assert result.status == "failed" and result.root_cause.rank in (0, 1)
+    assert "ProcessGroupNCCL is only supported with GPUs" in result.error
+    assert "no usable GPU" in result.root_cause.hint and "gloo" in result.root_cause.hint
+
+
+def test_pytorch_examples_multigpu_runs_unchanged_and_says_why_nothing_ran():
+    """The tutorial's script takes `3 1` (its own argparse), counts GPUs, and uses nccl."""
+    script = EXAMPLES / "ddp_tutorial_series" / "multigpu.py"
+    result = spawn(script, args=["3", "1"], cwd=script.parent)
+    if ddenv.gpu_count():
+        assert result.ok, result.error
+        return
+    # Without GPUs, world_size = torch.cuda.device_count() is 0: mp.spawn starts nothing and
+    # the script exits 0. Not a success for a launch that asked for 2 processes.
+    assert "unrecognized arguments" not in result.log("launcher")
+    assert result.status == "failed" and result.root_cause.exitcode == 0
+    assert result.error.startswith("the launching process exited with code 0 without starting "
+                                   "any rank")
+    assert "torch.cuda.device_count()" in result.root_cause.hint
+    assert result.world_size == 0 and result.exit_codes == {}
+
+
+@pytest.mark.slow
+def test_pytorch_examples_rpc_rnn_runs_unchanged_on_cpu():
+    """Two ranks of an unedited pytorch/examples script that runs on CPU (RPC over gloo)."""
+    script = EXAMPLES / "rpc_rnn" / "main.py"
+    result = spawn(script, cwd=script.parent)
+    assert result.ok, result.error
+    assert "Training epoch 9" in result.logs["launcher"]
+    assert result.world_size == 2 and result.exit_codes == {0: 0, 1: 0}
+    assert gone(result.pids.values())
+
+
+def test_ddplab_spawn_worker_reads_the_offered_count_and_nprocs_overrides_it(monkeypatch):
+    monkeypatch.setenv("DDPLAB_NPROCS", "3")
+    assert spawn_ddp.parse_args([]).nprocs == 3
+    assert spawn_ddp.parse_args(["--nprocs", "1"]).nprocs == 1
+    monkeypatch.delenv("DDPLAB_NPROCS")
+    assert spawn_ddp.parse_args([]).nprocs == 2
+
+
+def test_spawn_engine_takes_no_torchrun_only_options():
+    from ddplab import LaunchError
+
+    with pytest.raises(LaunchError, match="local_rank_arg needs engine='torchrun'"):
+        launch(PLAIN_SPAWN, 2, engine="spawn", local_rank_arg=True)
