@@ -184,16 +184,18 @@ def test_join_lets_uneven_ranks_finish_with_the_same_weights():
     result = run(FAULTS, "--fault", "uneven", "--join", *PG_TIMEOUT)
     assert result.ok, result.error
     assert metric(result, "steps") == metric(result, "batches") == {0: 3, 1: 2}
+    assert metric(result, "samples") == {0: 95, 1: 64}  # three files and two
     assert len(set(metric(result, "checksum").values())) == 1
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drop_last, per_rank", [(False, 3), (True, 2)])
-def test_distributed_sampler_gives_every_rank_the_same_number_of_batches(drop_last, per_rank):
+@pytest.mark.parametrize("drop_last, samples", [(False, 80), (True, 79)])
+def test_distributed_sampler_gives_every_rank_the_same_number_of_batches(drop_last, samples):
     extra = ["--drop-last"] if drop_last else []
     result = run(FAULTS, "--fault", "uneven", "--sampler", *extra, *PG_TIMEOUT)
     assert result.ok, result.error
-    assert metric(result, "batches") == metric(result, "steps") == {0: per_rank, 1: per_rank}
+    assert metric(result, "batches") == metric(result, "steps") == {0: 3, 1: 3}
+    assert metric(result, "samples") == {0: samples, 1: samples}  # 159 padded or trimmed
 
 
 @pytest.mark.slow

@@ -89,7 +89,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         outputs = [(model(inputs), labels) for inputs, labels in loader]
     predictions = torch.cat([logits.argmax(1) for logits, _ in outputs])
     loss_sum = sum(F.cross_entropy(logits, labels, reduction="sum") for logits, labels in outputs)
-    total = torch.stack([loss_sum.double(), torch.tensor(len(predictions), dtype=torch.float64)])
+    count = torch.tensor(len(predictions), dtype=torch.float64, device=info.device)
+    total = torch.stack([loss_sum.double(), count])  # [sum of losses, samples] of this shard
     # [/score]
     events.emit("metric", name="shard", value=len(predictions))
 

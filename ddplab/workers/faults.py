@@ -13,10 +13,12 @@ Run it (2 processes; each fault on its own, then with its fix)::
 Faults (``--fault``):
 
 - ``none``: a tiny DDP training run that works (the reference).
-- ``uneven``: the training set is sharded by hand without padding (129 samples: rank 0 gets 65,
-  3 batches of 32; rank 1 gets 64, 2 batches): rank 0's third backward waits for an
-  all-reduce that rank 1 never joins. Fixes: ``--join`` (DDP's ``Join`` context manager) or
-  ``--sampler`` (``DistributedSampler``: equal shares, padded, or trimmed with ``--drop-last``).
+- ``uneven``: the training data come in files of ``--file-size`` 32 samples (159 samples: 5
+  files, the last one of 31), dealt out to the ranks in turn, as sharded datasets are: rank 0
+  reads 3 files (3 batches of up to 32), rank 1 reads 2 (2 batches). Rank 0's third backward
+  waits for an all-reduce that rank 1 never joins. Fixes: ``--join`` (DDP's ``Join`` context
+  manager) or ``--sampler`` (``DistributedSampler``: equal shares of samples, padded, or
+  trimmed with ``--drop-last``).
 - ``unused``: the model has an auxiliary head that ``forward`` does not use: DDP waits for its
   gradient and fails at the next step. Fixes: ``--find-unused`` or ``--static-graph``.
 - ``crash``: rank ``--crash-rank`` raises in the middle of epoch ``--crash-epoch``, in the first
@@ -31,8 +33,8 @@ a few seconds turns a hang into an error that names the stuck line. For DDP's ow
 run with ``TORCH_DISTRIBUTED_DEBUG=INFO`` (see ``check_debug_level`` about ``DETAIL``).
 
 Every rank emits ``metric`` events: ``debug_level``, ``restart`` (the elastic restart count),
-``batches`` (in its share), ``start_epoch``, ``steps`` (optimizer steps it took) and at the end
-``checksum`` (the sum of its final weights, float64).
+``batches`` (in its share), ``start_epoch``, ``steps`` (optimizer steps it took), ``samples``
+(samples it trained on) and at the end ``checksum`` (the sum of its final weights, float64).
 
 Lesson: 10.
 """
@@ -78,8 +80,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--dataset", choices=data.DATASETS, default="digits")
     p.add_argument("--data-root", default="data")
     p.add_argument("--model", choices=models.MODELS, help="default: cnn, or resnet18 for cifar10")
-    p.add_argument("--samples", type=int, default=129,
-                   help="training samples used (129 = 4 batches of 32, plus one); 0: all")
+    p.add_argument("--samples", type=int, default=159,
+                   help="training samples used (159: 5 files of 32, the last one of 31); 0: all")
+    p.add_argument("--file-size", type=int, default=32, help="uneven: samples per data file")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=32, help="per process")
     p.add_argument("--lr", type=float, default=0.02)
@@ -152,11 +155,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     split = data.load_dataset(args.dataset, root=args.data_root, seed=args.seed)
     train_set = first_samples(split.train, args.samples)
     if args.fault == "uneven" and not args.sampler:
-        # BUG: every world_size-th sample, without padding. Right for evaluation, wrong for DDP
-        # training: with 129 samples rank 0 gets 65 (3 batches), rank 1 gets 64 (2 batches).
-        loader = data.make_eval_loader(train_set, args.batch_size, num_replicas=info.world_size,
-                                       rank=info.rank, device=info.device,
-                                       batch_transform=split.batch_transform)
+        # BUG: files of 32 samples dealt out to the ranks in turn, without balancing them:
+        # 5 files on 2 ranks give rank 0 three files (3 batches) and rank 1 two (2 batches).
+        files = torch.arange(len(train_set)).split(args.file_size)
+        mine = torch.cat(files[info.rank::info.world_size])
+        loader = data.make_loader(TensorDataset(*(t[mine] for t in train_set.tensors)),
+                                  args.batch_size, seed=args.seed, device=info.device,
+                                  batch_transform=split.batch_transform)
     else:  # DistributedSampler: every rank gets the same number of samples, so of batches
         loader = data.make_loader(train_set, args.batch_size, num_replicas=info.world_size,
                                   rank=info.rank, seed=args.seed, drop_last=args.drop_last,
@@ -180,7 +185,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     emit("start_epoch", start_epoch)
 
     # [loop]
-    steps = 0
+    steps = samples = 0
     for epoch in range(start_epoch, args.epochs):
         loader.set_epoch(epoch)
         torch.manual_seed(train.epoch_seed(args.seed, epoch, info.rank))
@@ -191,11 +196,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()  # DDP all-reduces the gradients here: every rank must take part
                 optimizer.step()
-                steps += 1
+                steps, samples = steps + 1, samples + len(labels)
         save(args.checkpoint_dir, model, optimizer, epoch + 1)
     # [/loop]
 
     emit("steps", steps)
+    emit("samples", samples)
     emit("checksum", train.param_checksum(model))
     dist.print0(f"trained {steps} steps on rank 0; final loss {loss.item():.4f}"
                 if steps else "nothing left to train")
