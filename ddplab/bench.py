@@ -55,6 +55,7 @@ class Setup:
     devices: int
     amp: str = "off"
     same_as: Optional[str] = None  # measured already under another name (N = 2 here)
+    repeats: Optional[int] = None  # measured epochs, when not the table's number
 
 
 @dataclass
@@ -94,12 +95,16 @@ def plan(gpus: Optional[int] = None, cpus: Optional[int] = None) -> list[Setup]:
     n = gpus if gpus > 0 else max(2, cpus or os.cpu_count() or 2)
     amp = "fp16" if gpus > 0 else "bf16"  # CPU autocast computes in bfloat16
     same = "DDP x2" if n == 2 else None
+    # A CPU without bf16 units emulates every bf16 operation, tens of times slower than
+    # float32 (notebook 06): one measured epoch after the warm-up shows it, at a fraction
+    # of the time.
+    amp_repeats = None if gpus > 0 else 1
     return [
         Setup("single", 1, "single", 1),
         Setup("DataParallel", 1, "dp", max(1, gpus)),
         Setup("DDP x2", 2, "ddp", 2),
         Setup("DDP xN", n, "ddp", n, same_as=same),
-        Setup("DDP xN + AMP", n, "ddp", n, amp=amp),
+        Setup("DDP xN + AMP", n, "ddp", n, amp=amp, repeats=amp_repeats),
     ]
 
 
@@ -111,7 +116,7 @@ def measure(setup: Setup, workload: str = "digits", *, repeats: int = 3, batch_s
     Args:
         setup: processes, mode and AMP of the run.
         workload: ``digits``, ``synthetic`` or ``cifar10``.
-        repeats: measured epochs; the row holds their median.
+        repeats: measured epochs; the row holds their median (``setup.repeats`` wins).
         batch_size: per process (the global batch grows with the processes, as in the source).
         quiet: hide the workers' output.
         timeout: seconds before the launch is ended.
@@ -121,6 +126,7 @@ def measure(setup: Setup, workload: str = "digits", *, repeats: int = 3, batch_s
 
     Lesson: 09.
     """
+    repeats = setup.repeats or repeats
     args = [*workload_args(workload), "--epochs", repeats + 1, "--batch-size", batch_size,
             "--mode", setup.mode, "--amp", setup.amp, "--seed", 0]
     result = launch(TRAIN, setup.nprocs, args=args, quiet=quiet, live=False, timeout=timeout)

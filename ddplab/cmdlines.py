@@ -151,7 +151,8 @@ def parse_outcome(parse: Callable[[list[str]], argparse.Namespace], argv: Sequen
 
 
 _FAKE_SRUN = """#!/bin/sh
-{python} -c 'import json, os, sys; print(json.dumps({{"argv": sys.argv[1:], "omp": os.environ.get("OMP_NUM_THREADS")}}))' "$@" > "{out}"
+{python} -c 'import json, os, sys
+print(json.dumps({{"argv": sys.argv[1:], "omp": os.environ.get("OMP_NUM_THREADS")}}))' "$@" > "{out}"
 """
 _FAKE_SCONTROL = """#!/bin/sh
 seq -f 'node%03g' 1 "$SLURM_NNODES"

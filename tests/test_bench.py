@@ -15,9 +15,11 @@ def test_plan_has_the_source_rows_and_reuses_ddp_x2_when_n_is_2():
     assert [s.name for s in setups] == list(bench.SOURCE_SECONDS)
     by = {s.name: s for s in setups}
     assert by["DDP xN"].same_as == "DDP x2" and by["DDP xN + AMP"].amp == "bf16"
+    assert by["DDP xN + AMP"].repeats == 1 and by["single"].repeats is None   # bf16 emulated
     gpu = {s.name: s for s in bench.plan(gpus=8)}
     assert gpu["DDP xN"].nprocs == 8 and gpu["DDP xN"].same_as is None
     assert gpu["DataParallel"].devices == 8 and gpu["DDP xN + AMP"].amp == "fp16"
+    assert gpu["DDP xN + AMP"].repeats is None
 
 
 def test_batch_runs_use_processes_then_accumulation():

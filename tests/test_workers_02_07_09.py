@@ -141,13 +141,14 @@ def test_loader_workers_without_a_seed_per_rank_repeat_each_others_augmentations
 
 
 def test_persistent_workers_and_a_generator_per_rank():
-    draws = pipeline("--num-workers", "2", "--persistent-workers", "--seed-per-rank")["draws"]
+    draws = pipeline("--num-workers", "2", "--persistent-workers",
+                     "--loader-seed-per-rank")["draws"]
     assert draws[0, 0]["value"] != draws[1, 0]["value"]
     assert draws[0, 0]["workers"] == draws[0, 1]["workers"]            # kept between epochs
 
 
 def test_seed_per_rank_without_workers_and_the_tensor_loader():
-    draws = pipeline("--seed-per-rank")["draws"]
+    draws = pipeline("--loader-seed-per-rank")["draws"]
     assert draws[0, 0]["value"] != draws[1, 0]["value"] and draws[0, 0]["workers"] == []
     tensor = pipeline("--loader", "tensor")
     assert len(tensor["steps"]) == 4 and all(e["wait_ms"] >= 0 for e in tensor["steps"])

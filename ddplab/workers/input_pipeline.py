@@ -1,4 +1,4 @@
-"""Each rank's input pipeline: DataLoader workers, pinned memory, seeds, and where a step's time goes.
+"""Each rank's input pipeline: loader workers, pinned memory, seeds, and where a step's time goes.
 
 Run it (2 processes; every flag is optional)::
 
@@ -17,7 +17,8 @@ Every step is split into the time the rank **waited for its batch** (``next(load
 time it **computed** (copy to the device, forward, backward, step, device synchronised): a
 step is input-bound when the first dominates.
 
-Events, every rank: ``metric`` ``pipeline`` (the loader settings), per epoch ``metric``
+Events, every rank: ``metric`` ``pipeline`` (the loader settings, and the TF32 settings float32
+work ran with: ``tf32_matmul``, ``tf32_cudnn``, ``float32_matmul_precision``), per epoch ``metric``
 ``steps`` (``wait_ms`` and ``compute_ms`` medians, ``first_wait_ms``: the wait for the
 epoch's first batch, ``samples``, ``epoch_time``), and ``metric`` ``draws``: the augmentation
 strengths of the first batch of each epoch and the pids of the loader workers that produced
@@ -51,7 +52,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--num-workers", type=int, default=0, help="loader processes per rank")
     p.add_argument("--persistent-workers", action="store_true",
                    help="keep the loader processes from one epoch to the next")
-    p.add_argument("--seed-per-rank", action="store_true",
+    p.add_argument("--loader-seed-per-rank", action="store_true",
                    help="give each rank's loader its own generator (seed + rank)")
     p.add_argument("--decode-ms", type=float, default=0.0, help="per-sample loading time")
     p.add_argument("--width", type=int, default=32, help="channels of the CNN (its compute)")
@@ -99,7 +100,7 @@ def make_loader(dataset: Dataset, args: argparse.Namespace, info: dist.DistInfo)
     sampler = DistributedSampler(dataset, num_replicas=info.world_size, rank=info.rank,
                                  seed=args.seed)  # the same shuffle seed on every rank
     generator = torch.Generator()
-    generator.manual_seed(args.seed + info.rank if args.seed_per_rank else args.seed)
+    generator.manual_seed(args.seed + info.rank if args.loader_seed_per_rank else args.seed)
     workers = args.num_workers
     return DataLoader(
         dataset, batch_size=args.batch_size, sampler=sampler,
@@ -139,14 +140,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         "loader": args.loader, "num_workers": args.num_workers,
         "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
         "pin_memory": bool(getattr(loader, "pin_memory", False)),
-        "seed_per_rank": args.seed_per_rank, "decode_ms": args.decode_ms, "width": args.width,
-        "device": str(device)})
+        "loader_seed_per_rank": args.loader_seed_per_rank, "decode_ms": args.decode_ms,
+        "width": args.width, "device": str(device),
+        # what float32 means in this run on an NVIDIA GPU: TF32 for matmuls and convolutions?
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision()})
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = models.SmallCNN(split.in_channels, split.num_classes, width=args.width).to(device)
     model = DDP(model, device_ids=info.device_ids) if info.world_size > 1 else model
     # [seed-per-rank]
-    if args.seed_per_rank:  # without loader workers, samples draw from the rank's own RNG
+    if args.loader_seed_per_rank:  # without loader workers, samples draw from the rank's own RNG
         torch.manual_seed(args.seed + info.rank)
     # [/seed-per-rank]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
