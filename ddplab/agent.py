@@ -87,6 +87,10 @@ def run_worker(target: str, argv: list[str], rank_fds: list[int], threads: int) 
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     _warn_if_cuda_unusable(torch)
+    # torch reads TORCH_DISTRIBUTED_DEBUG once, when torch.distributed is imported: in the
+    # helper, before this job's environment was set. Read it again, as a fresh process would.
+    if torch.distributed.is_available() and hasattr(torch.distributed, "set_debug_level_from_env"):
+        torch.distributed.set_debug_level_from_env()
     if callable(getattr(atexit, "_clear", None)):
         atexit._clear()  # handlers the helper registered are not this script's
     option = {"underscore": "--local_rank", "dash": "--local-rank"}.get(

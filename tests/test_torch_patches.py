@@ -66,3 +66,14 @@ def test_two_nodes_without_adjustments():
     assert [r.ok for r in results] == [True, True], [r.error for r in results]
     assert all(re.search(r"sum 3", "\n".join(r.log(rank) for rank in r.logs))
                for r in results)
+
+
+def test_a_job_sees_the_debug_level_its_environment_asks_for(tmp_path):
+    """torch reads TORCH_DISTRIBUTED_DEBUG at import, in the helper: a worker must read it anew."""
+    script = tmp_path / "level.py"
+    script.write_text("import torch.distributed as dist\n"
+                      "print('debug', dist.get_debug_level(), flush=True)\n")
+    detail = launch(script, 2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, quiet=True, timeout=120)
+    plain = launch(script, 2, quiet=True, timeout=120)
+    assert detail.log(0) == detail.log(1) == "debug DebugLevel.DETAIL", detail.error
+    assert plain.log(1) == "debug DebugLevel.OFF", plain.error
