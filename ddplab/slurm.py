@@ -126,8 +126,11 @@ def node_commands(
 ) -> list[str]:
     """The command to type on each machine of a manual multi-node run, node 0 first.
 
-    Every machine runs the same command except ``--node-rank``; ``endpoint`` is node 0's
-    address as the other machines reach it (127.0.0.1 only when all "nodes" are this machine).
+    With torchrun every machine runs the very same command: the c10d rendezvous numbers the
+    nodes and ignores ``--node-rank``, so it is left out. ddplab's command differs only in
+    ``--node-rank``, which marks the launcher that hosts the rendezvous store. ``endpoint`` is
+    node 0's address as the other machines reach it (127.0.0.1 only when all "nodes" are this
+    machine).
 
     Args:
         target: module the workers run.
@@ -148,7 +151,7 @@ def node_commands(
             head = (f"python -m ddplab launch --nnodes {nnodes} --node-rank {node} "
                     f"--nproc-per-node {nproc_per_node} --rdzv-endpoint {endpoint}")
         else:
-            head = (f"torchrun --nnodes {nnodes} --node-rank {node} --nproc-per-node "
+            head = (f"torchrun --nnodes {nnodes} --nproc-per-node "
                     f"{nproc_per_node} --rdzv-backend c10d --rdzv-endpoint {endpoint} "
                     f"--rdzv-id my-job -m")
         commands.append(f"{head} {rest}")

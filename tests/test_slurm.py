@@ -69,11 +69,18 @@ def test_the_script_runs_with_fake_slurm_commands(tmp_path):
 
 
 def test_node_commands_differ_only_in_the_node_rank():
-    for tool in ("ddplab", "torchrun"):
-        first, second = slurm.node_commands("ddplab.workers.train", ["--epochs", "1"], tool=tool)
-        assert "--node-rank 0" in first and "--node-rank 1" in second
-        assert first.replace("--node-rank 0", "--node-rank 1") == second
-        assert "--rdzv-endpoint 127.0.0.1:29500" in first
+    first, second = slurm.node_commands("ddplab.workers.train", ["--epochs", "1"], tool="ddplab")
+    assert "--node-rank 0" in first and "--node-rank 1" in second
+    assert first.replace("--node-rank 0", "--node-rank 1") == second
+    assert "--rdzv-endpoint 127.0.0.1:29500" in first
+
+
+def test_torchrun_commands_are_the_same_on_every_node():
+    """c10d numbers the nodes at the rendezvous and ignores --node-rank: none is printed."""
+    commands = slurm.node_commands("ddplab.workers.train", ["--epochs", "1"], nnodes=3,
+                                   tool="torchrun")
+    assert len(commands) == 3 and len(set(commands)) == 1
+    assert "--node-rank" not in commands[0] and "--rdzv-backend c10d" in commands[0]
 
 
 def test_cli_prints_the_script(capsys):

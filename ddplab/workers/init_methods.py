@@ -68,6 +68,7 @@ def join(init_method: str, backend: str, rank: int, world_size: int, timeout: fl
 
     Lesson: 07.
     """
+    _no_agent_store_for(init_method)
     # [join]
     # Every process runs this same line; only RANK differs. env:// reads MASTER_ADDR and
     # MASTER_PORT; tcp:// names rank 0's address; file:// names a file that must not exist yet.
@@ -76,6 +77,19 @@ def join(init_method: str, backend: str, rank: int, world_size: int, timeout: fl
         timeout=timedelta(seconds=timeout),
     )
     # [/join]
+
+
+def _no_agent_store_for(init_method: str) -> None:
+    """Let a ``tcp://`` address that is not torchrun's own store be hosted by rank 0.
+
+    Under torchrun every worker is told (``TORCHELASTIC_USE_AGENT_STORE``) to join the agent's
+    store as a client. Recent torch applies that only when the address is the agent's
+    ``MASTER_ADDR:MASTER_PORT``; torch 2.6 applies it to any ``tcp://`` address, so every rank
+    would wait for a store nobody hosts. Not needed outside torchrun.
+    """
+    own = f"tcp://{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    if init_method.startswith("tcp://") and init_method != own:
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
 
 
 def crash() -> None:
