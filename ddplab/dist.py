@@ -1,4 +1,4 @@
-"""Worker-side helpers for torch.distributed: setup, rank info, barrier, print0, save_on_main.
+"""Worker-side helpers for torch.distributed: setup, rank info, barrier, print0, collectives.
 
 Everything here needs only torch and the standard library, so any function can be copied into
 your own training script. A torchrun-style worker reads::
@@ -12,7 +12,8 @@ your own training script. A torchrun-style worker reads::
     ...
     cleanup()
 
-Lessons: 03 (setup by hand and with mp.spawn), 05 (barrier, save on rank 0), 07 (torchrun).
+Lessons: 03 (setup by hand and with mp.spawn; numbers summed, averaged and gathered over ranks),
+05 (barrier, save on rank 0), 07 (torchrun).
 """
 
 from __future__ import annotations
@@ -245,10 +246,48 @@ def save_on_main(save: Callable[[], Any]) -> Any:
     return result
 
 
+# ------------------------------------------------------------------ collectives on numbers
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over all ranks in place and return it (unchanged in a world of one).
+
+    Example::
+
+        counts = all_reduce_sum(torch.tensor([correct, total], device=info.device))
+
+    Lesson: 01, 03 (the training loop sums losses and test counts over ranks).
+    """
+    if get_world_size() > 1:
+        dist.all_reduce(tensor)
+    return tensor
+
+
 def all_reduce_mean(value: float, device: Optional[torch.device] = None) -> float:
-    """Average a Python number over all ranks (for logging a loss or accuracy)."""
-    if get_world_size() == 1:
-        return float(value)
+    """Average a Python number over all ranks (for logging a loss or accuracy).
+
+    ``device`` is the rank's device (nccl reduces GPU tensors only).
+
+    Lesson: 03, 11.
+    """
     tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor)
-    return float(tensor.item()) / get_world_size()
+    return float(all_reduce_sum(tensor).item()) / get_world_size()
+
+
+def all_gather_floats(value: float, device: Optional[torch.device] = None) -> list[float]:
+    """Return ``value`` from every rank, in rank order (``[value]`` in a world of one).
+
+    Example::
+
+        checksums = all_gather_floats(param_sum, info.device)
+        assert len(set(checksums)) == 1          # DDP kept the weights equal on every rank
+
+    Lesson: 03 (equal weights on every rank).
+    """
+    world = get_world_size()
+    if world == 1:
+        return [float(value)]
+    mine = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    gathered = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    return [float(t.item()) for t in gathered]

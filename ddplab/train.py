@@ -411,32 +411,8 @@ def evaluate(model: nn.Module, loader: Loader, device: torch.device,
         counts[0] += (predictions == labels).sum()
         counts[1] += len(labels)
     net.train(was_training)
-    counts = all_reduce_sum(counts)
+    counts = dist.all_reduce_sum(counts)
     return float(counts[0] / counts[1]) if counts[1] > 0 else float("nan")
-
-
-def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum a tensor over all ranks in place (no-op in a world of one) and return it.
-
-    Lesson: 08.
-    """
-    if dist.get_world_size() > 1:
-        torch_dist.all_reduce(tensor)
-    return tensor
-
-
-def all_gather_floats(value: float, device: torch.device) -> list[float]:
-    """Return ``value`` from every rank, in rank order (``[value]`` in a world of one).
-
-    Lesson: 03, 08.
-    """
-    world = dist.get_world_size()
-    if world == 1:
-        return [float(value)]
-    mine = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    gathered = [torch.zeros_like(mine) for _ in range(world)]
-    torch_dist.all_gather(gathered, mine)
-    return [float(t.item()) for t in gathered]
 
 
 def fit_epoch(
@@ -493,8 +469,8 @@ def fit_epoch(
     )
     sync_device(info.device)
     epoch_time = time.perf_counter() - start
-    totals = all_reduce_sum(torch.tensor([loss_sum, steps_done, samples], dtype=torch.float64,
-                                         device=info.device))
+    totals = dist.all_reduce_sum(torch.tensor([loss_sum, steps_done, samples],
+                                              dtype=torch.float64, device=info.device))
     accuracy = evaluate(model, test_loader, info.device, amp_dtype)
     record = EpochRecord(
         epoch=epoch + 1, loss=float(totals[0] / totals[1]), accuracy=accuracy,
@@ -579,8 +555,8 @@ def summarize(
 
     Lesson: every lesson that launches the training worker.
     """
-    checksums = all_gather_floats(param_checksum(model), info.device)
-    seen = all_gather_floats(samples_seen, info.device)
+    checksums = dist.all_gather_floats(param_checksum(model), info.device)
+    seen = dist.all_gather_floats(samples_seen, info.device)
     last = history[-1] if history else {}
     summary = {
         **config,

@@ -1,5 +1,6 @@
-"""Device and backend decisions of ddplab.dist, with CUDA patched in to look like GPUs."""
+"""ddplab.dist: device and backend decisions (CUDA patched in to look like GPUs), collectives."""
 
+import json
 from unittest import mock
 
 import pytest
@@ -82,3 +83,37 @@ def test_prefixed_stream_writes_whole_lines():
     assert raw.getvalue() == ""
     stream.write("b\nc\n")
     assert raw.getvalue() == "[rank1] ab\n[rank1] c\n"
+
+
+def test_collectives_in_a_world_of_one_return_the_value(monkeypatch):
+    monkeypatch.setattr(ddist, "get_world_size", lambda: 1)
+    tensor = torch.tensor([1.0, 2.0])
+    assert ddist.all_reduce_sum(tensor) is tensor and tensor.tolist() == [1.0, 2.0]
+    assert ddist.all_gather_floats(3) == [3.0]
+    assert ddist.all_reduce_mean(2.5) == 2.5
+
+
+def _collectives(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                         world_size=world_size)
+    try:
+        facts = {
+            "sum": ddist.all_reduce_sum(torch.tensor([rank + 1.0, 1.0])).tolist(),
+            "mean": ddist.all_reduce_mean(rank * 2.0),
+            "gathered": ddist.all_gather_floats(rank * 10.0 + 0.5),
+        }
+    finally:
+        ddist.cleanup()
+    with open(f"{out_dir}/{rank}.json", "w") as file:
+        json.dump(facts, file)
+
+
+@pytest.mark.slow
+def test_collectives_on_three_gloo_processes(tmp_path):
+    torch.multiprocessing.spawn(_collectives, args=(3, str(tmp_path / "init"), str(tmp_path)),
+                                nprocs=3)
+    facts = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(3)]
+    for fact in facts:  # every rank gets the same answer
+        assert fact["sum"] == [1.0 + 2.0 + 3.0, 3.0]
+        assert fact["mean"] == pytest.approx((0 + 2 + 4) / 3)
+        assert fact["gathered"] == [0.5, 10.5, 20.5]  # in rank order

@@ -31,6 +31,12 @@ from typing import Optional, Sequence
 
 import torch
 import torch.distributed as torch_dist
+# Imported before any process group exists: its functions take ``group=group.WORLD`` as a
+# default, evaluated at import. Imported later (DDP's constructor does), they would hold the
+# group for good, and its gloo threads would outlive destroy_process_group() into the
+# interpreter's exit, where they abort the process now and then ("terminate called without an
+# active exception").
+import torch.distributed.nn  # noqa: F401
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -121,8 +127,8 @@ def main(rank: int, world_size: int, args: argparse.Namespace) -> None:
 
     # [checksum]
     mine = checksum(list(model.parameters()))
-    everyone = train.all_gather_floats(mine, device)   # every rank's checksum, in rank order
-    samples = [int(n) for n in train.all_gather_floats(seen, device)]
+    everyone = dist.all_gather_floats(mine, device)   # every rank's checksum, in rank order
+    samples = [int(n) for n in dist.all_gather_floats(seen, device)]
     print(f"param checksum {mine:.12f}", flush=True)
     events.emit("metric", rank=rank, name="param_checksum", value=mine)
     if len(set(everyone)) != 1:
