@@ -1,7 +1,9 @@
 """Checkpoints that survive crashes: rank-0 atomic save, barrier, map_location load, resume.
 
 Self-contained (torch and the standard library only; numpy's RNG is saved when numpy is
-installed), so you can copy this file into your own project. In a training script::
+installed), so you can copy this file alone into your own project. That is why the one place
+that needs the process group, ``save_checkpoint`` (rank 0 writes, every rank waits), asks
+``torch.distributed`` directly instead of importing ``ddplab.dist``. In a training script::
 
     from ddplab.checkpoint import save_checkpoint, load_checkpoint
 
@@ -114,17 +116,6 @@ def map_location_for(device: Union[torch.device, str, None] = None) -> torch.dev
     return device
 
 
-def _rank() -> int:
-    """This process's rank, 0 without a process group."""
-    return torch_dist.get_rank() if torch_dist.is_available() and torch_dist.is_initialized() else 0
-
-
-def _barrier() -> None:
-    """Wait for every rank; a no-op without a process group."""
-    if torch_dist.is_available() and torch_dist.is_initialized():
-        torch_dist.barrier()
-
-
 # ---------------------------------------------------------------------------------- RNG
 
 
@@ -235,7 +226,8 @@ def save_checkpoint(
 
     Lesson: 05.
     """
-    if _rank() == 0:
+    grouped = torch_dist.is_available() and torch_dist.is_initialized()  # see the module doc
+    if not grouped or torch_dist.get_rank() == 0:
         state = {
             "format": FORMAT,
             "model": unwrap_model(model).state_dict(),
@@ -247,7 +239,8 @@ def save_checkpoint(
             "extra": dict(extra or {}),
         }
         atomic_save(state, path)
-    _barrier()
+    if grouped:
+        torch_dist.barrier()  # nobody reads, or deletes, the file before it is complete
 
 
 # ---------------------------------------------------------------------------------- load

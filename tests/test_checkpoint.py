@@ -193,3 +193,39 @@ def test_cuda_rng_state_of_this_gpu_is_saved_and_restored(tmp_path: Path) -> Non
         checkpoint.load_checkpoint(tmp_path / "c.pt", model, device="cpu")
     (restored,), _ = set_state.call_args
     assert torch.equal(restored, state)
+
+
+def _save_on_two_ranks(rank: int, init_file: str, folder: str) -> None:
+    """One rank of a gloo job: save (rank 0 slowly), then check the file right away."""
+    import json
+    import time
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                         world_size=2)
+    writes = []
+    real_save = checkpoint.atomic_save
+
+    def slow_save(obj, path):  # a slow disk: rank 1 must wait at the barrier
+        writes.append(path)
+        time.sleep(1.0)
+        real_save(obj, path)
+
+    checkpoint.atomic_save = slow_save
+    path = os.path.join(folder, "c.pt")
+    model, optimizer = _trained_pair()
+    checkpoint.save_checkpoint(path, model, optimizer, epoch=1)
+    found = os.path.exists(path)  # right after save_checkpoint returns, on every rank
+    torch.distributed.destroy_process_group()
+    with open(os.path.join(folder, f"rank{rank}.json"), "w") as file:
+        json.dump({"writes": len(writes), "found": found}, file)
+
+
+@pytest.mark.slow
+def test_only_rank0_writes_and_every_rank_finds_the_file(tmp_path: Path) -> None:
+    import json
+
+    torch.multiprocessing.spawn(_save_on_two_ranks, args=(str(tmp_path / "init"), str(tmp_path)),
+                                nprocs=2)
+    facts = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [f["writes"] for f in facts] == [1, 0]
+    assert all(f["found"] for f in facts)
