@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from common import HERE, figure, interleaved, save, save_figure, summary
-from ddplab import data, models, train
+from ddplab import amp, data, models, train
 
 TENSOR = "tensor loader (ddplab)"
 TORCHVISION = "per-sample DataLoader, torchvision-style (PIL, ToTensor, Normalize)"
@@ -115,7 +115,7 @@ def epoch_runner(name: str, loader: data.Loader, in_channels: int) -> Callable[[
     torch.manual_seed(0)
     model = models.build_model("cnn", 10, in_channels)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    scaler = train.make_grad_scaler("off", torch.device("cpu"))
+    scaler = amp.make_grad_scaler("off", torch.device("cpu"))
     epoch = 0
 
     def run() -> float:

@@ -7,8 +7,9 @@ One loop, three modes (``--mode``):
 - ``ddp``: one process per device, ``DistributedDataParallel(model, device_ids=info.device_ids)``.
 
 Every device decision is a small pure function, so the CPU path runs the same code as the GPU
-path and each decision is tested with CUDA faked: ``autocast_dtype``, ``grad_scaler_enabled``,
-``ddp_device_ids``, ``dp_device_ids``, ``sync_device`` (and ``checkpoint.map_location_for``).
+path and each decision is tested with CUDA faked: ``ddp_device_ids``, ``dp_device_ids``,
+``sync_device`` here, the autocast dtype and the GradScaler in ``ddplab.amp`` (and
+``checkpoint.map_location_for``).
 
 One optimizer step with ``grad_accum = k`` runs k micro-batches; each loss is divided by k so
 the accumulated gradient is the mean over micro-batches, and under DDP the first k-1 backward
@@ -30,7 +31,6 @@ import random
 import statistics
 import sys
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, ContextManager, Iterable, Iterator, Optional, Sequence
 
@@ -41,71 +41,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ddplab import checkpoint, dist, events
+from ddplab.amp import autocast_dtype
 from ddplab.data import Batch, Loader
 
 MODES = ("single", "dp", "ddp")
-AMP_MODES = ("off", "bf16", "fp16")
 STOP_EXIT_CODE = 3  # the exit code of --stop-after-epoch, so a test can tell it from a bug
 
 
 # ------------------------------------------------------------------ device decisions (pure)
-
-
-def autocast_dtype(amp: str, device_type: str) -> Optional[torch.dtype]:
-    """Return the autocast dtype for ``--amp`` on a device type, or None for full precision.
-
-    ``fp16`` on a CPU falls back to ``bf16`` with a warning (CPU autocast is made for bfloat16,
-    and fp16 there would also need a GradScaler for no gain), so one cell runs on any machine.
-
-    Args:
-        amp: ``"off"``, ``"bf16"`` or ``"fp16"``.
-        device_type: ``"cuda"`` or ``"cpu"`` (``device.type``).
-
-    Returns:
-        ``torch.bfloat16``, ``torch.float16`` or None.
-
-    Lesson: 06.
-    """
-    if amp not in AMP_MODES:
-        raise ValueError(f"unknown --amp {amp!r}: choose one of {', '.join(AMP_MODES)}.")
-    if amp == "off":
-        return None
-    if amp == "fp16" and device_type != "cuda":
-        warnings.warn(
-            f"--amp fp16 on {device_type}: using bfloat16 instead (autocast on CPU uses bf16). "
-            "Pass --amp bf16 to silence this.",
-            stacklevel=2,
-        )
-        return torch.bfloat16
-    return torch.float16 if amp == "fp16" else torch.bfloat16
-
-
-def dtype_name(dtype: Optional[torch.dtype]) -> Optional[str]:
-    """Return ``"bfloat16"`` for ``torch.bfloat16`` (None stays None), for JSON summaries.
-
-    Lesson: 06.
-    """
-    return None if dtype is None else str(dtype).removeprefix("torch.")
-
-
-def grad_scaler_enabled(amp: str, device_type: str) -> bool:
-    """True when gradients need loss scaling: fp16 autocast on a GPU (bf16 never does).
-
-    Lesson: 06.
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # autocast_dtype already warned about the fallback
-        return autocast_dtype(amp, device_type) == torch.float16
-
-
-def make_grad_scaler(amp: str, device: torch.device) -> torch.amp.GradScaler:
-    """Return a ``torch.amp.GradScaler`` for ``device``, enabled only when fp16 needs it.
-
-    A disabled scaler passes losses and steps through unchanged, so the loop has one shape.
-
-    Lesson: 06.
-    """
-    return torch.amp.GradScaler(device.type, enabled=grad_scaler_enabled(amp, device.type))
 
 
 def ddp_device_ids(device: torch.device) -> Optional[list[int]]:

@@ -11,36 +11,13 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from ddplab import data, dist, events, train
+from ddplab import amp, data, dist, events, train
 
 CPU = dist.DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"),
                     backend="gloo")
 
 
 # ---------------------------------------------------------------------- device decisions
-
-
-def test_autocast_dtype_per_device() -> None:
-    assert train.autocast_dtype("off", "cuda") is None
-    assert train.autocast_dtype("off", "cpu") is None
-    assert train.autocast_dtype("bf16", "cuda") is torch.bfloat16
-    assert train.autocast_dtype("bf16", "cpu") is torch.bfloat16
-    assert train.autocast_dtype("fp16", "cuda") is torch.float16
-    with pytest.raises(ValueError, match="bf16"):
-        train.autocast_dtype("fp8", "cuda")
-
-
-def test_fp16_on_cpu_falls_back_to_bf16_with_a_warning() -> None:
-    with pytest.warns(UserWarning, match="--amp bf16"):
-        assert train.autocast_dtype("fp16", "cpu") is torch.bfloat16
-
-
-def test_grad_scaler_only_for_fp16_on_gpu() -> None:
-    assert train.grad_scaler_enabled("fp16", "cuda")
-    assert not train.grad_scaler_enabled("bf16", "cuda")
-    assert not train.grad_scaler_enabled("off", "cuda")
-    assert not train.grad_scaler_enabled("fp16", "cpu")  # it became bf16
-    assert not train.make_grad_scaler("fp16", torch.device("cpu")).is_enabled()
 
 
 def test_device_ids_for_ddp_and_dp() -> None:
@@ -115,7 +92,7 @@ class _RecordsNoSync(nn.Linear):
 def test_no_sync_on_all_but_the_last_micro_batch() -> None:
     model = _RecordsNoSync()
     group = [(torch.randn(4, 3), torch.randint(2, (4,))) for _ in range(3)]
-    scaler = train.make_grad_scaler("off", torch.device("cpu"))
+    scaler = amp.make_grad_scaler("off", torch.device("cpu"))
     train.accumulate(model, group, scaler, torch.device("cpu"), None)
     assert model.backwards == [True, True, False]
 
@@ -128,7 +105,7 @@ def test_accumulated_gradient_equals_the_full_batch_gradient() -> None:
     full = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     group = [(inputs[:6], labels[:6]), (inputs[6:], labels[6:])]
-    scaler = train.make_grad_scaler("off", torch.device("cpu"))
+    scaler = amp.make_grad_scaler("off", torch.device("cpu"))
     loss = train.accumulate(model, group, scaler, torch.device("cpu"), None)
     for p, g in zip(model.parameters(), full, strict=True):
         torch.testing.assert_close(p.grad, g)
@@ -156,7 +133,7 @@ def test_train_epoch_steps_and_reports_progress(capsys: pytest.CaptureFixture) -
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     before = train.param_checksum(model)
     loss_sum, steps, samples = train.train_epoch(
-        model, loader, optimizer, train.make_grad_scaler("off", CPU.device), device=CPU.device,
+        model, loader, optimizer, amp.make_grad_scaler("off", CPU.device), device=CPU.device,
         amp_dtype=None, grad_accum=2, lr=0.1, warmup_steps=0, first_step=0, epoch=1, epochs=1,
         report=True,
     )
@@ -199,32 +176,3 @@ def test_summary_is_emitted_once_with_its_fields(capsys: pytest.CaptureFixture) 
     assert summary["global_batch"] == 32 and summary["samples_seen_per_rank"] == [80]
     assert summary["final_accuracy"] == 0.8 and summary["samples_per_s"] == 20.0
     assert summary["epochs"] == 2 and summary["mode"] == "single"
-
-
-# ---------------------------------------------------------------------- layering
-
-WORKER_SIDE = {"workers/train": {"train", "data", "models", "checkpoint", "dist", "events"},
-               "train": {"data", "models", "checkpoint", "dist", "events"},
-               "data": {"dist", "events"}, "models": set(), "checkpoint": set()}
-
-
-@pytest.mark.parametrize("module", sorted(WORKER_SIDE))
-def test_worker_side_imports_point_downwards(module: str) -> None:
-    """Each worker-side module imports only the ddplab modules below it (no kernel side)."""
-    import ast
-    from pathlib import Path
-
-    import ddplab.data
-
-    source = Path(ddplab.data.__file__).parent.joinpath(f"{module}.py").read_text()
-    used = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ddplab"):
-            names = [node.module.removeprefix("ddplab").lstrip(".")]
-            if node.module == "ddplab":
-                names = [alias.name for alias in node.names]
-            used.update(n for n in names if n)
-        elif isinstance(node, ast.Import):
-            used.update(a.name.removeprefix("ddplab.") for a in node.names
-                        if a.name.startswith("ddplab."))
-    assert used <= WORKER_SIDE[module], used - WORKER_SIDE[module]

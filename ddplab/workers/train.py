@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ddplab import checkpoint, data, dist, models, train
+from ddplab import amp, checkpoint, data, dist, models, train
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -42,7 +42,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05, help="base learning rate (SGD)")
     p.add_argument("--scale-lr", action="store_true", help="lr x world size x grad accum")
     p.add_argument("--warmup-epochs", type=float, default=0.0, help="linear LR warm-up")
-    p.add_argument("--amp", choices=train.AMP_MODES, default="off")
+    p.add_argument("--amp", choices=amp.AMP_MODES, default="off")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm (ddp, GPUs)")
     p.add_argument("--no-set-epoch", action="store_true", help="skip sampler.set_epoch (bug)")
@@ -92,7 +92,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     model = train.wrap_model(model, args.mode, info, sync_bn=args.sync_bn)
     lr = train.effective_lr(args.lr, info.world_size, args.grad_accum, args.scale_lr)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    scaler = train.make_grad_scaler(args.amp, info.device)
+    scaler = amp.make_grad_scaler(args.amp, info.device)
     path = os.path.join(args.checkpoint_dir or ".", "checkpoint.pt")
     start, history = 0, []
     if args.resume is not None:
@@ -120,7 +120,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     summary = train.summarize(
         model, info, history, samples_seen=samples_seen, lr=lr, batch_size=args.batch_size,
         grad_accum=args.grad_accum, base_lr=args.lr, start_epoch=start, mode=args.mode,
-        amp=args.amp, amp_dtype=train.dtype_name(train.autocast_dtype(args.amp, info.device.type)),
+        amp=args.amp, amp_dtype=amp.dtype_name(amp.autocast_dtype(args.amp, info.device.type)),
         dataset=args.dataset, model=name, loader=args.loader, seed=args.seed,
         set_epoch=not args.no_set_epoch, sync_bn=args.sync_bn,
     )

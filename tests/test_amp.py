@@ -1,0 +1,53 @@
+"""ddplab.amp: what --amp means on each device, and when a GradScaler is needed (CUDA faked)."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+
+from ddplab import amp
+
+
+def gpus(count: int):
+    """Make torch report ``count`` GPUs without touching CUDA."""
+    return mock.patch.multiple(torch.cuda, is_available=mock.Mock(return_value=count > 0),
+                               device_count=mock.Mock(return_value=count))
+
+
+def test_autocast_dtype_per_device() -> None:
+    assert amp.autocast_dtype("off", "cuda") is None
+    assert amp.autocast_dtype("off", "cpu") is None
+    assert amp.autocast_dtype("bf16", "cuda") is torch.bfloat16
+    assert amp.autocast_dtype("bf16", "cpu") is torch.bfloat16
+    assert amp.autocast_dtype("fp16", "cuda") is torch.float16
+    with pytest.raises(ValueError, match="bf16"):
+        amp.autocast_dtype("fp8", "cuda")
+
+
+def test_fp16_on_cpu_falls_back_to_bf16_with_a_warning() -> None:
+    with pytest.warns(UserWarning, match="--amp bf16"):
+        assert amp.autocast_dtype("fp16", "cpu") is torch.bfloat16
+
+
+def test_grad_scaler_only_for_fp16_on_gpu() -> None:
+    assert amp.grad_scaler_enabled("fp16", "cuda")
+    assert not amp.grad_scaler_enabled("bf16", "cuda")
+    assert not amp.grad_scaler_enabled("off", "cuda")
+    assert not amp.grad_scaler_enabled("fp16", "cpu")  # it became bf16
+    assert not amp.make_grad_scaler("fp16", torch.device("cpu")).is_enabled()
+
+
+def test_grad_scaler_on_a_gpu_is_enabled_for_fp16_only() -> None:
+    with gpus(2):
+        assert amp.make_grad_scaler("fp16", torch.device("cuda", 1)).is_enabled()
+        assert not amp.make_grad_scaler("bf16", torch.device("cuda", 1)).is_enabled()
+        assert not amp.make_grad_scaler("off", torch.device("cuda", 1)).is_enabled()
+    assert not torch.cuda.is_initialized()  # decided without touching CUDA
+
+
+def test_dtype_name_for_json_summaries() -> None:
+    assert amp.dtype_name(amp.autocast_dtype("bf16", "cpu")) == "bfloat16"
+    assert amp.dtype_name(amp.autocast_dtype("fp16", "cuda")) == "float16"
+    assert amp.dtype_name(None) is None
