@@ -42,6 +42,7 @@ from torch import nn
 
 from ddplab import checkpoint, dist, events
 from ddplab.amp import autocast_dtype
+from ddplab.schedule import lr_at
 from ddplab.data import Batch, Loader
 
 MODES = ("single", "dp", "ddp")
@@ -76,28 +77,6 @@ def sync_device(device: torch.device) -> None:
     """
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def effective_lr(base_lr: float, world_size: int, grad_accum: int, scale_lr: bool) -> float:
-    """Return the learning rate to train with: scaled linearly with the global batch if asked.
-
-    The linear scaling rule (Goyal et al. 2017): k times the samples per step, k times the LR,
-    here k = world_size x grad_accum relative to one process with one micro-batch.
-
-    Lesson: 03.
-    """
-    return base_lr * world_size * grad_accum if scale_lr else base_lr
-
-
-def lr_at(step: int, lr: float, warmup_steps: int) -> float:
-    """Return the LR of optimizer step ``step`` (0-based) under a linear warm-up.
-
-    The LR climbs from ``lr / warmup_steps`` to ``lr`` over the first ``warmup_steps`` steps and
-    then stays there. Being a function of the step alone, it needs no state to resume.
-
-    Lesson: 03.
-    """
-    return lr if warmup_steps <= 0 else lr * min(1.0, (step + 1) / warmup_steps)
 
 
 def cpu_cores_for(local_rank: int, local_world_size: int, threads: int,

@@ -40,13 +40,6 @@ def test_sync_device_only_synchronises_cuda() -> None:
         synchronize.assert_called_once_with(torch.device("cuda", 1))
 
 
-def test_linear_lr_scaling_and_warmup() -> None:
-    assert train.effective_lr(0.1, 4, 2, scale_lr=True) == pytest.approx(0.8)
-    assert train.effective_lr(0.1, 4, 2, scale_lr=False) == 0.1
-    assert [train.lr_at(s, 1.0, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    assert train.lr_at(0, 0.3, 0) == 0.3
-
-
 def test_mode_checks_say_what_to_run() -> None:
     with pytest.raises(ValueError, match="--mode ddp"):
         train.check_mode("single", 2)

@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ddplab import amp, checkpoint, data, dist, models, train
+from ddplab import amp, checkpoint, data, dist, models, schedule, train
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -90,7 +90,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     name = args.model or models.default_model(args.dataset)
     model = models.build_model(name, split.num_classes, split.in_channels).to(info.device)
     model = train.wrap_model(model, args.mode, info, sync_bn=args.sync_bn)
-    lr = train.effective_lr(args.lr, info.world_size, args.grad_accum, args.scale_lr)
+    lr = schedule.effective_lr(args.lr, info.world_size, args.grad_accum, args.scale_lr)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     scaler = amp.make_grad_scaler(args.amp, info.device)
     path = os.path.join(args.checkpoint_dir or ".", "checkpoint.pt")
