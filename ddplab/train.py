@@ -79,51 +79,6 @@ def sync_device(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def cpu_cores_for(local_rank: int, local_world_size: int, threads: int,
-                  available: Iterable[int]) -> Optional[list[int]]:
-    """Return the cores a CPU rank should keep to, or None to leave placement to the OS.
-
-    Rank ``r`` gets the ``threads`` cores ``r * threads ... (r + 1) * threads - 1`` of the
-    ``available`` ones, when every rank of the node fits on cores of its own; otherwise (more
-    threads than cores, or a single rank) None.
-
-    Lesson: 09.
-    """
-    cores = sorted(available)
-    if local_world_size < 2 or threads < 1 or local_world_size * threads > len(cores):
-        return None
-    return cores[local_rank * threads:(local_rank + 1) * threads]
-
-
-def pin_cpu_rank(info: dist.DistInfo) -> Optional[list[int]]:
-    """Keep this CPU rank (every thread of it) on cores of its own; return them, or None.
-
-    Why: DDP ranks wake each other at every gradient all-reduce, and Linux tends to move a
-    woken process next to the one that woke it, so on a busy 2-core machine both ranks often
-    share one core while the other core runs someone else's work. Measured with one other busy
-    process (benchmarks/RESULTS.md): DDP at 0.67x of two independent processes unpinned, 0.91x
-    pinned; on a quiet machine it makes no difference. Only CPU ranks are pinned, only when the
-    whole world is on this machine (torchrun's ``LOCAL_WORLD_SIZE`` equals the world size:
-    fake "nodes" on one machine would share local ranks) and its ranks fit on separate cores.
-    ``DDPLAB_PIN_CPU=0`` turns it off.
-
-    Lesson: 09.
-    """
-    if (info.device.type != "cpu" or info.world_size < 2 or not hasattr(os, "sched_setaffinity")
-            or os.environ.get("DDPLAB_PIN_CPU", "1") == "0"
-            or int(os.environ.get("LOCAL_WORLD_SIZE", "0")) != info.world_size):
-        return None
-    cores = cpu_cores_for(info.local_rank, info.world_size, torch.get_num_threads(),
-                          os.sched_getaffinity(0))
-    if cores is None:
-        return None
-    # Every thread that exists now (gloo's included); threads started later inherit it.
-    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]:
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(int(tid), cores)
-    return cores
-
-
 # ------------------------------------------------------------------ model and seeding
 
 
@@ -146,8 +101,7 @@ def wrap_model(model: nn.Module, mode: str, info: dist.DistInfo, sync_bn: bool =
     """Wrap a model that is already on ``info.device`` for ``mode``.
 
     ``ddp`` in a world of one process (no process group) returns the model unwrapped: it is the
-    same computation. ``sync_bn`` converts BatchNorm layers to SyncBatchNorm (DDP only). DDP
-    ranks on CPUs are first kept on cores of their own (``pin_cpu_rank``).
+    same computation. ``sync_bn`` converts BatchNorm layers to SyncBatchNorm (DDP only).
 
     Raises:
         ValueError: ``sync_bn`` outside DDP, or on CPU ranks (PyTorch's SyncBatchNorm only
@@ -168,7 +122,6 @@ def wrap_model(model: nn.Module, mode: str, info: dist.DistInfo, sync_bn: bool =
     if mode == "dp":
         return nn.DataParallel(model, device_ids=dp_device_ids(info.device))
     if mode == "ddp" and torch_dist.is_available() and torch_dist.is_initialized():
-        pin_cpu_rank(info)
         return nn.parallel.DistributedDataParallel(model, device_ids=ddp_device_ids(info.device))
     return model
 

@@ -1,4 +1,4 @@
-"""CPU ranks of a DDP job keep to cores of their own (train.cpu_cores_for, train.pin_cpu_rank)."""
+"""CPU ranks of a DDP job keep to cores of their own (ddplab.pinning)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,21 @@ import sys
 import pytest
 import torch
 
-from ddplab import dist, train
+from ddplab import dist, pinning
 
 CPU = torch.device("cpu")
 
 
 def test_each_rank_gets_its_own_cores_when_all_fit() -> None:
-    assert train.cpu_cores_for(0, 2, 1, [0, 1]) == [0]
-    assert train.cpu_cores_for(1, 2, 1, {1, 0}) == [1]
-    assert train.cpu_cores_for(1, 2, 2, [4, 5, 6, 7]) == [6, 7]  # the cores this process may use
+    assert pinning.cpu_cores_for(0, 2, 1, [0, 1]) == [0]
+    assert pinning.cpu_cores_for(1, 2, 1, {1, 0}) == [1]
+    assert pinning.cpu_cores_for(1, 2, 2, [4, 5, 6, 7]) == [6, 7]  # the cores this process may use
 
 
 def test_no_pinning_when_ranks_do_not_fit_or_are_alone() -> None:
-    assert train.cpu_cores_for(0, 3, 1, [0, 1]) is None  # more ranks than cores
-    assert train.cpu_cores_for(0, 2, 2, [0, 1]) is None  # more threads than cores
-    assert train.cpu_cores_for(0, 1, 1, [0, 1]) is None  # a single process is left alone
+    assert pinning.cpu_cores_for(0, 3, 1, [0, 1]) is None  # more ranks than cores
+    assert pinning.cpu_cores_for(0, 2, 2, [0, 1]) is None  # more threads than cores
+    assert pinning.cpu_cores_for(0, 1, 1, [0, 1]) is None  # a single process is left alone
 
 
 @pytest.mark.parametrize("env, info", [
@@ -37,7 +37,7 @@ def test_pin_cpu_rank_leaves_other_cases_to_the_os(env, info, monkeypatch) -> No
     monkeypatch.delenv("DDPLAB_PIN_CPU", raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    assert train.pin_cpu_rank(info) is None
+    assert pinning.pin_cpu_rank(info) is None
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
@@ -45,10 +45,10 @@ def test_pin_cpu_rank_leaves_other_cases_to_the_os(env, info, monkeypatch) -> No
 def test_a_cpu_rank_is_pinned_with_all_its_threads() -> None:
     code = (
         "import json, os, threading, time, torch\n"
-        "from ddplab import dist, train\n"
+        "from ddplab import dist, pinning\n"
         "torch.set_num_threads(1)\n"
         "t = threading.Thread(target=time.sleep, args=(2,)); t.start()\n"
-        "cores = train.pin_cpu_rank(dist.DistInfo(1, 1, 2, torch.device('cpu'), 'gloo'))\n"
+        "cores = pinning.pin_cpu_rank(dist.DistInfo(1, 1, 2, torch.device('cpu'), 'gloo'))\n"
         "tids = os.listdir('/proc/self/task')\n"
         "same = all(os.sched_getaffinity(int(t)) == set(cores) for t in tids)\n"
         "print(json.dumps({'cores': cores, 'threads': len(tids), 'all_threads': same}))\n"

@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ddplab import amp, checkpoint, data, dist, models, schedule, train
+from ddplab import amp, checkpoint, data, dist, models, pinning, schedule, train
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -70,6 +70,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     # 1. setup: join the process group (if launched with several processes), pick the device
     info = dist.setup()
     train.check_mode(args.mode, info.world_size)
+    pinning.pin_cpu_rank(info)  # DDP on CPUs: each rank on cores of its own (lesson 09)
     # [/setup]
 
     # [data]
