@@ -48,8 +48,9 @@ from typing import Any, Callable, Optional, Sequence, Union
 from . import env as _env
 from .jobs import (FastPathRefused, Job, child_env, fast_path_unavailable, popen_job,
                    start_fast, torchrun_cmd)
-from .results import (RankFailure, RunResult, fail, failures_from_output, root_cause,
-                      short_message, signal_name, spawn_outcome, stderr_cause, traceback_tail)
+from .results import (RankFailure, RunResult, fail, failures_from_output, mark_exit_aborts,
+                      root_cause, short_message, signal_name, spawn_outcome, stderr_cause,
+                      traceback_tail)
 from .streams import Streams
 
 ENGINES = ("torchrun", "spawn")
@@ -485,6 +486,7 @@ def _result(index: int, job: Job, streams: Streams, status: str, wall: float,
         return result
     result.exit_codes = codes
     if failures:
+        mark_exit_aborts(failures, logs, job.exits)
         fail(result, root_cause(failures, job.exits), job.engine, logs, stderr)
     return result
 

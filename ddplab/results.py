@@ -29,6 +29,9 @@ class RankFailure:
     "spawn": the script that calls ``mp.spawn``), not one of the ranks; ``when`` then says
     whether it had started any rank. ``hint`` says what to do about a failure ddplab
     recognises (a torchrun-style script given to engine "spawn", nccl without GPUs, ...).
+    ``at_exit`` is True for a process that aborted while its interpreter was exiting
+    ("terminate called without an active exception"): its script had run, and what it reported
+    (events, output) is complete, but the process did not end cleanly.
     """
 
     rank: Optional[int]
@@ -38,6 +41,7 @@ class RankFailure:
     traceback: str = ""
     when: str = ""
     hint: str = ""
+    at_exit: bool = False
 
     def __str__(self) -> str:
         how = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exitcode}"
@@ -177,14 +181,15 @@ def root_cause(failures: list[RankFailure],
     """The failure that came first and is not a peer's echo of it (e.g. "connection closed").
 
     A rank killed by SIGTERM was stopped by the launcher after another rank failed, and a
-    rank that reports a closed connection lost a peer: both rank after a genuine failure. A
-    failure of the launching process ranks after its ranks' (mp.spawn fails when a rank did).
+    rank that reports a closed connection lost a peer: both rank after a genuine failure, and
+    an abort at exit after a failure during the run. A failure of the launching process ranks
+    after its ranks' (mp.spawn fails when a rank did).
     """
-    def key(f: RankFailure) -> tuple[bool, bool, float, int]:
+    def key(f: RankFailure) -> tuple[bool, bool, bool, float, int]:
         echo = bool(_SECONDARY.search(f.message + "\n" + f.traceback)) or f.signal == "SIGTERM"
         if f.rank is None:
-            return echo, True, 0.0, -1
-        return echo, False, exits.get(f.rank, (0, 0.0))[1], f.rank
+            return echo, f.at_exit, True, 0.0, -1
+        return echo, f.at_exit, False, exits.get(f.rank, (0, 0.0))[1], f.rank
     return sorted(failures, key=key)[0]
 
 
@@ -215,6 +220,44 @@ def fail(result: RunResult, cause: RankFailure, engine: str,
     result.error = str(cause)
 
 
+EXIT_ABORT = "terminate called without an active exception"
+EXIT_ABORT_HINT = (
+    "an abort while the interpreter exits comes from C++ threads still running then "
+    "(typically gloo's, of a process group that outlived destroy_process_group()); the work "
+    "before it was done, and what the rank reported is complete. To exit cleanly, call "
+    "torch.distributed.destroy_process_group() at the end and let nothing keep the group: "
+    "import torch.distributed.nn before init_process_group() (its functions keep "
+    "group.WORLD as a default argument when imported later, as DDP's constructor does).")
+
+
+def mark_exit_aborts(failures: list[RankFailure], logs: dict[Union[int, str], list[str]],
+                     exits: dict[int, tuple[int, float]]) -> None:
+    """Tell an abort at the interpreter's exit from a crash during the run (``at_exit``).
+
+    A rank killed by SIGABRT aborted at exit if it had reported a clean end to the launcher
+    (ddplab's workers report their exit code before leaving), or if its output ends with the
+    C++ runtime's "terminate called without an active exception", followed at most by
+    Python's crash report of a process that was finishing (atexit handlers, finalization).
+    """
+    for failure in failures:
+        if failure.signal != "SIGABRT":
+            continue
+        own = logs.get(failure.rank, []) if failure.rank is not None else []
+        said = [i for i, line in enumerate(own) if EXIT_ABORT in line]
+        after = "\n".join(own[said[-1] + 1:]) if said else ""
+        finishing = not after.strip() or bool(re.search(
+            r"finaliz|_finish_like_an_interpreter|atexit|_exit_function", after))
+        if failure.rank is not None and (exits.get(failure.rank, (None, 0.0))[0] == 0
+                                         or (said and finishing)):
+            failure.when = "while exiting, after its script had finished"
+        elif not said and any(EXIT_ABORT in line for line in logs.get("launcher", [])):
+            failure.when = "while exiting"  # mp.spawn ranks: the line does not say whose
+        else:
+            continue
+        failure.at_exit, failure.message = True, EXIT_ABORT
+        failure.traceback, failure.hint = "", EXIT_ABORT_HINT
+
+
 def spawn_outcome(result: RunResult, code: Optional[int], ranks: dict[int, int],
                   exits: dict[int, tuple[int, float]], logs: dict[Union[int, str], list[str]],
                   stderr: dict[Union[int, str], list[str]]) -> RunResult:
@@ -226,6 +269,7 @@ def spawn_outcome(result: RunResult, code: Optional[int], ranks: dict[int, int],
     returned, so every rank it started exited with 0).
     """
     found = failures_from_output(code or 0, logs, ranks_only=True) if code else []
+    mark_exit_aborts(found, logs, exits)
     seen = set(ranks) | {r for r in logs if isinstance(r, int)} | {f.rank for f in found
                                                                     if f.rank is not None}
     count = max(seen) + 1 if seen else 0

@@ -449,3 +449,20 @@ def test_a_script_declaring_local_rank_without_the_flag_gets_one_warning(tmp_pat
     assert "declares --local_rank" not in capsys.readouterr().err
     with pytest.raises(LaunchError, match="local_rank_arg must be"):
         launch(script, 2, local_rank_arg="camel")
+
+
+@pytest.mark.parametrize("path", ["fast", "subprocess"])
+def test_an_abort_while_exiting_is_told_apart_from_a_crash(monkeypatch, path):
+    if path == "subprocess":
+        monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+    result = launch(str(SCRIPTS / "exit_abort.py"), 2, quiet=True, timeout=120)
+    assert result.status == "failed"  # the process did not end cleanly
+    cause = result.root_cause
+    assert cause.rank == 1 and cause.signal == "SIGABRT" and cause.at_exit
+    assert result.error.startswith("rank 1 was killed by SIGABRT while exiting, after its "
+                                   "script had finished: terminate called without an active "
+                                   "exception")
+    assert "destroy_process_group" in cause.hint
+    assert [e["value"] for e in result.events_of("metric")] == [2.0, 2.0]  # reported in full
+    crashed = launch(FAULTY, 2, args=["signal"], quiet=True)  # killed during the run: no
+    assert not crashed.root_cause.at_exit and "while exiting" not in crashed.error

@@ -130,3 +130,11 @@ def test_spawn_engine_takes_no_torchrun_only_options():
 
     with pytest.raises(LaunchError, match="local_rank_arg needs engine='torchrun'"):
         launch(PLAIN_SPAWN, 2, engine="spawn", local_rank_arg=True)
+
+
+def test_a_rank_aborting_while_exiting_is_said_so():
+    result = spawn(PLAIN_SPAWN, args=["--abort-at-exit", "1"])
+    assert result.status == "failed" and result.exit_codes == {0: None, 1: -6}
+    assert result.root_cause.rank == 1 and result.root_cause.at_exit
+    assert result.error.startswith("rank 1 was killed by SIGABRT while exiting: terminate "
+                                   "called without an active exception")
