@@ -7,9 +7,9 @@ One loop, three modes (``--mode``):
 - ``ddp``: one process per device, ``DistributedDataParallel(model, device_ids=info.device_ids)``.
 
 Every device decision is a small pure function, so the CPU path runs the same code as the GPU
-path and each decision is tested with CUDA faked: ``ddp_device_ids``, ``dp_device_ids``,
-``sync_device`` here, the autocast dtype and the GradScaler in ``ddplab.amp`` (and
-``checkpoint.map_location_for``).
+path and each decision is tested with CUDA faked: ``dp_device_ids`` and ``sync_device`` here,
+the backend, the device and DDP's ``device_ids`` in ``ddplab.dist``, the autocast dtype and the
+GradScaler in ``ddplab.amp`` (and ``checkpoint.map_location_for``).
 
 One optimizer step with ``grad_accum = k`` runs k micro-batches; each loss is divided by k so
 the accumulated gradient is the mean over micro-batches, and under DDP the first k-1 backward
@@ -50,14 +50,6 @@ STOP_EXIT_CODE = 3  # the exit code of --stop-after-epoch, so a test can tell it
 
 
 # ------------------------------------------------------------------ device decisions (pure)
-
-
-def ddp_device_ids(device: torch.device) -> Optional[list[int]]:
-    """Return DDP's ``device_ids``: ``[index]`` for a GPU, None for the CPU (DDP requires it).
-
-    Lesson: 03.
-    """
-    return [device.index if device.index is not None else 0] if device.type == "cuda" else None
 
 
 def dp_device_ids(device: torch.device) -> Optional[list[int]]:
@@ -122,7 +114,7 @@ def wrap_model(model: nn.Module, mode: str, info: dist.DistInfo, sync_bn: bool =
     if mode == "dp":
         return nn.DataParallel(model, device_ids=dp_device_ids(info.device))
     if mode == "ddp" and torch_dist.is_available() and torch_dist.is_initialized():
-        return nn.parallel.DistributedDataParallel(model, device_ids=ddp_device_ids(info.device))
+        return nn.parallel.DistributedDataParallel(model, device_ids=info.device_ids)
     return model
 
 
