@@ -466,3 +466,26 @@ def test_an_abort_while_exiting_is_told_apart_from_a_crash(monkeypatch, path):
     assert [e["value"] for e in result.events_of("metric")] == [2.0, 2.0]  # reported in full
     crashed = launch(FAULTY, 2, args=["signal"], quiet=True)  # killed during the run: no
     assert not crashed.root_cause.at_exit and "while exiting" not in crashed.error
+
+
+def test_a_job_whose_processes_are_all_zombies_counts_as_ended():
+    """Orphans of a job (multiprocessing's resource tracker) wait as zombies until PID 1 reaps
+    them, a second in some containers; the launch must not wait for that."""
+    from ddplab.jobs import _group_running
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    try:
+        end = time.monotonic() + 30
+        while alive(proc.pid) and time.monotonic() < end:
+            time.sleep(0.02)  # not reaped: it stays a zombie in its own process group
+        os.killpg(proc.pid, 0)  # the group still exists...
+        assert not _group_running(proc.pid)  # ...but nothing in it runs
+    finally:
+        proc.wait()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                               start_new_session=True)
+    try:
+        assert _group_running(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
