@@ -336,16 +336,16 @@ def _compare_02(answer: Any, expected: Any) -> Optional[str]:
     if sum(sizes) != sum(expected):
         return "the chunks together hold the whole batch of 6 samples."
     return ("DataParallel cuts the batch with Tensor.chunk(4): chunks of ceil(6 / 4) samples "
-            "until the batch runs out; try ddplab.demos.scatter_sizes(6, 4).")
+            "until the batch runs out; try ddplab.demos.dataparallel.scatter_sizes(6, 4).")
 
 
 @exercise("02", "nn.DataParallel on 4 GPUs receives a batch of 6 samples. How many samples does "
           "each GPU get? answer = [gpu0, gpu1, gpu2, gpu3] (0 for a GPU that gets none)",
           _compare_02)
 def _exercise_02() -> list[int]:
-    from . import demos
+    from .demos import dataparallel
 
-    sizes = demos.scatter_sizes(6, 4)
+    sizes = dataparallel.scatter_sizes(6, 4)
     return sizes + [0] * (4 - len(sizes))
 
 

@@ -12,7 +12,7 @@ statement by statement:
 - a name is produced when the value it was last set from is: ``x = 1024`` is a constant,
   ``run = ddplab.launch(...)`` and ``s = run.summary`` are produced, in the same cell or not;
 - anything that goes through code (an imported module, a function, a class, an object) is
-  produced: ``demos.scatter_sizes(32, 4)`` computes, ``run.ok`` reads a result;
+  produced: ``dataparallel.scatter_sizes(32, 4)`` computes, ``run.ok`` reads a result;
 - a name nobody set (an IPython global) counts as produced, so the rule never guesses.
 
 So ``expected = 1024`` followed by ``assert expected == 1024`` fails, and so does ``assert 2 *
@@ -237,7 +237,8 @@ def verdicts(*cells: str) -> list[bool]:
     (["import ddplab\nrun = ddplab.launch('w.py', 2)\nassert run.ok"], [True]),
     (["import ddplab\nrun = ddplab.launch('w.py', 2)", "s = run.summary\nassert s['x'] > 0"],
      [True]),
-    (["from ddplab import demos\nassert demos.scatter_sizes(32, 4) == [8, 8, 8, 8]"], [True]),
+    (["from ddplab.demos import dataparallel\n"
+      "assert dataparallel.scatter_sizes(32, 4) == [8, 8, 8, 8]"], [True]),
     (["import ddplab\nr = ddplab.launch('w')", "assert r.ok and 2 > 1"], [True, False]),
     (["import m\nrows = []\nfor x in m.items():\n    rows.append(x)\nassert rows"], [True]),
     (["import m\nvalues = [v * 2 for v in m.values()]\nassert all(v > 0 for v in values)"],

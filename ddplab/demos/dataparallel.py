@@ -1,0 +1,241 @@
+"""DataParallel by hand: how a batch is cut, what one step computes, the ``module.`` prefix.
+
+Kernel side (see ``ddplab.demos``). Every "GPU" here is a copy of the model on the CPU, so any
+machine shows what ``nn.DataParallel`` does in one training step:
+
+- ``scatter_sizes``: how DataParallel cuts a batch over the GPUs (``Tensor.chunk``).
+- ``data_parallel_gradient`` does step by step what DataParallel does in one forward and
+  backward (scatter, replicate, parallel_apply, gather, reduce), and ``dp_by_hand`` compares
+  its gradient with the full batch's: equal without BatchNorm, different with it.
+- ``module_prefix_demo``: a wrapped model's state_dict does not load into a plain model; both
+  fixes, shown working.
+
+The models come from the notebook (``ddplab.models.build_model``: the kernel side never imports
+the worker side)::
+
+    from ddplab import checkpoint, models
+    from ddplab.demos import dataparallel
+
+    run = dataparallel.dp_by_hand(models.build_model("cnn_bn"), "cnn_bn", devices=2)
+    demo = dataparallel.module_prefix_demo(lambda: models.build_model("cnn"),
+                                           checkpoint.strip_module_prefix)
+
+Lesson: 02.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Gradients = dict[str, torch.Tensor]
+
+# ------------------------------------------------------------------ DataParallel by hand
+
+
+def scatter_sizes(batch_size: int, gpus: int) -> list[int]:
+    """Return how many samples each GPU gets when DataParallel scatters a batch.
+
+    DataParallel cuts the batch with ``Tensor.chunk``: chunks of ``ceil(batch / gpus)`` and a
+    smaller last one, and possibly fewer chunks than GPUs (the rest of the GPUs then sit idle).
+
+    Example::
+
+        >>> scatter_sizes(32, 4), scatter_sizes(10, 4), scatter_sizes(6, 4)
+        ([8, 8, 8, 8], [3, 3, 3, 1], [2, 2, 2])
+
+    Lesson: 02.
+    """
+    return [len(chunk) for chunk in torch.arange(batch_size).chunk(gpus)]
+
+
+def full_batch_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
+                        ) -> Gradients:
+    """Return the gradient of the mean cross-entropy over the whole batch (one device).
+
+    The model is copied first, so its weights and BatchNorm statistics stay untouched.
+
+    Lesson: 02.
+    """
+    model = copy.deepcopy(model)
+    F.cross_entropy(model(inputs), labels).backward()
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+
+
+def data_parallel_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
+                           devices: int) -> Gradients:
+    """Return the gradient DataParallel computes on ``devices`` GPUs, done step by step on CPU.
+
+    Each step is what ``nn.DataParallel`` does in one training step; here every "GPU" is a copy
+    of the model on the CPU, and the replicas run one after the other instead of in threads.
+
+    Args:
+        model: the model on "GPU 0".
+        inputs, labels: the whole batch, on "GPU 0".
+        devices: number of GPUs to spread the batch over.
+
+    Returns:
+        The gradient of every parameter, as it ends up in the model on GPU 0.
+
+    Lesson: 02.
+    """
+    # [scatter] cut the batch into one chunk per GPU (dimension 0)
+    chunks = inputs.chunk(devices)
+    # [/scatter]
+    # [replicate] copy the module (weights and buffers) to every GPU, at every forward
+    replicas = [copy.deepcopy(model) for _ in chunks]
+    # [/replicate]
+    # [parallel_apply] every replica runs its chunk (one thread per GPU)
+    outputs = [replica(chunk) for replica, chunk in zip(replicas, chunks)]
+    # [/parallel_apply]
+    # [gather] the outputs come back to GPU 0, where the loss of the whole batch is computed
+    logits = torch.cat(outputs)
+    F.cross_entropy(logits, labels).backward()
+    # [/gather]
+    # [reduce] backward flows into every replica; their gradients are summed onto GPU 0
+    names = [name for name, _ in model.named_parameters()]
+    return {name: sum(dict(r.named_parameters())[name].grad for r in replicas).detach()
+            for name in names}
+    # [/reduce]
+
+
+@dataclass
+class GradientComparison:
+    """The outcome of ``dp_by_hand``: how far DataParallel's gradient is from the full batch's.
+
+    ``max_rel_diff`` is the largest over parameters of ``max|g_dp - g_full| / max|g_full|``.
+    """
+
+    model: str
+    batch_size: int
+    devices: int
+    chunk_sizes: list[int]
+    max_abs_diff: float
+    max_rel_diff: float
+
+    @property
+    def equal(self) -> bool:
+        """True when the two gradients agree to float32 rounding."""
+        return self.max_rel_diff < 1e-5
+
+
+def dp_by_hand(model: nn.Module, name: str = "", batch_size: int = 32, devices: int = 2,
+               seed: int = 0, image_shape: Sequence[int] = (1, 8, 8), num_classes: int = 10
+               ) -> GradientComparison:
+    """Compare DataParallel's gradient (done by hand) with the gradient of the full batch.
+
+    Without BatchNorm the two agree to float rounding: the loss of the gathered outputs is the
+    loss of the full batch. With BatchNorm (``cnn_bn``) each replica normalises its chunk with
+    the chunk's own mean and variance, so the computation itself is different.
+
+    Args:
+        model: the model to test, for ``image_shape`` images and ``num_classes`` classes (the
+            digits CNN: ``ddplab.models.build_model("cnn")``); it is left untouched.
+        name: how to call it in the result (default: its class name).
+        batch_size: samples in the batch (random images, random labels).
+        devices: number of GPUs to simulate.
+        seed: seeds the batch.
+        image_shape: ``(channels, height, width)`` of one input.
+        num_classes: number of classes of the random labels.
+
+    Returns:
+        A ``GradientComparison``.
+
+    Lesson: 02.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(batch_size, *image_shape, generator=generator)
+    labels = torch.randint(0, num_classes, (batch_size,), generator=generator)
+    full = full_batch_gradient(model, inputs, labels)
+    dp = data_parallel_gradient(model, inputs, labels, devices)
+    abs_diffs = [(dp[n] - full[n]).abs().max().item() for n in full]
+    rel_diffs = [d / max(full[n].abs().max().item(), 1e-12) for d, n in zip(abs_diffs, full)]
+    return GradientComparison(name or type(model).__name__, batch_size, devices,
+                              scatter_sizes(batch_size, devices), max(abs_diffs), max(rel_diffs))
+
+
+# ------------------------------------------------------------------ the module. prefix
+
+
+class Wrapper(nn.Module):
+    """What DataParallel and DDP look like to ``state_dict``: the model kept as ``.module``.
+
+    Used instead of ``nn.DataParallel`` on machines with GPUs, whose constructor would set up
+    CUDA in the notebook kernel.
+
+    Lesson: 02.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+
+@dataclass
+class PrefixDemo:
+    """What ``module_prefix_demo`` found."""
+
+    wrapper: str
+    wrapped_keys: list[str]
+    plain_keys: list[str]
+    error: str
+    fixes: dict[str, bool] = field(default_factory=dict)
+
+
+def module_prefix_demo(make_model: Callable[[], nn.Module],
+                       strip_prefix: Callable[[Mapping[str, Any]], dict[str, Any]],
+                       use_data_parallel: bool = True) -> PrefixDemo:
+    """Save a wrapped model's state_dict, fail to load it into a plain model, then fix it twice.
+
+    Fix 1 saves ``wrapped.module.state_dict()`` (no prefix in the first place); fix 2 strips the
+    prefix from the file that was already saved. Each fix counts only if the loaded weights
+    equal the saved ones.
+
+    Args:
+        make_model: builds a fresh model (``lambda: ddplab.models.build_model("cnn")``).
+        strip_prefix: the repair a training script uses on a saved state_dict
+            (``ddplab.checkpoint.strip_module_prefix``).
+        use_data_parallel: wrap with a real ``nn.DataParallel`` (only when no GPU is visible;
+            with GPUs its constructor would initialise CUDA in the kernel) or with ``Wrapper``.
+
+    Returns:
+        A ``PrefixDemo`` with example keys, PyTorch's error text and ``fixes`` by name.
+
+    Lesson: 02.
+    """
+    torch.manual_seed(0)
+    model = make_model()
+    wrapped = nn.DataParallel(model) if use_data_parallel else Wrapper(model)
+    saved = wrapped.state_dict()               # the mistake: saving the wrapper
+    error = ""
+    try:
+        make_model().load_state_dict(saved)
+    except RuntimeError as exc:
+        error = str(exc)
+    fixes = {
+        "save model.module.state_dict()": _loads_same(make_model, wrapped.module.state_dict(),
+                                                      model),
+        "strip the prefix when loading": _loads_same(make_model, strip_prefix(saved), model),
+    }
+    return PrefixDemo(type(wrapped).__name__, list(saved)[:3], list(model.state_dict())[:3],
+                      error, fixes)
+
+
+def _loads_same(make_model: Callable[[], nn.Module], state_dict: Mapping[str, Any],
+                reference: nn.Module) -> bool:
+    """Load ``state_dict`` into a fresh model; True when it loads and then equals ``reference``."""
+    fresh = make_model()
+    try:
+        fresh.load_state_dict(state_dict)
+    except RuntimeError:  # keys or shapes still do not match: not a fix
+        return False
+    return all(torch.equal(a, b) for a, b in
+               zip(fresh.state_dict().values(), reference.state_dict().values()))

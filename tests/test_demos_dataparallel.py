@@ -1,0 +1,69 @@
+"""ddplab.demos.dataparallel: DataParallel by hand and the module. prefix, as lesson 02 claims."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddplab import checkpoint, models
+from ddplab.demos import dataparallel
+from ddplab.showcode import source
+
+
+def _cnn(name: str = "cnn") -> torch.nn.Module:
+    torch.manual_seed(0)
+    return models.build_model(name, num_classes=10, in_channels=1)
+
+
+@pytest.mark.parametrize("batch,gpus,sizes", [(32, 4, [8, 8, 8, 8]), (10, 4, [3, 3, 3, 1]),
+                                              (6, 4, [2, 2, 2]), (5, 1, [5])])
+def test_scatter_sizes_follow_tensor_chunk(batch, gpus, sizes):
+    assert dataparallel.scatter_sizes(batch, gpus) == sizes
+
+
+@pytest.mark.parametrize("devices", [2, 3, 4])
+def test_data_parallel_by_hand_equals_the_full_batch_without_batchnorm(devices):
+    result = dataparallel.dp_by_hand(_cnn(), "cnn", batch_size=30, devices=devices)
+    assert result.equal and result.max_rel_diff < 1e-5
+    assert sum(result.chunk_sizes) == 30 and result.model == "cnn"
+
+
+def test_batchnorm_breaks_the_equality():
+    result = dataparallel.dp_by_hand(_cnn("cnn_bn"), devices=2)
+    assert not result.equal and result.max_rel_diff > 1e-2
+    assert result.model == "SmallCNN"  # named after its class when no name is given
+
+
+def test_by_hand_matches_a_sum_of_per_chunk_gradients():
+    """The reduce step is a sum: each replica's loss share is its chunk's part of the mean."""
+    torch.manual_seed(1)
+    model = torch.nn.Linear(3, 4)
+    x, y = torch.randn(8, 3), torch.randint(0, 4, (8,))
+    dp = dataparallel.data_parallel_gradient(model, x, y, 2)
+    by_chunk = [dataparallel.full_batch_gradient(model, xc, yc)
+                for xc, yc in zip(x.chunk(2), y.chunk(2))]
+    for name in dp:
+        assert torch.allclose(dp[name], sum(g[name] for g in by_chunk) / 2, atol=1e-6)
+    assert model.weight.grad is None        # the caller's model is never touched
+
+
+@pytest.mark.parametrize("use_data_parallel", [True, False])
+def test_module_prefix_error_and_both_fixes(use_data_parallel):
+    demo = dataparallel.module_prefix_demo(_cnn, checkpoint.strip_module_prefix,
+                                           use_data_parallel=use_data_parallel)
+    assert demo.wrapper == ("DataParallel" if use_data_parallel else "Wrapper")
+    assert all(k.startswith("module.") for k in demo.wrapped_keys)
+    assert not any(k.startswith("module.") for k in demo.plain_keys)
+    assert "Unexpected key(s)" in demo.error and "Missing key(s)" in demo.error
+    assert list(demo.fixes.values()) == [True, True]
+
+
+def test_a_repair_that_leaves_the_prefix_is_not_counted_as_a_fix():
+    demo = dataparallel.module_prefix_demo(_cnn, lambda state: dict(state),
+                                           use_data_parallel=False)
+    assert list(demo.fixes.values()) == [True, False]
+
+
+def test_sections_of_the_by_hand_code_can_be_shown():
+    for name in ("scatter", "replicate", "parallel_apply", "gather", "reduce"):
+        assert source("ddplab/demos/dataparallel.py", name).strip()

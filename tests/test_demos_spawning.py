@@ -1,0 +1,63 @@
+"""ddplab.demos.spawning: mp.spawn of a function from a cell fails (lesson 03), leaving nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ddplab.demos import dataparallel, spawning
+
+
+def _spawn_script(body: str) -> str:
+    return textwrap.dedent("""
+        from ddplab.demos import spawning
+
+        def hello(rank, world_size):
+            print("hello from", rank)
+
+    """) + textwrap.dedent(body)
+
+
+@pytest.mark.slow
+def test_spawn_of_a_function_from_main_fails_and_leaves_no_process():
+    """Like a notebook cell: `python -c` code lives in a __main__ that children cannot import."""
+    code = _spawn_script("""
+        import os
+        attempt = spawning.spawn_from_notebook(hello, args=(2,), nprocs=2, timeout=120)
+        print("OK" if attempt.ok else "FAILED", attempt.exit_codes)
+        print("MESSAGE", attempt.message)
+        print("EXCEPTION", attempt.exception)
+        print("ALIVE", any(os.path.exists(f"/proc/{p}") for p in attempt.pids))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    assert "FAILED" in out.stdout
+    assert "Can't get attribute 'hello' on <module '__main__'" in out.stdout
+    assert "ProcessExitedException" in out.stdout
+    assert "ALIVE False" in out.stdout
+
+
+@pytest.mark.slow
+def test_spawn_of_an_importable_function_succeeds():
+    attempt = spawning.spawn_from_notebook(dataparallel.scatter_sizes, args=(4,), nprocs=2,
+                                           timeout=120)
+    assert attempt.ok, attempt.stderr
+    assert attempt.exit_codes == [0, 0] and attempt.message == ""
+
+
+@pytest.mark.slow
+def test_spawn_timeout_kills_the_children():
+    attempt = spawning.spawn_from_notebook(_sleep, args=(60,), nprocs=1, timeout=15)
+    assert not attempt.ok and attempt.exception.startswith("timeout")
+    assert all(code is not None for code in attempt.exit_codes)   # ended and reaped
+
+
+def _sleep(rank: int, seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)
