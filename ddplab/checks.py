@@ -166,9 +166,9 @@ def _compare_04(answer: Any, expected: Any) -> Optional[str]:
           "all the indices read in one epoch are repeats? answer = (per_rank, repeats)",
           _compare_04)
 def _exercise_04() -> tuple[int, int]:
-    from . import lessons
+    from .demos import sampling
 
-    facts = lessons.padding(1347, 8)
+    facts = sampling.padding(1347, 8)
     return facts["per_rank"], facts["repeats"]
 
 

@@ -507,32 +507,3 @@ def _loader(dataset, batches, kind, device, batch_transform, num_workers) -> Loa
         return EpochDataLoader(dataset, batch_sampler=batches, num_workers=num_workers,
                                pin_memory=pin)
     raise ValueError(f"unknown loader kind {kind!r}: choose one of {', '.join(LOADERS)}.")
-
-
-def share_indices(dataset_len: int, num_replicas: int, *, epoch: Optional[int] = 0,
-                  shuffle: bool = True, seed: int = 0, drop_last: bool = False
-                  ) -> list[list[int]]:
-    """Return every rank's indices for one epoch (for pictures of what each rank reads).
-
-    Args:
-        dataset_len: number of samples.
-        num_replicas: number of ranks.
-        epoch: the epoch given to ``set_epoch``; None means ``set_epoch`` is never called.
-        shuffle: shuffle as the training loader does.
-        seed: sampler seed.
-        drop_last: drop the tail instead of padding.
-
-    Returns:
-        One list of indices per rank.
-
-    Lesson: 04.
-    """
-    shares = []
-    for rank in range(num_replicas):
-        sampler = make_sampler(range(dataset_len), num_replicas, rank, shuffle=shuffle,
-                               seed=seed, drop_last=drop_last)
-        if epoch is not None:
-            sampler.set_epoch(epoch)
-        shares.append(list(sampler))
-    return shares
-

@@ -1,10 +1,8 @@
-"""Small experiments that run inside the notebook kernel for lessons 04, 05 and 06.
+"""Small experiments that run inside the notebook kernel for lessons 05 and 06.
 
 Nothing here starts processes or touches a GPU: each function builds a sampler, a file or a
 layer on the CPU, runs it, and returns plain facts a notebook can print, plot and assert on.
 
-- 04: which indices each rank reads (``sampler_shares``, ``epoch_orders``, ``padding``,
-  ``padded_accuracy``) and the errors PyTorch raises when a sampler is misused (``error_of``).
 - 05: what a checkpoint file holds (``checkpoint_table``), where loaded tensors land
   (``saved_locations``, ``tensor_devices``, ``as_if_saved_on``), why a pickled module is fragile
   (``pickled_globals``, ``load_without_class``) and a half-written file (``truncate``).
@@ -12,7 +10,7 @@ layer on the CPU, runs it, and returns plain facts a notebook can print, plot an
   GradScaler and bf16 does not (``tiny_gradient``), and what the scaler does with an overflow
   (``scaler_overflow_step``).
 
-Lessons: 04, 05, 06.
+Lessons: 05, 06.
 """
 
 from __future__ import annotations
@@ -24,126 +22,14 @@ import shutil
 import warnings
 import zipfile
 from collections import Counter
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
 from torch import nn
-from torch.utils.data import DistributedSampler
+
+from ddplab.demos import error_of
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-
-def error_of(fn: Callable[[], Any]) -> Optional[BaseException]:
-    """Run ``fn()`` and return the exception it raised, or None if it raised nothing.
-
-    A notebook shows a failure on purpose this way and Run All carries on.
-
-    Example::
-
-        >>> error_of(lambda: 1 / 0)
-        ZeroDivisionError('division by zero')
-
-    Lesson: 04, 05.
-    """
-    try:
-        fn()
-    except Exception as error:  # the lesson shows whatever PyTorch raises
-        return error
-    return None
-
-
-# ------------------------------------------------------------------------ 04 samplers
-
-
-def sampler_shares(dataset_len: int, world_size: int, *, epoch: Optional[int] = 0,
-                   shuffle: bool = True, seed: int = 0, drop_last: bool = False
-                   ) -> list[list[int]]:
-    """Return the indices every rank reads in one epoch, from real ``DistributedSampler``s.
-
-    Args:
-        dataset_len: number of samples.
-        world_size: number of ranks (``num_replicas``; given explicitly, so no process group
-            is needed).
-        epoch: the value passed to ``sampler.set_epoch``; None means it is never called.
-        shuffle: shuffle with the seed ``seed + epoch`` (the sampler's own rule).
-        seed: the sampler seed (the same on every rank).
-        drop_last: drop the tail instead of padding with repeated indices.
-
-    Returns:
-        ``shares[rank]``: that rank's indices in the order it reads them.
-
-    Lesson: 04.
-    """
-    shares = []
-    for rank in range(world_size):
-        sampler = DistributedSampler(range(dataset_len), num_replicas=world_size, rank=rank,
-                                     shuffle=shuffle, seed=seed, drop_last=drop_last)
-        if epoch is not None:
-            sampler.set_epoch(epoch)
-        shares.append(list(sampler))
-    return shares
-
-
-def epoch_orders(dataset_len: int, world_size: int, epochs: int, *, set_epoch: bool = True,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False
-                 ) -> list[list[list[int]]]:
-    """Return ``orders[epoch][rank]``: what each rank reads in each of ``epochs`` epochs.
-
-    With ``set_epoch=False`` the training loop forgets ``sampler.set_epoch(epoch)``, so every
-    epoch uses the sampler's default epoch 0 and repeats the same order.
-
-    Lesson: 04.
-    """
-    return [
-        sampler_shares(dataset_len, world_size, epoch=epoch if set_epoch else None,
-                       shuffle=shuffle, seed=seed, drop_last=drop_last)
-        for epoch in range(epochs)
-    ]
-
-
-def is_padding(position: int, rank: int, dataset_len: int, world_size: int) -> bool:
-    """True when a rank's ``position``-th index is a repeat added as padding (drop_last=False).
-
-    ``DistributedSampler`` appends the first indices of the epoch's order to the end of it until
-    the length divides by the world size, then gives rank ``r`` every ``world_size``-th index
-    starting at ``r``: global slot ``position * world_size + rank``.
-
-    Lesson: 04.
-    """
-    return position * world_size + rank >= dataset_len
-
-
-def padding(dataset_len: int, world_size: int, drop_last: bool = False) -> dict[str, Any]:
-    """Count what one epoch of ``DistributedSampler`` reads, repeats and leaves out.
-
-    Returns:
-        ``{"per_rank", "read", "repeats", "unread"}``: indices per rank, indices read in total,
-        how many of them are repeats, how many samples no rank reads this epoch.
-
-    Lesson: 04.
-    """
-    shares = sampler_shares(dataset_len, world_size, shuffle=False, drop_last=drop_last)
-    read = [i for share in shares for i in share]
-    return {"per_rank": len(shares[0]), "read": len(read), "repeats": len(read) - len(set(read)),
-            "unread": dataset_len - len(set(read))}
-
-
-def padded_accuracy(correct: Sequence[bool], world_size: int) -> tuple[float, float]:
-    """Score predictions exactly, and as an evaluation sharded by ``DistributedSampler`` would.
-
-    Args:
-        correct: ``correct[i]`` is True when the model is right on test sample ``i``.
-        world_size: number of ranks sharing the evaluation.
-
-    Returns:
-        ``(true accuracy, accuracy from the padded shares)``: the padding repeats samples, so
-        the second number counts some samples twice.
-
-    Lesson: 04.
-    """
-    shares = sampler_shares(len(correct), world_size, shuffle=False)
-    scored = [bool(correct[i]) for share in shares for i in share]
-    return sum(map(bool, correct)) / len(correct), sum(scored) / len(scored)
 
 
 # ------------------------------------------------------------------------ 05 checkpoints

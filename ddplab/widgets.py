@@ -156,16 +156,16 @@ def sampler_picture(dataset_len: int = 10, world_size: int = 3, epochs: int = 3,
     import numpy as np
     from matplotlib.patches import Rectangle
 
-    from . import lessons
+    from .demos import sampling
 
-    facts = lessons.padding(dataset_len, world_size, drop_last)
+    facts = sampling.padding(dataset_len, world_size, drop_last)
     cols, rows = facts["per_rank"], epochs * world_size
     width = min(16.0, max(8.0, 2.2 + 2 * (0.45 * cols + 0.3)))
     fig, axes = plt.subplots(1, 2, figsize=(width, 1.6 + 0.3 * rows), sharey=True,
                              squeeze=False)
     for ax, set_epoch in zip(axes[0], (True, False)):
-        orders = lessons.epoch_orders(dataset_len, world_size, epochs, set_epoch=set_epoch,
-                                      shuffle=shuffle, seed=seed, drop_last=drop_last)
+        orders = sampling.epoch_orders(dataset_len, world_size, epochs, set_epoch=set_epoch,
+                                       shuffle=shuffle, seed=seed, drop_last=drop_last)
         grid = np.array([share for epoch in orders for share in epoch], dtype=float).reshape(
             rows, cols)
         ax.imshow(grid, cmap="viridis", vmin=0, vmax=max(dataset_len - 1, 1), aspect="auto")
@@ -176,7 +176,7 @@ def sampler_picture(dataset_len: int = 10, world_size: int = 3, epochs: int = 3,
                     value = int(grid[row, col])
                     ax.text(col, row, str(value), ha="center", va="center", fontsize=8,
                             color="white" if value < 0.6 * dataset_len else "black")
-                if not drop_last and lessons.is_padding(col, rank, dataset_len, world_size):
+                if not drop_last and sampling.is_padding(col, rank, dataset_len, world_size):
                     ax.add_patch(Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False,
                                            edgecolor="red", linewidth=2))
         for epoch in range(1, epochs):

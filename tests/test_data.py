@@ -63,18 +63,26 @@ def test_unknown_names_are_refused() -> None:
 # ---------------------------------------------------------------------------------- sampler
 
 
+def _shares(length: int, world: int, epoch: int = 0, **kwargs) -> list[list[int]]:
+    """Every rank's indices for one epoch, from the worker's own samplers."""
+    samplers = [data.make_sampler(range(length), world, rank, **kwargs) for rank in range(world)]
+    for sampler in samplers:
+        sampler.set_epoch(epoch)
+    return [list(sampler) for sampler in samplers]
+
+
 def test_shares_are_disjoint_and_cover_with_padding() -> None:
-    shares = data.share_indices(10, 4, epoch=0)  # 10 does not divide by 4: 2 padding repeats
+    shares = _shares(10, 4, epoch=0)  # 10 does not divide by 4: 2 padding repeats
     assert [len(s) for s in shares] == [3, 3, 3, 3]
     flat = [i for share in shares for i in share]
     assert set(flat) == set(range(10))
     assert len(flat) - len(set(flat)) == 2
-    even = data.share_indices(12, 4, epoch=0)
+    even = _shares(12, 4, epoch=0)
     assert sorted(i for share in even for i in share) == list(range(12))
 
 
 def test_drop_last_drops_the_tail_instead() -> None:
-    shares = data.share_indices(10, 4, epoch=0, drop_last=True)
+    shares = _shares(10, 4, epoch=0, drop_last=True)
     flat = [i for share in shares for i in share]
     assert [len(s) for s in shares] == [2, 2, 2, 2] and len(set(flat)) == 8
 
@@ -85,7 +93,7 @@ def test_set_epoch_changes_the_order_and_without_it_it_repeats() -> None:
     assert list(sampler) == first  # no set_epoch: epoch 2 repeats epoch 1
     sampler.set_epoch(1)
     second = list(sampler)
-    assert second != first and set(second) | set(data.share_indices(50, 2, epoch=1)[1]) == set(
+    assert second != first and set(second) | set(_shares(50, 2, epoch=1)[1]) == set(
         range(50)
     )
 

@@ -1,0 +1,51 @@
+"""ddplab.demos.sampling: the facts lesson 04 states about DistributedSampler are true."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddplab.demos import error_of, sampling
+
+
+@pytest.mark.parametrize("length,world", [(10, 3), (12, 4), (7, 8), (1347, 2)])
+def test_shares_cover_the_dataset_with_equal_lengths(length, world):
+    shares = sampling.sampler_shares(length, world)
+    assert len({len(s) for s in shares}) == 1
+    read = [i for s in shares for i in s]
+    assert set(read) == set(range(length))
+    facts = sampling.padding(length, world)
+    assert facts["read"] == len(read) and facts["repeats"] == len(read) - length
+
+
+def test_drop_last_never_repeats_and_may_leave_samples_unread():
+    facts = sampling.padding(10, 3, drop_last=True)
+    assert facts == {"per_rank": 3, "read": 9, "repeats": 0, "unread": 1}
+    shares = sampling.sampler_shares(10, 3, drop_last=True)
+    assert len(set().union(*map(set, shares))) == 9
+
+
+def test_is_padding_marks_exactly_the_repeats():
+    length, world = 10, 4
+    shares = sampling.sampler_shares(length, world, shuffle=False)
+    marked = [shares[r][p] for r in range(world) for p in range(len(shares[r]))
+              if sampling.is_padding(p, r, length, world)]
+    assert sorted(marked) == [0, 1]  # without shuffle the first indices are repeated
+
+
+def test_orders_repeat_without_set_epoch_and_change_with_it():
+    without = sampling.epoch_orders(20, 2, 3, set_epoch=False)
+    with_ = sampling.epoch_orders(20, 2, 3, set_epoch=True)
+    assert without[0] == without[1] == without[2]
+    assert with_[0] == without[0]  # set_epoch(0) is the default epoch
+    assert with_[1] != with_[0] and with_[2] != with_[1]
+
+
+def test_padding_biases_a_sharded_evaluation():
+    correct = [False, False] + [True] * 8
+    true, padded = sampling.padded_accuracy(correct, 4)
+    assert true == 0.8 and padded == pytest.approx(8 / 12)
+
+
+def test_error_of_returns_the_exception_or_none():
+    assert isinstance(error_of(lambda: 1 / 0), ZeroDivisionError)
+    assert error_of(lambda: None) is None
