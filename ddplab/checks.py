@@ -205,7 +205,7 @@ def _compare_06(answer: Any, expected: Any) -> Optional[str]:
     want_out, want_weight = (_dtype_name(v) for v in expected)
     if out != want_out:
         return ("inside torch.autocast on the CPU, a linear layer computes in autocast's dtype; "
-                "check ddplab.lessons.autocast_facts().")
+                "check ddplab.demos.precision.autocast_facts().")
     if weight != want_weight:
         return ("autocast casts copies of the weights for the computation; the parameters "
                 "themselves (and the optimizer's updates) keep their own dtype.")
@@ -217,11 +217,11 @@ def _compare_06(answer: Any, expected: Any) -> Optional[str]:
           "weights? answer = (output_dtype, weight_dtype), e.g. (torch.float16, torch.float16)",
           _compare_06)
 def _exercise_06() -> tuple[Any, Any]:
-    from . import lessons
-
     import torch
 
-    facts = lessons.autocast_facts("cpu", torch.bfloat16)
+    from .demos import precision
+
+    facts = precision.autocast_facts("cpu", torch.bfloat16)
     return facts["linear_output"], facts["weight"]
 
 

@@ -1,24 +1,26 @@
-"""Small experiments that run inside the notebook kernel for lesson 06.
+"""Number formats and mixed precision up close: what autocast computes in, why fp16 needs a scaler.
 
-Nothing here starts processes or touches a GPU: each function builds a sampler, a file or a
-layer on the CPU, runs it, and returns plain facts a notebook can print, plot and assert on.
+Kernel side (see ``ddplab.demos``). Layers a few numbers wide, run on the CPU in the notebook's
+own process, so every fact about float16, bfloat16 and the GradScaler is shown on any machine
+(the worker side's own AMP decisions are in ``ddplab.amp``)::
 
-- 06: what autocast does to dtypes (``autocast_facts``, ``number_formats``), why fp16 needs a
-  GradScaler and bf16 does not (``tiny_gradient``), and what the scaler does with an overflow
-  (``scaler_overflow_step``).
+    number_formats()                      # range, precision, and what 1e-8 and 70000 become
+    autocast_facts("cpu")                 # matmul in bfloat16, weights and loss in float32
+    tiny_gradient(torch.float16, use_scaler=False)    # 0.0: the gradient underflowed
+    scaler_overflow_step()                # an inf gradient: step skipped, scale halved
 
 Lesson: 06.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 import warnings
 from typing import Any, Optional, Sequence
 
 import torch
 from torch import nn
-
-# ------------------------------------------------------------------------ 06 AMP
 
 
 def autocast_facts(device_type: str = "cpu", dtype: Optional[torch.dtype] = None
@@ -185,9 +187,6 @@ def matmul_speed(sizes: Sequence[int] = (64, 256, 1024), repeats: int = 3, inner
 
 def _time_matmul(size: int, repeats: int, inner: int) -> dict[str, float]:
     """One row of ``matmul_speed``."""
-    import statistics
-    import time
-
     a, b = torch.randn(size, size), torch.randn(size, size)
     times = {}
     for name, enabled in (("fp32", False), ("bf16", True)):

@@ -1,18 +1,15 @@
-"""The in-kernel demonstrations of lesson 06 state true facts about PyTorch."""
+"""ddplab.demos.precision: what lesson 06 shows about float16, bfloat16 and the GradScaler."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ddplab import lessons
-
-
-# ------------------------------------------------------------------------ 06
+from ddplab.demos import precision
 
 
 def test_autocast_on_cpu_computes_in_bf16_and_keeps_fp32_weights():
-    facts = lessons.autocast_facts("cpu")
+    facts = precision.autocast_facts("cpu")
     assert facts["default"] == torch.bfloat16
     assert facts["matmul"] == facts["linear_output"] == torch.bfloat16
     assert facts["weight"] == facts["grad"] == facts["outside"] == torch.float32
@@ -20,32 +17,32 @@ def test_autocast_on_cpu_computes_in_bf16_and_keeps_fp32_weights():
 
 
 def test_number_formats():
-    rows = {r["dtype"]: r for r in lessons.number_formats()}
+    rows = {r["dtype"]: r for r in precision.number_formats()}
     assert rows["float16"]["1e-8"] == 0.0 and rows["float16"]["70000"] == float("inf")
     assert rows["bfloat16"]["1e-8"] > 0 and rows["bfloat16"]["max"] > 1e38
 
 
 def test_fp16_gradients_underflow_without_a_scaler_and_bf16_ones_do_not():
-    assert lessons.tiny_gradient(torch.float16, use_scaler=False) == 0.0
-    scaled = lessons.tiny_gradient(torch.float16, use_scaler=True)
-    bf16 = lessons.tiny_gradient(torch.bfloat16, use_scaler=False)
+    assert precision.tiny_gradient(torch.float16, use_scaler=False) == 0.0
+    scaled = precision.tiny_gradient(torch.float16, use_scaler=True)
+    bf16 = precision.tiny_gradient(torch.bfloat16, use_scaler=False)
     assert scaled == pytest.approx(3e-8, rel=0.01) and bf16 == pytest.approx(3e-8, rel=0.01)
 
 
 def test_scaler_skips_an_overflowing_step_and_halves_the_scale():
-    facts = lessons.scaler_overflow_step()
+    facts = precision.scaler_overflow_step()
     assert facts["scale_after"] == facts["scale_before"] / 2
     assert not facts["weights_changed"] and facts["then_changed"]
 
 
 def test_old_amp_names_warn():
-    messages = lessons.deprecated_amp_names()
+    messages = precision.deprecated_amp_names()
     assert any("FutureWarning" in m and "torch.amp.autocast" in m for m in messages)
 
 
 def test_matmul_speed_reports_both_precisions_and_restores_threads():
     threads = torch.get_num_threads()
-    rows = lessons.matmul_speed((16, 32), repeats=1, inner=1)
+    rows = precision.matmul_speed((16, 32), repeats=1, inner=1)
     assert [r["size"] for r in rows] == [16, 32]
     assert all(r["fp32_ms"] > 0 and r["bf16_ms"] > 0 and r["speedup"] > 0 for r in rows)
     assert torch.get_num_threads() == threads
