@@ -53,7 +53,10 @@ FORMAT = "ddplab-checkpoint-1"
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint file cannot be used (truncated, corrupted or not a plain state file)."""
+    """A checkpoint file cannot be used (truncated, corrupted or not a plain state file).
+
+    Lesson: 05.
+    """
 
 
 # ------------------------------------------------------------------ helpers for any script

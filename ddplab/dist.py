@@ -34,6 +34,8 @@ class DistInfo:
 
     ``device_ids`` is what DDP's ``device_ids=`` argument wants: ``[local_rank]`` on CUDA, and
     None on CPU (DDP refuses device ids for CPU modules).
+
+    Lesson: 03, 07.
     """
 
     rank: int
@@ -69,6 +71,8 @@ def pick_backend(requested: Optional[str] = None,
 
         >>> pick_backend()          # on a laptop
         'gloo'
+
+    Lesson: 03, 07.
     """
     requested = requested or os.environ.get("DDPLAB_BACKEND") or None
     if requested in (None, "", "auto"):
@@ -89,6 +93,8 @@ def pick_device(local_rank: int, backend: str) -> torch.device:
 
     Raises:
         RuntimeError: more processes on this node than GPUs (each nccl rank needs its own GPU).
+
+    Lesson: 03, 07.
     """
     if backend == "nccl":
         count = torch.cuda.device_count()
@@ -102,7 +108,10 @@ def pick_device(local_rank: int, backend: str) -> torch.device:
 
 
 def env_info() -> tuple[int, int, int]:
-    """Return ``(rank, local_rank, world_size)`` from the torchrun environment (0, 0, 1 alone)."""
+    """Return ``(rank, local_rank, world_size)`` from the torchrun environment (0, 0, 1 alone).
+
+    Lesson: 07.
+    """
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -138,6 +147,8 @@ def setup(
 
         info = setup()                                  # under torchrun
         info = setup(rank=rank, world_size=2)           # inside mp.spawn's function
+
+    Lesson: 03, 07.
     """
     env_rank, local_rank, env_world = env_info()
     rank = env_rank if rank is None else rank
@@ -191,6 +202,8 @@ def prefix_output(rank: int) -> None:
 
     ``torch.multiprocessing.spawn`` children share one stdout; ddplab's launcher sets
     ``DDPLAB_RANK_PREFIX=1`` for them so it can tell the ranks' lines apart.
+
+    Lesson: 03.
     """
     import sys
 
@@ -200,34 +213,52 @@ def prefix_output(rank: int) -> None:
 
 
 def cleanup() -> None:
-    """Leave the process group (safe to call when none was created)."""
+    """Leave the process group (safe to call when none was created).
+
+    Lesson: 03, 07.
+    """
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 
 def get_rank() -> int:
-    """This process's rank, 0 when no process group exists."""
+    """This process's rank, 0 when no process group exists.
+
+    Lesson: 05.
+    """
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def get_world_size() -> int:
-    """The number of processes, 1 when no process group exists."""
+    """The number of processes, 1 when no process group exists.
+
+    Lesson: 05.
+    """
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def is_main() -> bool:
-    """True on rank 0 (the process that prints and saves)."""
+    """True on rank 0 (the process that prints and saves).
+
+    Lesson: 05.
+    """
     return get_rank() == 0
 
 
 def barrier() -> None:
-    """Wait until every rank arrives here; a no-op without a process group."""
+    """Wait until every rank arrives here; a no-op without a process group.
+
+    Lesson: 05.
+    """
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 
 
 def print0(*args: Any, **kwargs: Any) -> None:
-    """``print`` on rank 0 only, flushed, so a job's log is not N copies of the same line."""
+    """``print`` on rank 0 only, flushed, so a job's log is not N copies of the same line.
+
+    Lesson: 05.
+    """
     if is_main():
         kwargs.setdefault("flush", True)
         builtins.print(*args, **kwargs)
@@ -240,6 +271,8 @@ def save_on_main(save: Callable[[], Any]) -> Any:
 
         save_on_main(lambda: torch.save(model.module.state_dict(), "model.pt"))
         state = torch.load("model.pt", map_location=info.device, weights_only=True)
+
+    Lesson: 05.
     """
     result = save() if is_main() else None
     barrier()

@@ -201,7 +201,10 @@ def accumulate(
 
 @dataclass
 class EpochRecord:
-    """What one epoch produced; ``history`` entries are ``asdict`` of these minus local fields."""
+    """What one epoch produced; ``history`` entries are ``asdict`` of these minus local fields.
+
+    Lesson: 01.
+    """
 
     epoch: int
     loss: float

@@ -109,6 +109,8 @@ class GradientComparison:
     """The outcome of ``dp_by_hand``: how far DataParallel's gradient is from the full batch's.
 
     ``max_rel_diff`` is the largest over parameters of ``max|g_dp - g_full| / max|g_full|``.
+
+    Lesson: 02.
     """
 
     model: str
@@ -181,7 +183,10 @@ class Wrapper(nn.Module):
 
 @dataclass
 class PrefixDemo:
-    """What ``module_prefix_demo`` found."""
+    """What ``module_prefix_demo`` found.
+
+    Lesson: 02.
+    """
 
     wrapper: str
     wrapped_keys: list[str]

@@ -27,7 +27,10 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 @dataclass
 class SpawnAttempt:
-    """What happened when ``torch.multiprocessing.spawn`` ran a function from the notebook."""
+    """What happened when ``torch.multiprocessing.spawn`` ran a function from the notebook.
+
+    Lesson: 03.
+    """
 
     ok: bool
     exception: str
