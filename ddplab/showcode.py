@@ -9,7 +9,7 @@ Worker files mark teachable sections with comments::
 Example::
 
     ddplab.show("ddplab/workers/train.py", "setup")   # one marked section
-    ddplab.show(ddplab.train.train_one_epoch)          # a whole function or class
+    ddplab.show(ddplab.train.train_epoch)              # a whole function or class
 
 Lessons: every notebook (01-09).
 """
