@@ -33,9 +33,13 @@ def test_spawn_worker_ranks_exit_with_no_process_group_thread_left():
     assert group_threads(result) == {0: [], 1: []}
 
 
-@pytest.mark.xfail(strict=False, reason="ddplab.dist must import torch.distributed.nn before "
-                   "init_process_group (asked of its owner); until then the training worker's "
-                   "group outlives destroy_process_group() outside the preloaded helper")
+PENDING = pytest.mark.xfail(
+    strict=False, reason="ddplab.dist must import torch.distributed.nn before "
+    "init_process_group (asked of its owner); until then the training worker's group outlives "
+    "destroy_process_group() outside the preloaded helper (2 aborts in 30 runs here)")
+
+
+@PENDING
 def test_training_worker_ranks_exit_with_no_process_group_thread_left(monkeypatch):
     monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")  # a real interpreter exit per rank
     result = launch(THREADS, 2, args=["train", "--epochs", "1"], quiet=True, live=False,
@@ -45,18 +49,20 @@ def test_training_worker_ranks_exit_with_no_process_group_thread_left(monkeypatc
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("worker", ["spawn", "train"])
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("worker", ["spawn", pytest.param("train", marks=PENDING)])
 def test_thirty_launches_in_a_row_none_aborting(monkeypatch, worker):
     if worker == "train":
         monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")  # ranks exit as python does
         target, engine, args = "ddplab.workers.train", "torchrun", ["--epochs", "1"]
     else:
         target, engine, args = "ddplab.workers.spawn_ddp", "spawn", ["--epochs", "1"]
-    statuses = []
+    statuses, errors = [], []
     for _ in range(30):
         result = launch(target, 2, engine=engine, args=args, quiet=True, live=False,
                         timeout=300)
         text = "\n".join(line for lines in result.logs.values() for line in lines)
         statuses.append((result.status, "terminate called" in text,
                          result.root_cause.signal if result.root_cause else None))
-    assert statuses == [("ok", False, None)] * 30
+        errors += [result.error] if not result.ok else []
+    assert statuses == [("ok", False, None)] * 30, errors
