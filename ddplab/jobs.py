@@ -89,8 +89,13 @@ class Job:
             else:
                 self.spawned[pid] = start
 
-    def spawned_ranks(self) -> dict[int, int]:
-        """The spawned processes seen, as rank -> pid (in the order they were started)."""
+    def spawned_ranks(self) -> Optional[dict[int, int]]:
+        """The spawned processes seen, as rank -> pid (in the order they were started).
+
+        None where processes cannot be watched (no ``/proc``: not Linux).
+        """
+        if not os.path.isdir("/proc"):
+            return None
         order = sorted(self.spawned, key=lambda pid: (self.spawned[pid], pid))
         return dict(enumerate(order))
 

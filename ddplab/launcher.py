@@ -458,7 +458,7 @@ def _result(index: int, job: Job, streams: Streams, status: str, wall: float,
     events = {rank: evs for (i, rank), evs in streams.events.items() if i == index}
     result = RunResult(status="ok", returncode=0, wall_time=wall, world_size=job.world_size,
                        logs=logs, events=events, engine=job.engine,
-                       pids=dict(job.pids) or job.spawned_ranks())
+                       pids=dict(job.pids) or job.spawned_ranks() or {})
     if status == "timeout":
         result.status, result.returncode = "timeout", 124
         result.error = f"timed out after {timeout if timeout is not None else DEFAULT_TIMEOUT}" \

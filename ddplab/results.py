@@ -106,7 +106,7 @@ class RunResult:
         return "\n".join(self.logs.get(rank, []))
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything in the result as plain JSON-able values (``python -m ddplab launch --json``)."""
+        """Everything in the result as JSON-able values (``python -m ddplab launch --json``)."""
         def keys(mapping: dict[Any, Any]) -> dict[str, Any]:
             return {str(key): value for key, value in mapping.items()}
 
@@ -258,7 +258,7 @@ def mark_exit_aborts(failures: list[RankFailure], logs: dict[Union[int, str], li
         failure.traceback, failure.hint = "", EXIT_ABORT_HINT
 
 
-def spawn_outcome(result: RunResult, code: Optional[int], ranks: dict[int, int],
+def spawn_outcome(result: RunResult, code: Optional[int], ranks: Optional[dict[int, int]],
                   exits: dict[int, tuple[int, float]], logs: dict[Union[int, str], list[str]],
                   stderr: dict[Union[int, str], list[str]]) -> RunResult:
     """What is known of an ``mp.spawn`` script's ranks, and nothing more.
@@ -266,14 +266,22 @@ def spawn_outcome(result: RunResult, code: Optional[int], ranks: dict[int, int],
     The ranks are the script's children: their exit codes reach the script, not the launcher.
     What the launcher knows: the processes it saw the script start, the lines that carry a
     rank, mp.spawn's report of a failed rank, and the script's own exit code (0 means mp.spawn
-    returned, so every rank it started exited with 0).
+    returned, so every rank it started exited with 0). ``ranks`` is None where the launcher
+    cannot watch processes: then it cannot tell either whether any rank started.
     """
     found = failures_from_output(code or 0, logs, ranks_only=True) if code else []
     mark_exit_aborts(found, logs, exits)
-    seen = set(ranks) | {r for r in logs if isinstance(r, int)} | {f.rank for f in found
-                                                                    if f.rank is not None}
+    seen = set(ranks or {}) | {r for r in logs if isinstance(r, int)} | {
+        f.rank for f in found if f.rank is not None}
     count = max(seen) + 1 if seen else 0
-    result.world_size, result.pids = count, ranks
+    if ranks is None and not count:
+        result.exit_codes = {}
+        if code:
+            message, tail = stderr_cause(stderr.get("launcher", []))
+            fail(result, RankFailure(rank=None, exitcode=code, signal=signal_name(code),
+                                     message=message, traceback=tail), "spawn", logs, stderr)
+        return result
+    result.world_size, result.pids = count, ranks or {}
     codes: dict[int, Optional[int]] = {rank: None for rank in range(count)}
     if code == 0:
         codes.update({rank: 0 for rank in seen})
