@@ -48,10 +48,15 @@ COMPAT_TESTS = tests/test_launch.py tests/test_agent.py tests/test_cli.py \
 	tests/test_train_worker.py tests/test_train.py tests/test_collectives.py tests/compat
 COMPAT_NOTEBOOKS = $(wildcard notebooks/03_*.ipynb notebooks/07_*.ipynb)
 
+# The tests stop after COMPAT_TIMEOUT seconds whatever hangs (a stuck job would hold CI).
+COMPAT_TIMEOUT ?= 1800
+
 test-compat:
 	bash tests/compat/venv.sh $(PYTHON) $(TORCH) $(COMPAT_VENV)
-	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider --nbval-lax \
-		--nbval-current-env --nbval-cell-timeout=$(NB_TIMEOUT) $(COMPAT_TESTS) $(COMPAT_NOTEBOOKS)
+	timeout --kill-after=30 $(COMPAT_TIMEOUT) $(COMPAT_VENV)/bin/python -m pytest -q \
+		-p no:cacheprovider --nbval-lax --nbval-current-env --nbval-cell-timeout=$(NB_TIMEOUT) \
+		$(COMPAT_TESTS) $(COMPAT_NOTEBOOKS) || { s=$$?; [ $$s -ne 124 ] || \
+		echo "make test-compat: stopped after $(COMPAT_TIMEOUT) s (COMPAT_TIMEOUT)" >&2; exit $$s; }
 
 # The launcher suite and every notebook on 2 or more GPUs (nccl); elsewhere one line says why
 # it did nothing. Counts GPUs with nvidia-smi and a subprocess, never CUDA in this python.
