@@ -487,7 +487,7 @@ def _result(index: int, job: Job, streams: Streams, status: str, wall: float,
         return result
     result.exit_codes = codes
     if failures:
-        mark_exit_aborts(failures, logs, job.exits)
+        mark_exit_aborts(failures, logs, job.exits, stderr)
         fail(result, root_cause(failures, job.exits), job.engine, logs, stderr)
     return result
 

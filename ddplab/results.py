@@ -231,18 +231,21 @@ EXIT_ABORT_HINT = (
 
 
 def mark_exit_aborts(failures: list[RankFailure], logs: dict[Union[int, str], list[str]],
-                     exits: dict[int, tuple[int, float]]) -> None:
+                     exits: dict[int, tuple[int, float]],
+                     stderr: Optional[dict[Union[int, str], list[str]]] = None) -> None:
     """Tell an abort at the interpreter's exit from a crash during the run (``at_exit``).
 
     A rank killed by SIGABRT aborted at exit if it had reported a clean end to the launcher
     (ddplab's workers report their exit code before leaving), or if its output ends with the
     C++ runtime's "terminate called without an active exception", followed at most by
     Python's crash report of a process that was finishing (atexit handlers, finalization).
+    Its stderr is read alone where it was kept apart (stdout's lines may have been read later).
     """
     for failure in failures:
         if failure.signal != "SIGABRT":
             continue
-        own = logs.get(failure.rank, []) if failure.rank is not None else []
+        own = [] if failure.rank is None else \
+            (stderr or {}).get(failure.rank) or logs.get(failure.rank, [])
         said = [i for i, line in enumerate(own) if EXIT_ABORT in line]
         after = "\n".join(own[said[-1] + 1:]) if said else ""
         finishing = not after.strip() or bool(re.search(
@@ -270,7 +273,7 @@ def spawn_outcome(result: RunResult, code: Optional[int], ranks: Optional[dict[i
     cannot watch processes: then it cannot tell either whether any rank started.
     """
     found = failures_from_output(code or 0, logs, ranks_only=True) if code else []
-    mark_exit_aborts(found, logs, exits)
+    mark_exit_aborts(found, logs, exits, stderr)
     seen = set(ranks or {}) | {r for r in logs if isinstance(r, int)} | {
         f.rank for f in found if f.rank is not None}
     count = max(seen) + 1 if seen else 0
