@@ -64,10 +64,14 @@ def run_worker(target: str, argv: list[str], rank_fds: list[int], threads: int) 
     set_parent_death_signal()
     local_rank = int(os.environ["LOCAL_RANK"])
     mine = rank_fds[local_rank]
+    # The launcher sends one stdout pipe per rank, then (up to its fd limit) one stderr pipe per
+    # rank, so that stderr stays stderr, as under torchrun.
+    both = len(rank_fds) == 2 * int(os.environ["LOCAL_WORLD_SIZE"])
+    err = rank_fds[len(rank_fds) // 2 + local_rank] if both else mine
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os.dup2(mine, 1)
-    os.dup2(mine, 2)
+    os.dup2(err, 2)
     for fd in rank_fds:
         _close(fd)
     sys.stdout.reconfigure(line_buffering=True)

@@ -26,6 +26,12 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
+# Imported before any process group exists, on purpose: torch.distributed.nn.functional keeps
+# group.WORLD as a default argument, evaluated when it is first imported. DDP's constructor
+# imports it late, after init_process_group, and the group it captured then outlives
+# destroy_process_group(): gloo's threads run into interpreter exit, which now and then aborts
+# ("terminate called without an active exception"). Imported first, it captures nothing.
+import torch.distributed.nn  # noqa: F401,E402
 
 
 @dataclass(frozen=True)

@@ -33,13 +33,6 @@ def test_spawn_worker_ranks_exit_with_no_process_group_thread_left():
     assert group_threads(result) == {0: [], 1: []}
 
 
-PENDING = pytest.mark.xfail(
-    strict=False, reason="ddplab.dist must import torch.distributed.nn before "
-    "init_process_group (asked of its owner); until then the training worker's group outlives "
-    "destroy_process_group() outside the preloaded helper (2 aborts in 30 runs here)")
-
-
-@PENDING
 def test_training_worker_ranks_exit_with_no_process_group_thread_left(monkeypatch):
     monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")  # a real interpreter exit per rank
     result = launch(THREADS, 2, args=["train", "--epochs", "1"], quiet=True, live=False,
@@ -50,7 +43,7 @@ def test_training_worker_ranks_exit_with_no_process_group_thread_left(monkeypatc
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-@pytest.mark.parametrize("worker", ["spawn", pytest.param("train", marks=PENDING)])
+@pytest.mark.parametrize("worker", ["spawn", "train"])
 def test_thirty_launches_in_a_row_none_aborting(monkeypatch, worker):
     if worker == "train":
         monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")  # ranks exit as python does

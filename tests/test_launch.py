@@ -404,9 +404,6 @@ def test_stderr_of_the_ranks_goes_to_stderr_and_stdout_to_stdout(monkeypatch, ca
     result = launch(str(SCRIPTS / "streams.py"), 2, timeout=120)
     assert result.ok, result.error
     shown = capsys.readouterr()
-    if path == "fast" and "err line of rank 0" in shown.out:
-        pytest.xfail("the helper writes each rank's stderr to its stdout pipe: ddplab.agent."
-                     "run_worker does not use the stderr pipes the launcher sends yet")
     for rank in (0, 1):
         assert f"[rank{rank}] out line of rank {rank}\n" in shown.out
         assert f"[rank{rank}] err line of rank {rank}\n" in shown.err

@@ -78,7 +78,8 @@ def run_failed(result: Any) -> Optional[str]:
     if result.ok:
         return None
     cause = result.root_cause
-    where = f" (rank {cause.rank}: {cause.message or cause.signal or cause.exitcode})" \
+    who = "the launching process" if cause is None or cause.rank is None else f"rank {cause.rank}"
+    where = f" ({who}: {cause.message or cause.signal or cause.exitcode})" \
         if cause is not None else ""
     return (f"the run did not finish: {result.status}{where}. Read the traceback printed "
             "above the result, fix that line of your file, and launch it again.")
