@@ -8,7 +8,7 @@ export MPLBACKEND ?= Agg
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 NB_TIMEOUT ?= 600
 
-.PHONY: setup lab test test-unit test-notebooks course bench strip test-browser test-compat \
+.PHONY: setup lab test test-unit test-soak test-notebooks course bench strip test-browser test-compat \
 	test-gpu clean
 
 setup: $(STAMP)
@@ -27,7 +27,12 @@ lab: setup
 test: setup test-unit test-notebooks
 
 test-unit: setup
-	$(BIN)/python -m pytest -q tests --ignore=tests/browser
+	$(BIN)/python -m pytest -q -m "not soak" --durations=10 tests --ignore=tests/browser
+
+# The same launches many times in a row (30 of the spawn worker, 30 of the training worker:
+# none may abort at exit). About 5 minutes; .ci/run runs it after make test.
+test-soak: setup
+	$(BIN)/python -m pytest -q -m soak tests --ignore=tests/browser
 
 test-notebooks: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
@@ -45,7 +50,9 @@ test-browser: setup
 TORCH ?= 2.6.0
 COMPAT_VENV = .venv-compat-$(TORCH)
 COMPAT_TESTS = tests/test_launch.py tests/test_agent.py tests/test_cli.py \
-	tests/test_train_worker.py tests/test_train.py tests/test_collectives.py tests/compat
+	tests/test_cuda_clean.py tests/test_torch_patches.py tests/test_train_worker.py \
+	tests/test_train.py tests/test_amp.py tests/test_schedule.py tests/test_dist.py \
+	tests/test_collectives.py tests/compat
 COMPAT_NOTEBOOKS = $(wildcard notebooks/03_*.ipynb notebooks/07_*.ipynb)
 
 # The tests stop after COMPAT_TIMEOUT seconds whatever hangs (a stuck job would hold CI).

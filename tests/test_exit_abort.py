@@ -41,7 +41,7 @@ def test_training_worker_ranks_exit_with_no_process_group_thread_left(monkeypatc
     assert group_threads(result) == {0: [], 1: []}
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("worker", ["spawn", "train"])
 def test_thirty_launches_in_a_row_none_aborting(monkeypatch, worker):
