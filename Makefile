@@ -75,6 +75,7 @@ course: setup
 	$(BIN)/python -m ddplab course
 
 bench: setup
+	$(BIN)/python -c "import accelerate" 2>/dev/null || $(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/run_all.py
 
 # Strip outputs and trim metadata of every notebook (run before committing notebooks).
