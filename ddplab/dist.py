@@ -19,6 +19,7 @@ Lessons: 03 (setup by hand and with mp.spawn; numbers summed, averaged and gathe
 from __future__ import annotations
 
 import builtins
+import collections
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,6 +33,13 @@ import torch.distributed as dist
 # destroy_process_group(): gloo's threads run into interpreter exit, which now and then aborts
 # ("terminate called without an active exception"). Imported first, it captures nothing.
 import torch.distributed.nn  # noqa: F401,E402
+
+# Before torch 2.8, gloo's process-group destructor joins its worker thread while holding the
+# GIL, and that thread may be dropping the last reference to a tensor of the last collective,
+# which needs the GIL: the process hangs at exit (fixed upstream in pytorch#154976). Keeping
+# Python references to the tensors of these helpers' collectives means the worker thread never
+# drops the last one. A few dozen small tensors; harmless on newer torch.
+_KEEP: collections.deque = collections.deque(maxlen=64)
 
 
 @dataclass(frozen=True)
@@ -299,6 +307,7 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """
     if get_world_size() > 1:
         dist.all_reduce(tensor)
+        _KEEP.append(tensor)
     return tensor
 
 
@@ -329,4 +338,5 @@ def all_gather_floats(value: float, device: Optional[torch.device] = None) -> li
     mine = torch.tensor([float(value)], dtype=torch.float64, device=device)
     gathered = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine)
+    _KEEP.extend([mine, *gathered])
     return [float(t.item()) for t in gathered]
