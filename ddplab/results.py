@@ -209,9 +209,16 @@ def short_message(lines: list[str]) -> str:
 def fail(result: RunResult, cause: RankFailure, engine: str,
           logs: dict[Union[int, str], list[str]], stderr: dict[Union[int, str], list[str]]
           ) -> None:
-    """Record ``cause`` as the result's failure, with a hint when ddplab knows the fix."""
+    """Record ``cause`` as the result's failure, with a hint when ddplab knows the fix.
+
+    A failure with no exception line (``sys.exit("--depth must divide ...")``, or a message
+    printed to stderr before ``sys.exit(2)``) takes its message from the end of the failed
+    process's stderr: the words a script leaves on its way out are the reason.
+    """
+    where: Union[int, str] = "launcher" if cause.rank is None else cause.rank
+    if not cause.message and not cause.traceback and cause.signal is None:
+        cause.message, cause.traceback = stderr_cause(stderr.get(where, [])[-50:])
     if not cause.hint:
-        where: Union[int, str] = "launcher" if cause.rank is None else cause.rank
         text = "\n".join([cause.message, cause.traceback, *stderr.get(where, []),
                           *logs.get(where, [])[-50:], *stderr.get("launcher", [])[-50:]])
         cause.hint = hint_for(text, engine)

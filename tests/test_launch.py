@@ -95,6 +95,18 @@ def test_exit_code_is_reported():
     assert "rank 1 exited with code 3" in result.error
 
 
+@pytest.mark.parametrize("path", ["fast", "subprocess"])
+def test_a_refusal_in_words_is_the_root_causes_message(monkeypatch, path):
+    """sys.exit("why") prints no traceback: its words, from the rank's stderr, are the cause."""
+    if path == "subprocess":
+        monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+    result = launch(FAULTY, 2, args=["refuse"], quiet=True)
+    assert result.status == "failed" and result.root_cause.rank == 1
+    assert result.root_cause.exitcode == 1
+    assert result.root_cause.message == "--size 3 does not divide by 2: pick an even size"
+    assert "rank 1 exited with code 1: --size 3 does not divide" in result.error
+
+
 def test_signal_is_reported():
     result = launch(FAULTY, 2, args=["signal"], quiet=True)
     assert result.status == "failed"

@@ -119,7 +119,7 @@ def test_a_split_that_does_not_divide_is_refused_with_advice(nprocs, args, advic
     result = launch("ddplab.workers.pipeline", nprocs, args=[*args, "--hidden", "16"],
                     quiet=True)
     assert not result.ok
-    assert advice in result.log(0) + result.error
+    assert advice in result.error      # whichever rank refused first, its words are the cause
 
 
 # ------------------------------------------------------------------------------ timeline

@@ -1,4 +1,4 @@
-"""Rank 1 misbehaves as asked (raise | exit | signal | hang); every rank may sys.exit(0) or
+"""Rank 1 misbehaves as asked (raise | exit | refuse | signal | hang); every rank may sys.exit(0) or
 os._exit(0) (sysexit0 | osexit0) or sleep. Every rank prints its pid."""
 import os
 import signal
@@ -19,6 +19,9 @@ if rank == 1:
         raise ValueError("boom on rank 1")
     if mode == "exit":
         sys.exit(3)
+    if mode == "refuse":  # a refusal in words, as argparse or a script's own check does
+        print("checking the arguments", file=sys.stderr, flush=True)
+        sys.exit("--size 3 does not divide by 2: pick an even size")
     if mode == "signal":
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "hang":
