@@ -143,7 +143,7 @@ def test_a_rank_aborting_while_exiting_is_said_so():
 
 
 def test_a_timeout_ends_the_script_and_every_rank_it_started():
-    result = launch(PLAIN_SPAWN, 2, engine="spawn", quiet=True, live=False, timeout=40,
+    result = launch(PLAIN_SPAWN, 2, engine="spawn", quiet=True, live=False, timeout=20,
                     args=["--sleep", "600"])
     assert result.status == "timeout" and not result.ok
     assert sorted(result.pids) == [0, 1]  # the ranks it saw mp.spawn start, by rank

@@ -16,7 +16,7 @@ def report(rank: int) -> None:
 
 
 if __name__ == "__main__":
-    if "spawn" in sys.argv[1:]:  # (ddplab's older spawn engine put --nprocs N first)
+    if sys.argv[1:] == ["spawn"]:  # the spawn engine passes the script's arguments unchanged
         import torch.multiprocessing as mp
 
         mp.spawn(report, nprocs=int(os.environ.get("DDPLAB_NPROCS", "2")))
