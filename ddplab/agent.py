@@ -17,7 +17,11 @@ Process tree and clean-up (nothing may outlive the caller):
   when its parent dies; on other systems this process exits when its socket to the kernel
   closes and kills every agent group it started;
 - each agent child leads its own session and process group, so one ``killpg`` ends a launch
-  and a Jupyter interrupt (SIGINT to the kernel's group) never reaches the workers directly.
+  and a Jupyter interrupt (SIGINT to the kernel's group) never reaches the workers directly;
+- the rendezvous store's server runs in a process of its own (a "keeper", forked by the agent
+  before any thread exists there), never in the agent that forks the workers: a fork copies
+  a lock that another thread holds, and a worker forked while the store's server thread was
+  inside ``getnameinfo`` (accepting a peer) would hang for good on its own first connection.
 
 Lessons: every notebook that launches a worker (01-09).
 """
@@ -194,6 +198,7 @@ def run_agent(req: dict[str, Any], fds: list[int]) -> None:
     except BaseException as exc:  # the report must always be written
         report = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
                   "traceback": traceback.format_exc()}
+    _end_keepers()
     _write_all(report_fd, json.dumps(report).encode())
     sys.stdout.flush()
     sys.stderr.flush()
@@ -412,13 +417,7 @@ def _store_on_loopback() -> None:
                 listener.listen(128)
                 port = listener.getsockname()[1]
                 _LISTENERS[port] = listener
-            kwargs["master_listen_fd"] = listener.fileno()
-            if _torch_older_than(2, 7):  # libuv's store takes a listening socket from 2.7 on
-                kwargs.setdefault("use_libuv", False)
-            try:
-                return TCPStore(host, port, world_size, is_master, *args, **kwargs)
-            except NotImplementedError:  # torch < 2.7: libuv's store takes no listening socket
-                kwargs["use_libuv"] = False
+            return _store_in_keeper(host, port, world_size, listener, args, kwargs)
         return TCPStore(host, port, world_size, is_master, *args, **kwargs)
 
     # c10d: two stores listen, the rendezvous's and the one the workers bootstrap from;
@@ -427,6 +426,70 @@ def _store_on_loopback() -> None:
     static.TCPStore = loopback_store  # type: ignore[assignment]
     dynamic.DynamicRendezvousHandler._create_tcp_store_server = (  # type: ignore[method-assign]
         lambda self, addr, port: loopback_store(addr, port, is_master=True, multi_tenant=True))
+
+
+_KEEPERS: list[int] = []  # pids of this agent's store keepers
+
+
+def _store_in_keeper(host: str, port: int, world_size: Any, listener: socket.socket,
+                     args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Serve the store from a child process of its own; return a client of it.
+
+    The agent forks the workers. A TCPStore server in the agent runs a thread, and a worker
+    forked while that thread held one of libc's locks (``getnameinfo``'s, as it accepted a
+    peer) inherits the lock held, by nobody: its own first connection then waits forever (one
+    4-rank launch in 200 hung so here on torch 2.14, one in 15 on torch 2.6). The keeper is
+    forked now, while the agent has no other thread; it only serves, and dies with the agent.
+    """
+    from torch.distributed import TCPStore
+
+    server_kwargs = {**kwargs, "master_listen_fd": listener.fileno()}
+    if _torch_older_than(2, 7):  # libuv's store takes a listening socket from 2.7 on
+        server_kwargs.setdefault("use_libuv", False)
+    agent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the keeper: serve until the agent goes
+        try:
+            set_parent_death_signal(signal.SIGKILL)
+            if os.getppid() != agent:
+                os._exit(0)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            keep = listener.fileno()
+            os.closerange(3, keep)  # the launcher's pipes: they must close when the agent ends
+            os.closerange(keep + 1, _max_fd())
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            try:
+                server = TCPStore(host, port, None, True, *args, **server_kwargs)  # noqa: F841
+            except NotImplementedError:  # a libuv store that takes no listening socket
+                server_kwargs["use_libuv"] = False
+                server = TCPStore(host, port, None, True, *args, **server_kwargs)  # noqa: F841
+            while True:
+                signal.pause()
+        finally:
+            os._exit(1)
+    _KEEPERS.append(pid)
+    return TCPStore(host, port, world_size, False, *args, **kwargs)
+
+
+def _max_fd() -> int:
+    try:
+        return int(os.sysconf("SC_OPEN_MAX"))
+    except (ValueError, OSError):
+        return 65536
+
+
+def _end_keepers() -> None:
+    """Stop this agent's store keepers and reap them (they would also die with the agent)."""
+    for pid in _KEEPERS:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+    _KEEPERS.clear()
 
 
 def _torch_older_than(major: int, minor: int) -> bool:

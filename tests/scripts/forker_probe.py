@@ -1,0 +1,14 @@
+"""Prints the threads of the process that forked this rank, by name: `forker {"rank": R, ...}`.
+
+A process that forks while another of its threads holds a lock hands that lock, held, to
+the child. The launcher's agent forks the ranks, so it must have no other thread then; above
+all not a store server's, which takes libc's resolver lock while it accepts a peer.
+"""
+import json
+import os
+
+parent = os.getppid()
+threads = sorted(open(f"/proc/{parent}/task/{task}/comm").read().strip()
+                 for task in os.listdir(f"/proc/{parent}/task"))
+print("forker " + json.dumps({"rank": int(os.environ["RANK"]), "threads": threads,
+                             "group": os.getpgid(0)}), flush=True)
