@@ -21,6 +21,7 @@ from __future__ import annotations
 import builtins
 import collections
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Optional
@@ -40,6 +41,8 @@ import torch.distributed.nn  # noqa: F401,E402
 # Python references to the tensors of these helpers' collectives means the worker thread never
 # drops the last one. A few dozen small tensors; harmless on newer torch.
 _KEEP: collections.deque = collections.deque(maxlen=64)
+_GLOO_DESTRUCTOR_HOLDS_GIL = tuple(
+    int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) < (2, 8)
 
 
 @dataclass(frozen=True)
@@ -229,9 +232,16 @@ def prefix_output(rank: int) -> None:
 def cleanup() -> None:
     """Leave the process group (safe to call when none was created).
 
+    Before torch 2.8 a gloo group's destructor waits for its worker threads while holding the
+    GIL, and a worker thread still dropping the last collective's tensors needs the GIL: the
+    process hangs (pytorch#154976). There, ``cleanup`` first lets those threads finish, with
+    the GIL released for a moment (0.1 s once per process).
+
     Lesson: 03, 07.
     """
     if dist.is_available() and dist.is_initialized():
+        if _GLOO_DESTRUCTOR_HOLDS_GIL and dist.get_backend() == "gloo":
+            time.sleep(0.1)  # the GIL is free while this thread sleeps
         dist.destroy_process_group()
 
 
