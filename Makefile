@@ -52,7 +52,7 @@ COMPAT_VENV = .venv-compat-$(TORCH)
 COMPAT_TESTS = tests/test_launch.py tests/test_agent.py tests/test_cli.py \
 	tests/test_cuda_clean.py tests/test_torch_patches.py tests/test_train_worker.py \
 	tests/test_train.py tests/test_amp.py tests/test_schedule.py tests/test_dist.py \
-	tests/test_collectives.py tests/compat
+	tests/test_collectives.py tests/test_fork_safety.py tests/compat
 COMPAT_NOTEBOOKS = $(wildcard notebooks/03_*.ipynb notebooks/07_*.ipynb)
 
 # The tests stop after COMPAT_TIMEOUT seconds whatever hangs (a stuck job would hold CI).

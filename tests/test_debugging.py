@@ -172,7 +172,15 @@ def test_order_mismatch_times_out_plain_and_detail_names_both_orders():
 
 @pytest.mark.slow
 def test_uneven_inputs_hang_in_the_extra_backward():
-    result = run(FAULTS, "--fault", "uneven", *PG_TIMEOUT)
+    # Both ranks wait the same 3 s, rank 0 from earlier on. On a loaded machine rank 1's
+    # timeout may still fire first, and the launcher then stops rank 0 before its own error
+    # is printed (exit code -15 or unknown, no traceback): run it again in that case only.
+    for _attempt in range(3):
+        result = run(FAULTS, "--fault", "uneven", *PG_TIMEOUT)
+        stopped = postmortem.stopped_at(result, 0, "faults.py") is None and \
+            result.exit_codes.get(0) in (-15, None)
+        if not stopped:
+            break
     assert result.status == "failed"
     assert metric(result, "batches") == {0: 3, 1: 2}
     assert metric(result, "steps") == {1: 2}  # rank 0 never finished its loop
