@@ -443,10 +443,14 @@ def _store_in_keeper(host: str, port: int, world_size: Any, listener: socket.soc
     """
     from torch.distributed import TCPStore
 
+    import torch
+    from torch.distributed import TCPStore
+
     server_kwargs = {**kwargs, "master_listen_fd": listener.fileno()}
-    if _torch_older_than(2, 7):  # libuv's store takes a listening socket from 2.7 on
+    if torch.__version__ < "2.7":  # libuv's store takes a listening socket from 2.7 on
         server_kwargs.setdefault("use_libuv", False)
     agent = os.getpid()
+    ready, said = os.pipe()
     pid = os.fork()
     if pid == 0:  # the keeper: serve until the agent goes
         try:
@@ -456,21 +460,33 @@ def _store_in_keeper(host: str, port: int, world_size: Any, listener: socket.soc
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
-            keep = listener.fileno()
-            os.closerange(3, keep)  # the launcher's pipes: they must close when the agent ends
-            os.closerange(keep + 1, _max_fd())
+            low = 3  # close the rest, the launcher's pipes above all: they close with the agent
+            for fd in sorted((listener.fileno(), said)):
+                os.closerange(low, fd)
+                low = fd + 1
+            os.closerange(low, _max_fd())
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             try:
                 server = TCPStore(host, port, None, True, *args, **server_kwargs)  # noqa: F841
-            except NotImplementedError:  # a libuv store that takes no listening socket
-                server_kwargs["use_libuv"] = False
-                server = TCPStore(host, port, None, True, *args, **server_kwargs)  # noqa: F841
+            except BaseException as exc:
+                _write_all(said, f"{type(exc).__name__}: {exc}".encode())
+                raise
+            _write_all(said, b"ok")  # (and closes it)
             while True:
                 signal.pause()
         finally:
             os._exit(1)
+    os.close(said)
+    answer = b""
+    while chunk := os.read(ready, 4096):
+        answer += chunk
+    os.close(ready)
     _KEEPERS.append(pid)
+    if answer != b"ok":
+        _end_keepers()
+        raise RuntimeError("the rendezvous store could not start: "
+                           + (answer.decode(errors="replace") or "its process died"))
     return TCPStore(host, port, world_size, False, *args, **kwargs)
 
 
@@ -490,13 +506,6 @@ def _end_keepers() -> None:
         except OSError:
             pass
     _KEEPERS.clear()
-
-
-def _torch_older_than(major: int, minor: int) -> bool:
-    import torch
-
-    found = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-    return found < (major, minor)
 
 
 def _record_exitcodes(codes: dict[str, int]) -> None:

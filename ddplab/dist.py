@@ -41,8 +41,7 @@ import torch.distributed.nn  # noqa: F401,E402
 # Python references to the tensors of these helpers' collectives means the worker thread never
 # drops the last one. A few dozen small tensors; harmless on newer torch.
 _KEEP: collections.deque = collections.deque(maxlen=64)
-_GLOO_DESTRUCTOR_HOLDS_GIL = tuple(
-    int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) < (2, 8)
+_GLOO_DESTRUCTOR_HOLDS_GIL = torch.__version__ < "2.8"  # a TorchVersion: compares as versions
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,10 @@ now lives in a keeper process of its own (``ddplab.agent._store_in_keeper``).
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +24,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 PROBE = str(Path(__file__).parent / "scripts" / "forker_probe.py")
 
 
-def forkers(results: list) -> dict[int, list[str]]:
+def forkers(results: list, what: str = "threads") -> dict[int, Any]:
     found = {}
     for result in results:
         assert result.ok, result.error
@@ -30,15 +32,18 @@ def forkers(results: list) -> dict[int, list[str]]:
             for line in lines:
                 if line.startswith("forker "):
                     info = json.loads(line[len("forker "):])
-                    found[info["rank"]] = info["threads"]
+                    found[info["rank"]] = info[what]
     return found
 
 
-def test_one_node_the_agent_forks_with_no_other_thread():
-    for _ in range(2):  # a cold helper, then a warm one
-        threads = forkers([launch(PROBE, 4, quiet=True, timeout=120)])
-        assert sorted(threads) == [0, 1, 2, 3]
-        assert all(len(names) == 1 for names in threads.values()), threads
+def test_one_node_the_agent_forks_with_no_other_thread_and_nothing_outlives_the_job():
+    result = launch(PROBE, 4, quiet=True, timeout=120)
+    threads = forkers([result])
+    assert sorted(threads) == [0, 1, 2, 3]
+    assert all(len(names) == 1 for names in threads.values()), threads
+    groups = set(forkers([result], "group").values())
+    assert len(groups) == 1
+    assert jobs._process_table(groups.pop()) == {}  # agent, keeper and ranks: all gone
 
 
 @pytest.mark.parametrize("how", ["two nodes", "restarts"])
@@ -54,10 +59,13 @@ def test_with_the_c10d_rendezvous_no_store_server_runs_in_the_agent(how):
                 if name.startswith("pt_tcpstore")], threads
 
 
-def test_nothing_of_the_job_outlives_it_store_keeper_included():
-    result = launch(PROBE, 2, quiet=True, timeout=120)
-    assert result.ok, result.error
-    groups = {json.loads(line[len("forker "):])["group"] for rank in (0, 1)
-              for line in result.logs[rank] if line.startswith("forker ")}
-    assert len(groups) == 1
-    assert jobs._process_table(groups.pop()) == {}  # agent, keeper and ranks: all gone
+def test_a_store_that_cannot_start_is_reported_at_once():
+    from ddplab import agent
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        with pytest.raises(RuntimeError, match="rendezvous store could not start: TypeError"):
+            agent._store_in_keeper("127.0.0.1", listener.getsockname()[1], None, listener, (),
+                                   {"no_such_option": 1})
+    assert agent._KEEPERS == []  # the keeper was reaped

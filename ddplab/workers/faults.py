@@ -125,8 +125,7 @@ def check_debug_level() -> None:
     collectives are fine (``ddplab.workers.desync`` uses DETAIL); DDP's messages need INFO.
     """
     detail = torch_dist.get_debug_level() == torch_dist.DebugLevel.DETAIL
-    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
-    if detail and version > (2, 6) and dist.pick_backend() == "gloo":
+    if detail and torch.__version__ >= "2.7" and dist.pick_backend() == "gloo":
         raise RuntimeError(
             f"TORCH_DISTRIBUTED_DEBUG=DETAIL makes DDP's constructor crash (segmentation fault) "
             f"with gloo on torch {torch.__version__}: use TORCH_DISTRIBUTED_DEBUG=INFO for DDP's "
