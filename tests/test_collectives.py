@@ -84,6 +84,7 @@ def test_bandwidth_sweep_reports_positive_numbers_for_both_algorithms():
     for r in rows:
         assert math.isfinite(r["busbw"]) and r["busbw"] > 0
         assert r["busbw"] == pytest.approx(r["bytes"] / r["seconds"] * 2 * (2 - 1) / 2)
+        assert len(r["times"]) == 2 and r["best"] == min(r["times"]) <= r["seconds"]
 
 
 def test_sweep_sizes_grow_by_the_factor():
