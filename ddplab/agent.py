@@ -39,7 +39,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, Optional
 
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn", "torch.optim")
 _MAX_FDS = 64
@@ -229,8 +229,10 @@ def _elastic_run(req: dict[str, Any], rank_fds: list[int]) -> dict[str, Any]:
         configs["rank"] = 0
     else:
         backend = "c10d"
-        if nnodes > 1:
-            configs["is_host"] = int(req["node_rank"]) == 0
+        # Node 0 hosts the store; torch would guess from the hostname, and a guess that misses
+        # (an address of this machine the hostname does not resolve to) leaves a lone node
+        # waiting for a server nobody starts.
+        configs["is_host"] = int(req["node_rank"]) == 0
     config = launch_config(
         min_nodes=nnodes,
         max_nodes=nnodes,
@@ -245,8 +247,7 @@ def _elastic_run(req: dict[str, Any], rank_fds: list[int]) -> dict[str, Any]:
         local_addr=req.get("local_addr"),
         shutdown_timeout=int(req.get("shutdown_timeout", 5)),
     )
-    if loopback:
-        _optional(_store_on_loopback)
+    _optional(_stores_in_keepers, loopback)
     if backend == "c10d":
         _optional(_quick_rendezvous, single_node=nnodes == 1)
     started = time.time()
@@ -338,7 +339,7 @@ def _static_endpoint(endpoint: str, loopback: bool) -> str:
     """``HOST:PORT`` for the static rendezvous, choosing a free port when none was given.
 
     On the loopback address the port is bound here, and the listening socket kept for the
-    store (see ``_store_on_loopback``), so nobody can take it in between.
+    store (see ``_stores_in_keepers``), so nobody can take it in between.
     """
     host, _, port_text = endpoint.rpartition(":")
     port = int(port_text or 0)
@@ -390,26 +391,31 @@ def _quick_rendezvous(single_node: bool) -> None:
 _LISTENERS: dict[int, socket.socket] = {}  # port -> listener, open for the agent's life
 
 
-def _store_on_loopback() -> None:
-    """Make the rendezvous store listen on 127.0.0.1 only, not on every interface.
+def _stores_in_keepers(loopback: bool) -> None:
+    """Serve every rendezvous store this agent hosts from a keeper process (``_store_in_keeper``).
 
+    On the loopback address the store also listens on 127.0.0.1 only, not on every interface:
     torch's TCPStore server binds all interfaces whatever host it is given; handed a socket
-    already bound to the loopback address (``master_listen_fd``), it listens there alone.
+    already bound to the loopback address (``master_listen_fd``), it listens there alone. On any
+    other address (a real multi-node job) it binds as torch binds it, in the keeper.
     """
     from torch.distributed import TCPStore
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as backend
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
     from torch.distributed.elastic.rendezvous import static_tcp_rendezvous as static
 
-    if "master_listen_fd" not in (TCPStore.__init__.__doc__ or ""):  # its pybind signature
+    if loopback and "master_listen_fd" not in (TCPStore.__init__.__doc__ or ""):  # pybind's
         raise TypeError("TCPStore takes no master_listen_fd")
     if not callable(getattr(dynamic.DynamicRendezvousHandler, "_create_tcp_store_server", None)):
         raise AttributeError("DynamicRendezvousHandler has no _create_tcp_store_server")
     backend.TCPStore, static.TCPStore  # noqa: B018  (AttributeError when a module changed)
 
-    def loopback_store(host: str, port: int, world_size: Any = None, is_master: bool = False,
-                       *args: Any, **kwargs: Any) -> Any:
-        if is_master and "master_listen_fd" not in kwargs:
+    def kept_store(host: str, port: int, world_size: Any = None, is_master: bool = False,
+                   *args: Any, **kwargs: Any) -> Any:
+        if not is_master or "master_listen_fd" in kwargs:
+            return TCPStore(host, port, world_size, is_master, *args, **kwargs)
+        listener = None
+        if loopback:
             listener = _LISTENERS.get(port)
             if listener is None:
                 listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -417,38 +423,40 @@ def _store_on_loopback() -> None:
                 listener.listen(128)
                 port = listener.getsockname()[1]
                 _LISTENERS[port] = listener
-            return _store_in_keeper(host, port, world_size, listener, args, kwargs)
-        return TCPStore(host, port, world_size, is_master, *args, **kwargs)
+        return _store_in_keeper(host, port, world_size, listener, args, kwargs)
 
     # c10d: two stores listen, the rendezvous's and the one the workers bootstrap from;
     # static: one store, which the workers share.
-    backend.TCPStore = loopback_store  # type: ignore[assignment]  (this agent process only)
-    static.TCPStore = loopback_store  # type: ignore[assignment]
+    backend.TCPStore = kept_store  # type: ignore[assignment]  (this agent process only)
+    static.TCPStore = kept_store  # type: ignore[assignment]
     dynamic.DynamicRendezvousHandler._create_tcp_store_server = (  # type: ignore[method-assign]
-        lambda self, addr, port: loopback_store(addr, port, is_master=True, multi_tenant=True))
+        lambda self, addr, port: kept_store(addr, port, is_master=True, multi_tenant=True))
 
 
 _KEEPERS: list[int] = []  # pids of this agent's store keepers
 
 
-def _store_in_keeper(host: str, port: int, world_size: Any, listener: socket.socket,
-                     args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _store_in_keeper(host: str, port: int, world_size: Any,
+                     listener: Optional[socket.socket], args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> Any:
     """Serve the store from a child process of its own; return a client of it.
 
     The agent forks the workers. A TCPStore server in the agent runs a thread, and a worker
     forked while that thread held one of libc's locks (``getnameinfo``'s, as it accepted a
-    peer) inherits the lock held, by nobody: its own first connection then waits forever (one
+    peer) inherited the lock held, by nobody: its own first connection then waits forever (one
     4-rank launch in 200 hung so here on torch 2.14, one in 15 on torch 2.6). The keeper is
     forked now, while the agent has no other thread; it only serves, and dies with the agent.
+    It listens on ``listener`` when given one, else binds ``port`` as torch does (0: any port;
+    the client is told which).
     """
-    from torch.distributed import TCPStore
-
     import torch
     from torch.distributed import TCPStore
 
-    server_kwargs = {**kwargs, "master_listen_fd": listener.fileno()}
-    if torch.__version__ < "2.7":  # libuv's store takes a listening socket from 2.7 on
-        server_kwargs.setdefault("use_libuv", False)
+    server_kwargs = dict(kwargs)
+    if listener is not None:
+        server_kwargs["master_listen_fd"] = listener.fileno()
+        if torch.__version__ < "2.7":  # libuv's store takes a listening socket from 2.7 on
+            server_kwargs.setdefault("use_libuv", False)
     agent = os.getpid()
     ready, said = os.pipe()
     pid = os.fork()
@@ -461,18 +469,18 @@ def _store_in_keeper(host: str, port: int, world_size: Any, listener: socket.soc
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
             low = 3  # close the rest, the launcher's pipes above all: they close with the agent
-            for fd in sorted((listener.fileno(), said)):
+            for fd in sorted({said} | ({listener.fileno()} if listener is not None else set())):
                 os.closerange(low, fd)
                 low = fd + 1
             os.closerange(low, _max_fd())
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             try:
-                server = TCPStore(host, port, None, True, *args, **server_kwargs)  # noqa: F841
+                server = TCPStore(host, port, None, True, *args, **server_kwargs)
             except BaseException as exc:
                 _write_all(said, f"{type(exc).__name__}: {exc}".encode())
                 raise
-            _write_all(said, b"ok")  # (and closes it)
+            _write_all(said, f"ok {server.port}".encode())  # (and closes it)
             while True:
                 signal.pause()
         finally:
@@ -483,11 +491,12 @@ def _store_in_keeper(host: str, port: int, world_size: Any, listener: socket.soc
         answer += chunk
     os.close(ready)
     _KEEPERS.append(pid)
-    if answer != b"ok":
+    word, _, served = answer.decode(errors="replace").partition(" ")
+    if word != "ok" or not served.isdigit():
         _end_keepers()
         raise RuntimeError("the rendezvous store could not start: "
                            + (answer.decode(errors="replace") or "its process died"))
-    return TCPStore(host, port, world_size, False, *args, **kwargs)
+    return TCPStore(host, int(served), world_size, False, *args, **kwargs)
 
 
 def _max_fd() -> int:

@@ -344,6 +344,8 @@ def torchrun_cmd(target: str, args: list[str], nprocs: int, nnodes: int, node_ra
                f"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE={template}", *cmd]
     if nnodes > 1:
         cmd += ["--node-rank", str(node_rank)]
+    else:  # the only node hosts the store (torch would guess from the hostname)
+        cmd += ["--rdzv-conf", "is_host=1"]
     if endpoint.startswith("127."):
         cmd += ["--local-addr", "127.0.0.1"]
     return cmd + (["-m", target] if not os.path.isabs(target) else [target]) + args

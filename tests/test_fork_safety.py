@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,39 @@ def test_with_the_c10d_rendezvous_no_store_server_runs_in_the_agent(how):
                 if name.startswith("pt_tcpstore")], threads
 
 
+def own_address() -> str:
+    """An address of this machine that is not loopback (a real multi-node job's kind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: it only picks a route
+            address = probe.getsockname()[0]
+        except OSError:
+            address = ""
+    if not address or address.startswith("127.") or address == "0.0.0.0":
+        pytest.skip("this machine has no address but loopback")
+    return address
+
+
+@pytest.mark.parametrize("restarts", [0, 1], ids=["static", "c10d"])
+def test_on_an_address_that_is_not_loopback_the_store_is_kept_out_of_the_agent_too(restarts):
+    address = own_address()
+    result = launch(PROBE, 2, master_addr=address, max_restarts=restarts, quiet=True,
+                    timeout=120)
+    threads = forkers([result])
+    assert sorted(threads) == [0, 1]
+    assert not [name for names in threads.values() for name in names
+                if name.startswith("pt_tcpstore")], threads
+    if not restarts:  # (the c10d rendezvous keeps its own keep-alive thread)
+        assert all(len(names) == 1 for names in threads.values()), threads
+
+
+def test_a_lone_node_on_an_address_its_hostname_does_not_name_hosts_its_own_store(monkeypatch):
+    address = own_address()   # torch guesses the store's host from the hostname: no guessing
+    monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+    result = launch(PROBE, 2, master_addr=address, max_restarts=1, quiet=True, timeout=120)
+    assert result.ok, result.error
+
+
 def test_a_store_that_cannot_start_is_reported_at_once():
     from ddplab import agent
 
@@ -69,3 +103,17 @@ def test_a_store_that_cannot_start_is_reported_at_once():
             agent._store_in_keeper("127.0.0.1", listener.getsockname()[1], None, listener, (),
                                    {"no_such_option": 1})
     assert agent._KEEPERS == []  # the keeper was reaped
+
+
+def test_a_keeper_without_a_listener_binds_the_port_and_says_which():
+    from ddplab import agent
+
+    client = agent._store_in_keeper("127.0.0.1", 0, None, None, (), {"timeout": timedelta(seconds=10)})
+    try:
+        assert client.port > 0
+        client.set("asked", "answered")
+        assert client.get("asked") == b"answered"   # a store served by the keeper
+        assert len(agent._KEEPERS) == 1
+    finally:
+        agent._end_keepers()
+    assert agent._KEEPERS == []
