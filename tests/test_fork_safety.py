@@ -3,13 +3,15 @@
 A worker forked while the agent's TCPStore server thread was inside ``getnameinfo`` (it
 accepts each peer that way) inherited libc's resolver lock held and hung on its own first
 connection: about one 4-rank launch in 200 on torch 2.14, one in 15 on torch 2.6. The store
-now lives in a keeper process of its own (``ddplab.agent._store_in_keeper``).
+now lives in a keeper process of its own (``ddplab.agent._store_in_keeper``), on the loopback
+address and on any other (tested on this machine's own address where it has one).
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -18,7 +20,7 @@ from typing import Any
 import pytest
 
 import ddplab
-from ddplab import jobs, launch
+from ddplab import env, jobs, launch
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -84,6 +86,30 @@ def test_on_an_address_that_is_not_loopback_the_store_is_kept_out_of_the_agent_t
                 if name.startswith("pt_tcpstore")], threads
     if not restarts:  # (the c10d rendezvous keeps its own keep-alive thread)
         assert all(len(names) == 1 for names in threads.values()), threads
+
+
+def test_two_nodes_meeting_on_an_address_that_is_not_loopback_keep_the_store_out_too():
+    address = own_address()
+    port = env.free_port(address)
+    nodes = [subprocess.Popen([sys.executable, "-m", "ddplab", "launch", "--nnodes", "2",
+                               "--node-rank", str(node), "--rdzv-endpoint", f"{address}:{port}",
+                               "--nproc-per-node", "1", PROBE],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for node in (0, 1)]
+    try:
+        outputs = [node.communicate(timeout=120)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    threads = {}
+    for line in "".join(outputs).splitlines():
+        if "forker " in line:
+            info = json.loads(line.split("forker ", 1)[1])
+            threads[info["rank"]] = info["threads"]
+    assert sorted(threads) == [0, 1], outputs
+    assert not [name for names in threads.values() for name in names
+                if name.startswith("pt_tcpstore")], threads
 
 
 def test_a_lone_node_on_an_address_its_hostname_does_not_name_hosts_its_own_store(monkeypatch):
