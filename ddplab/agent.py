@@ -78,6 +78,8 @@ def run_worker(target: str, argv: list[str], rank_fds: list[int], threads: int) 
     os.dup2(err, 2)
     for fd in rank_fds:
         _close(fd)
+    if _STORE_HOST.get("conn") is not None:  # the agent's: its stores end with the agent
+        _STORE_HOST.pop("conn").close()
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
     # Tell the launcher which global rank this pipe belongs to (multi-node ranks are assigned
@@ -392,7 +394,10 @@ _LISTENERS: dict[int, socket.socket] = {}  # port -> listener, open for the agen
 
 
 def _stores_in_keepers(loopback: bool) -> None:
-    """Serve every rendezvous store this agent hosts from a keeper process (``_store_in_keeper``).
+    """Serve every rendezvous store this agent hosts from another process, never the agent.
+
+    The helper's store host serves it (``start_store_host``); where there is none, a keeper
+    forked for the store (``_store_in_keeper``).
 
     On the loopback address the store also listens on 127.0.0.1 only, not on every interface:
     torch's TCPStore server binds all interfaces whatever host it is given; handed a socket
@@ -423,6 +428,9 @@ def _stores_in_keepers(loopback: bool) -> None:
                 listener.listen(128)
                 port = listener.getsockname()[1]
                 _LISTENERS[port] = listener
+        served = _store_in_host(host, port, listener, args, kwargs)
+        if served is not None:
+            return TCPStore(host, served, world_size, False, *args, **kwargs)
         return _store_in_keeper(host, port, world_size, listener, args, kwargs)
 
     # c10d: two stores listen, the rendezvous's and the one the workers bootstrap from;
@@ -431,6 +439,115 @@ def _stores_in_keepers(loopback: bool) -> None:
     static.TCPStore = kept_store  # type: ignore[assignment]
     dynamic.DynamicRendezvousHandler._create_tcp_store_server = (  # type: ignore[method-assign]
         lambda self, addr, port: kept_store(addr, port, is_master=True, multi_tenant=True))
+
+
+# The store host: one process per helper, forked from it at start (torch loaded, no thread),
+# that serves the stores of every launch the helper starts. Each agent asks it over a UNIX
+# socket of its own and keeps that connection for its life; when the connection closes (the
+# agent ended or died), the host drops that agent's stores. Forking a keeper per launch would
+# cost a fork of a 500 MB process (~15 ms of a 150 ms warm launch).
+_STORE_HOST: dict[str, Any] = {}  # "name": its socket's address, "pid"; "conn": an agent's
+
+
+def start_store_host() -> None:
+    """Fork the store host (in the helper, before any agent). Without it agents fork keepers."""
+    name = f"\0ddplab-stores-{os.getpid()}-{os.urandom(8).hex()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(name)
+    listener.listen(64)
+    helper = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            set_parent_death_signal(signal.SIGKILL)
+            if os.getppid() != helper:
+                os._exit(0)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.closerange(3, listener.fileno())  # the launcher's pipes above all
+            os.closerange(listener.fileno() + 1, _max_fd())
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _host_stores(listener)
+        finally:
+            os._exit(1)
+    listener.close()
+    _STORE_HOST.update(name=name, pid=pid)
+
+
+def _host_stores(listener: socket.socket) -> None:
+    """The store host's loop: one request, one store; an agent's stores go with its connection."""
+    import pickle
+
+    import torch
+    from torch.distributed import TCPStore
+
+    stores: dict[socket.socket, list[Any]] = {}
+    while True:
+        for conn in select.select([listener, *stores], [], [])[0]:
+            if conn is listener:
+                stores[listener.accept()[0]] = []
+                continue
+            try:
+                msg, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 1)
+            except OSError:
+                msg, fds = b"", []
+            if not msg:
+                del stores[conn]  # (their servers stop as they are dropped)
+                conn.close()
+                continue
+            try:
+                host, port, args, kwargs = pickle.loads(msg)
+                if fds:  # the store takes the listening socket over
+                    kwargs["master_listen_fd"] = fds[0]
+                    if torch.__version__ < "2.7":  # libuv's store takes one from 2.7 on
+                        kwargs.setdefault("use_libuv", False)
+                stores[conn].append(TCPStore(host, port, None, True, *args, **kwargs))
+                conn.sendall(f"ok {stores[conn][-1].port}".encode())  # (no other reference)
+            except Exception as exc:  # noqa: BLE001  (told to the agent, which raises it)
+                for fd in fds:
+                    _close(fd)
+                conn.sendall(f"{type(exc).__name__}: {exc}".encode())
+
+
+def _store_in_host(host: str, port: int, listener: Optional[socket.socket],
+                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Optional[int]:
+    """Have the store host serve this store; the port it serves on, or None without a host."""
+    import pickle
+
+    if "name" not in _STORE_HOST:
+        return None
+    conn = _STORE_HOST.get("conn")
+    if conn is None:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(_STORE_HOST["name"])
+        except OSError:
+            conn.close()
+            return None
+        _STORE_HOST["conn"] = conn
+    socket.send_fds(conn, [pickle.dumps((host, port, args, kwargs))],
+                    [listener.fileno()] if listener is not None else [])
+    answer = conn.recv(4096).decode(errors="replace")
+    word, _, served = answer.partition(" ")
+    if word != "ok" or not served.isdigit():
+        raise RuntimeError("the rendezvous store could not start: "
+                           + (answer or "its host process died"))
+    return int(served)
+
+
+def stop_store_host() -> None:
+    """End the store host (the helper is done; it would also die with the helper)."""
+    pid = _STORE_HOST.pop("pid", None)
+    _STORE_HOST.pop("name", None)
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
 
 
 _KEEPERS: list[int] = []  # pids of this agent's store keepers
@@ -561,7 +678,8 @@ def serve(sock: socket.socket) -> None:
             break
         req = json.loads(msg.decode())
         if req.get("op") == "ping":
-            sock.sendall(json.dumps({"ok": True, "pid": os.getpid()}).encode())
+            sock.sendall(json.dumps({"ok": True, "pid": os.getpid(),
+                                     "store_host": _STORE_HOST.get("pid")}).encode())
             continue
         preload(req.get("preload", ()))
         refusal = fork_refusal()
@@ -652,8 +770,16 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=int(sys.argv[1]))
     preload(PRELOAD + tuple(os.environ.get("DDPLAB_PRELOAD", "").split(",")))
+    if patches_enabled():
+        try:
+            start_store_host()
+        except OSError as exc:  # agents fork a keeper per store instead
+            print(f"ddplab: no store host ({exc}); each launch forks its own", file=sys.stderr)
     sock.sendall(b'{"ready": true}')
-    serve(sock)
+    try:
+        serve(sock)
+    finally:
+        stop_store_host()
 
 
 if __name__ == "__main__":

@@ -13,11 +13,13 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from torch.distributed import TCPStore
 
 import ddplab
 from ddplab import env, jobs, launch
@@ -143,3 +145,28 @@ def test_a_keeper_without_a_listener_binds_the_port_and_says_which():
     finally:
         agent._end_keepers()
     assert agent._KEEPERS == []
+
+
+def test_the_store_host_serves_a_store_until_its_agent_lets_go():
+    from ddplab import agent
+
+    agent.start_store_host()
+    try:
+        with pytest.raises(RuntimeError, match="rendezvous store could not start: TypeError"):
+            agent._store_in_host("127.0.0.1", 0, None, (), {"no_such_option": 1})
+        port = agent._store_in_host("127.0.0.1", 0, None, (), {"timeout": timedelta(seconds=10)})
+        client = TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=10))
+        client.set("asked", "answered")
+        assert client.get("asked") == b"answered"
+        del client
+        agent._STORE_HOST.pop("conn").close()   # what the agent's exit does
+        for _ in range(100):                    # the host drops the store: nobody listens
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) != 0:
+                    break
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"port {port} still served after its agent let go")
+    finally:
+        agent.stop_store_host()
+    assert agent._STORE_HOST == {}

@@ -216,8 +216,24 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def sockets_of(pid: int) -> int:
+    """How many sockets ``pid`` holds open (one that closes while we look does not count)."""
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            count += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+        except FileNotFoundError:
+            pass
+    return count
+
+
 def test_ten_launches_leave_nothing_behind():
+    from ddplab.jobs import AgentServer
+
     launch(PLAIN, 2, quiet=True)  # make sure the helper process exists before counting
+    store_host = AgentServer.get().request({"op": "ping"}, [])["store_host"]
+    time.sleep(0.5)  # (the last agent's stores go when its connection closes, as it exits)
+    host_sockets = sockets_of(store_host)
     fds_before = len(os.listdir("/proc/self/fd"))
     pids: list[int] = []
     for _ in range(10):
@@ -226,10 +242,13 @@ def test_ten_launches_leave_nothing_behind():
         pids += result.pids.values()
     assert not wait_gone(pids, 5)
     assert len(os.listdir("/proc/self/fd")) <= fds_before  # no pipe or socket leaked
-    from ddplab.jobs import AgentServer
-
     helper = AgentServer.get().proc.pid
-    assert [p for p in _children(helper) if alive(p)] == []
+    assert [p for p in _children(helper) if alive(p)] == [store_host]  # it serves the next
+    for _ in range(50):  # every store went with its agent: no listener, no connection kept
+        if sockets_of(store_host) <= host_sockets:
+            break
+        time.sleep(0.1)
+    assert sockets_of(store_host) <= host_sockets
 
 
 def test_spawn_engine_runs_and_reports_the_failed_rank():
