@@ -459,17 +459,7 @@ def start_store_host() -> None:
     pid = os.fork()
     if pid == 0:
         try:
-            set_parent_death_signal(signal.SIGKILL)
-            if os.getppid() != helper:
-                os._exit(0)
-            null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-            os.closerange(3, listener.fileno())  # the launcher's pipes above all
-            os.closerange(listener.fileno() + 1, _max_fd())
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _become_quiet_child(helper, keep={listener.fileno()})
             _host_stores(listener)
         finally:
             os._exit(1)
@@ -579,19 +569,8 @@ def _store_in_keeper(host: str, port: int, world_size: Any,
     pid = os.fork()
     if pid == 0:  # the keeper: serve until the agent goes
         try:
-            set_parent_death_signal(signal.SIGKILL)
-            if os.getppid() != agent:
-                os._exit(0)
-            null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-            low = 3  # close the rest, the launcher's pipes above all: they close with the agent
-            for fd in sorted({said} | ({listener.fileno()} if listener is not None else set())):
-                os.closerange(low, fd)
-                low = fd + 1
-            os.closerange(low, _max_fd())
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            keep = {said} | ({listener.fileno()} if listener is not None else set())
+            _become_quiet_child(agent, keep)
             try:
                 server = TCPStore(host, port, None, True, *args, **server_kwargs)
             except BaseException as exc:
@@ -614,6 +593,28 @@ def _store_in_keeper(host: str, port: int, world_size: Any,
         raise RuntimeError("the rendezvous store could not start: "
                            + (answer.decode(errors="replace") or "its process died"))
     return TCPStore(host, int(served), world_size, False, *args, **kwargs)
+
+
+def _become_quiet_child(parent: int, keep: set[int]) -> None:
+    """In a freshly forked server child: die with ``parent``, no output, only ``keep`` open.
+
+    Every other descriptor is closed, the launcher's pipes above all: they must close when
+    the processes that own them end. SIGINT is ignored (the parent decides), SIGTERM ends it.
+    """
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(0)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, _max_fd())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def _max_fd() -> int:

@@ -136,7 +136,8 @@ def test_a_store_that_cannot_start_is_reported_at_once():
 def test_a_keeper_without_a_listener_binds_the_port_and_says_which():
     from ddplab import agent
 
-    client = agent._store_in_keeper("127.0.0.1", 0, None, None, (), {"timeout": timedelta(seconds=10)})
+    client = agent._store_in_keeper("127.0.0.1", 0, None, None, (),
+                                    {"timeout": timedelta(seconds=10)})
     try:
         assert client.port > 0
         client.set("asked", "answered")
