@@ -45,6 +45,17 @@ PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn", "t
 _MAX_FDS = 64
 
 
+def name_this_process(name: str) -> None:
+    """Set the name ``ps -o comm`` and ``/proc/PID/comm`` show (Linux; 15 bytes at most)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)  # 15 == PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
     """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere)."""
     if not sys.platform.startswith("linux"):
@@ -446,6 +457,7 @@ def _stores_in_keepers(loopback: bool) -> None:
 # socket of its own and keeps that connection for its life; when the connection closes (the
 # agent ended or died), the host drops that agent's stores. Forking a keeper per launch would
 # cost a fork of a 500 MB process (~15 ms of a 150 ms warm launch).
+STORE_HOST_NAME = "ddplab-stores"  # its process name (``ps -o comm``)
 _STORE_HOST: dict[str, Any] = {}  # "name": its socket's address, "pid"; "conn": an agent's
 
 
@@ -460,6 +472,7 @@ def start_store_host() -> None:
     if pid == 0:
         try:
             _become_quiet_child(helper, keep={listener.fileno()})
+            name_this_process(STORE_HOST_NAME)
             _host_stores(listener)
         finally:
             os._exit(1)

@@ -232,6 +232,7 @@ def test_ten_launches_leave_nothing_behind():
 
     launch(PLAIN, 2, quiet=True)  # make sure the helper process exists before counting
     store_host = AgentServer.get().request({"op": "ping"}, [])["store_host"]
+    assert open(f"/proc/{store_host}/comm").read().strip() == "ddplab-stores"  # as ps names it
     time.sleep(0.5)  # (the last agent's stores go when its connection closes, as it exits)
     host_sockets = sockets_of(store_host)
     fds_before = len(os.listdir("/proc/self/fd"))

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
+from ddplab.agent import STORE_HOST_NAME
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SHOTS = REPO / "build" / "browser"
@@ -80,6 +82,7 @@ class Proc:
     pid: int
     ppid: int
     cmd: str
+    name: str = ""  # /proc/PID/comm
 
 
 def _read_proc(pid: int, marker: bytes) -> Optional[Proc]:
@@ -90,11 +93,12 @@ def _read_proc(pid: int, marker: bytes) -> Optional[Proc]:
             return None
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return None
     if stat[0] in ("Z", "X"):
         return None
-    return Proc(pid=pid, ppid=int(stat[1]), cmd=cmd.strip())
+    return Proc(pid=pid, ppid=int(stat[1]), cmd=cmd.strip(), name=name)
 
 
 def marked_processes(run_id: str) -> list[Proc]:
@@ -155,15 +159,16 @@ class Lab:
         """Processes of this server that should not exist between launches.
 
         Allowed: the server, its kernels, and each kernel's own helpers, which live as long as
-        their kernel: ``ddplab.agent`` and multiprocessing's resource tracker (started when an
-        in-kernel demo used ``mp.spawn``). Anything else (a rank, a per-launch agent forked
+        their kernel: ``ddplab.agent`` (with its store host) and multiprocessing's resource
+        tracker (started when an in-kernel demo used ``mp.spawn``). Anything else (a rank, a per-launch agent forked
         from the helper, an ``mp.spawn`` script or child) outlived the launch that started it.
         """
         procs = marked_processes(self.run_id)
         kernels = {p.pid for p in procs if "ipykernel_launcher" in p.cmd}
         helpers = {p.pid for p in procs if p.ppid in kernels and any(
             name in p.cmd for name in KERNEL_HELPERS)}
-        allowed = {self.proc.pid} | kernels | helpers
+        stores = {p.pid for p in procs if p.ppid in helpers and p.name == STORE_HOST_NAME}
+        allowed = {self.proc.pid} | kernels | helpers | stores
         return [p for p in procs if p.pid not in allowed]
 
     def shutdown_sessions(self) -> None:
