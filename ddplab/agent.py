@@ -45,26 +45,24 @@ PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn", "t
 _MAX_FDS = 64
 
 
-def name_this_process(name: str) -> None:
-    """Set the name ``ps -o comm`` and ``/proc/PID/comm`` show (Linux; 15 bytes at most)."""
+def _prctl(option: int, value: Any) -> None:
+    """Linux's ``prctl(option, value)`` for this process (no-op elsewhere)."""
     if not sys.platform.startswith("linux"):
         return
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)  # 15 == PR_SET_NAME
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def name_this_process(name: str) -> None:
+    """Set the name ``ps -o comm`` and ``/proc/PID/comm`` show (15 bytes at most)."""
+    _prctl(15, ctypes.c_char_p(name.encode()[:15]))  # 15 == PR_SET_NAME
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
     """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(sig), 0, 0, 0)  # 1 == PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    _prctl(1, int(sig))  # 1 == PR_SET_PDEATHSIG
 
 
 # --------------------------------------------------------------------------- worker side
@@ -484,7 +482,6 @@ def _host_stores(listener: socket.socket) -> None:
     """The store host's loop: one request, one store; an agent's stores go with its connection."""
     import pickle
 
-    import torch
     from torch.distributed import TCPStore
 
     stores: dict[socket.socket, list[Any]] = {}
@@ -503,10 +500,7 @@ def _host_stores(listener: socket.socket) -> None:
                 continue
             try:
                 host, port, args, kwargs = pickle.loads(msg)
-                if fds:  # the store takes the listening socket over
-                    kwargs["master_listen_fd"] = fds[0]
-                    if torch.__version__ < "2.7":  # libuv's store takes one from 2.7 on
-                        kwargs.setdefault("use_libuv", False)
+                kwargs = _server_kwargs(kwargs, fds[0] if fds else None)
                 stores[conn].append(TCPStore(host, port, None, True, *args, **kwargs))
                 conn.sendall(f"ok {stores[conn][-1].port}".encode())  # (no other reference)
             except Exception as exc:  # noqa: BLE001  (told to the agent, which raises it)
@@ -533,11 +527,27 @@ def _store_in_host(host: str, port: int, listener: Optional[socket.socket],
         _STORE_HOST["conn"] = conn
     socket.send_fds(conn, [pickle.dumps((host, port, args, kwargs))],
                     [listener.fileno()] if listener is not None else [])
-    answer = conn.recv(4096).decode(errors="replace")
-    word, _, served = answer.partition(" ")
+    return _served_port(conn.recv(4096), "its host process died")
+
+
+def _server_kwargs(kwargs: dict[str, Any], listen_fd: Optional[int]) -> dict[str, Any]:
+    """A store server's options: listening on ``listen_fd`` when given one (it takes it over)."""
+    import torch
+
+    kwargs = dict(kwargs)
+    if listen_fd is not None:
+        kwargs["master_listen_fd"] = listen_fd
+        if torch.__version__ < "2.7":  # libuv's store takes a listening socket from 2.7 on
+            kwargs.setdefault("use_libuv", False)
+    return kwargs
+
+
+def _served_port(answer: bytes, silence: str) -> int:
+    """The port from a server's ``ok PORT``; anything else is why its store did not start."""
+    text = answer.decode(errors="replace")
+    word, _, served = text.partition(" ")
     if word != "ok" or not served.isdigit():
-        raise RuntimeError("the rendezvous store could not start: "
-                           + (answer or "its host process died"))
+        raise RuntimeError("the rendezvous store could not start: " + (text or silence))
     return int(served)
 
 
@@ -569,14 +579,9 @@ def _store_in_keeper(host: str, port: int, world_size: Any,
     It listens on ``listener`` when given one, else binds ``port`` as torch does (0: any port;
     the client is told which).
     """
-    import torch
     from torch.distributed import TCPStore
 
-    server_kwargs = dict(kwargs)
-    if listener is not None:
-        server_kwargs["master_listen_fd"] = listener.fileno()
-        if torch.__version__ < "2.7":  # libuv's store takes a listening socket from 2.7 on
-            server_kwargs.setdefault("use_libuv", False)
+    server_kwargs = _server_kwargs(kwargs, listener.fileno() if listener is not None else None)
     agent = os.getpid()
     ready, said = os.pipe()
     pid = os.fork()
@@ -600,12 +605,12 @@ def _store_in_keeper(host: str, port: int, world_size: Any,
         answer += chunk
     os.close(ready)
     _KEEPERS.append(pid)
-    word, _, served = answer.decode(errors="replace").partition(" ")
-    if word != "ok" or not served.isdigit():
+    try:
+        served = _served_port(answer, "its process died")
+    except RuntimeError:
         _end_keepers()
-        raise RuntimeError("the rendezvous store could not start: "
-                           + (answer.decode(errors="replace") or "its process died"))
-    return TCPStore(host, int(served), world_size, False, *args, **kwargs)
+        raise
+    return TCPStore(host, served, world_size, False, *args, **kwargs)
 
 
 def _become_quiet_child(parent: int, keep: set[int]) -> None:
