@@ -23,6 +23,8 @@ import subprocess
 import sys
 from typing import Any, Optional
 
+from . import versions
+
 _PROBE: Optional[dict[str, Any]] = None
 
 
@@ -113,6 +115,9 @@ def default_backend() -> str:
 def problems(facts: dict[str, Any]) -> list[tuple[str, str]]:
     """Return ``(problem, fix)`` pairs found in ``facts`` (the ``doctor`` report)."""
     found = []
+    untested = versions.drift(facts["torch"]) if "torch" in facts else None
+    if untested:
+        found.append(untested)
     if not facts["backends"].get("gloo"):
         found.append(("gloo backend missing: CPU training cannot form a process group",
                       "install the official torch wheel (pip install torch)"))
@@ -178,6 +183,7 @@ def format_report(facts: dict[str, Any]) -> str:
     rows = [
         ("python", facts["python"]),
         ("torch", f"{facts['torch']} (CUDA build: {facts['cuda_build'] or 'none'})"),
+        ("torch tested", versions.torch_status(facts["torch"]) or "no: see PROBLEM below"),
         ("CPU cores", facts["cpu_count"]),
         ("GPUs", f"{facts['gpu_count']}: {gpus}"),
         ("backends available", backends),

@@ -74,3 +74,77 @@ def test_torchvision_floor_is_the_one_made_for_the_torch_floor():
     # torchvision 0.(minor + 15) is built for torch 2.minor (2.6 -> 0.21, 2.14 -> 0.29)
     assert torch_major == 2
     assert _floor(reqs["torchvision"])[:2] == (0, torch_minor + 15), reqs["torchvision"]
+
+
+# The lock: what `make setup` installs and CI tests.
+LOCK = ROOT / "requirements" / "lock.txt"
+
+
+def lock_pins() -> list[tuple[str, str, str]]:
+    """(name, version, environment marker or "") for every pin of the lock; a package locked
+    differently for two Pythons or platforms (universal resolution) has a pin for each."""
+    return [(m.group(1).lower().replace("_", "-"), m.group(2), m.group(3) or "")
+            for m in re.finditer(r"^([A-Za-z0-9_.-]+)==([^\s;\\]+)\s*(?:;\s*([^\\\n]+?))?\s*\\?$",
+                                 LOCK.read_text(), re.M)]
+
+
+def here(name: str) -> list[str]:
+    """The versions of ``name`` the lock installs on this Python and platform."""
+    from packaging.markers import Marker
+
+    return [version for pinned, version, marker in lock_pins()
+            if pinned == name and (not marker or Marker(marker).evaluate())]
+
+
+def test_the_lock_pins_every_dependency_within_its_declared_range():
+    from packaging.specifiers import SpecifierSet
+
+    pins = lock_pins()
+    for name, spec in pyproject_requirements().items():
+        versions = [version for pinned, version, _ in pins if pinned == name]
+        assert versions, f"{name} is in pyproject.toml but not in the lock: run make lock"
+        assert all(v in SpecifierSet(spec) for v in versions), (name, versions, spec)
+        assert len(here(name)) == 1, f"{name}: {here(name)} apply here, not one version"
+
+
+def test_the_lock_has_a_hash_for_every_pin_so_setup_can_require_them():
+    blocks = re.split(r"\n(?=[A-Za-z0-9_.-]+==)", LOCK.read_text().split("\n", 2)[2])
+    assert len(blocks) == len(lock_pins()) > 50
+    assert all("--hash=sha256:" in block for block in blocks)
+    assert "--require-hashes -r $(LOCK)" in (ROOT / "Makefile").read_text()
+
+
+def test_the_locked_torch_is_the_pinned_one_the_doctor_calls_tested():
+    from ddplab import versions
+
+    assert {v for n, v, _ in lock_pins() if n == "torch"} == {versions.LOCKED_TORCH}
+    assert {v for n, v, _ in lock_pins() if n == "torchvision"} == {versions.LOCKED_TORCHVISION}
+    pinned = (ROOT / "requirements" / "pins.txt").read_text()
+    assert f"torch=={versions.LOCKED_TORCH}\n" in pinned
+    assert f"torchvision=={versions.LOCKED_TORCHVISION}\n" in pinned
+    makefile = (ROOT / "Makefile").read_text()
+    floor = re.search(r"^TORCH \?= ([\d.]+)$", makefile, re.M).group(1)
+    newest = re.search(r"^NEWEST \?= ([\d.]+)$", makefile, re.M).group(1)
+    assert {floor, newest, versions.LOCKED_TORCH} <= set(versions.TESTED)
+
+
+def test_the_readme_table_names_every_tested_release():
+    from ddplab import versions
+
+    section = (ROOT / "README.md").read_text().split("## Torch versions", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d+\.\d+\.\d+) ", section, re.M)
+    assert sorted(rows) == sorted(versions.TESTED), (rows, sorted(versions.TESTED))
+
+
+def test_the_doctor_names_an_untested_torch_and_the_command_that_installs_the_tested_set():
+    from ddplab import env, versions
+
+    facts = {"torch": "2.99.0+cu130", "backends": {"gloo": True}, "gpu_count": 0,
+             "start_method": "fork"}
+    (problem, fix), = env.problems(facts)
+    assert "2.99.0" in problem and "2.14.1" in problem
+    assert fix.endswith(f"-m pip install -r {versions.LOCK_FILE}")  # a clone has the lock
+    facts["torch"] = f"{versions.LOCKED_TORCH}+cpu"
+    assert env.problems(facts) == []
+    assert versions.torch_status("2.6.0") and not versions.torch_status("2.7.0")

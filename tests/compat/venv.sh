@@ -6,8 +6,15 @@
 # newest torchvision below 0.(minor+16) that accepts the pinned torch, or set TORCHVISION=x.y.z.
 # Some machines cap torch in a pip constraints file named in pip's configuration: the cap is
 # lifted for this one install (PIP_CONSTRAINT=/dev/null), never for the project's own .venv.
+#   TORCH=latest: whatever release PyPI serves today (make test-newest), found with pip itself.
 set -euo pipefail
 python=$1 torch=$2 venv=$3
+if [ "$torch" = latest ]; then
+    torch=$(PIP_CONSTRAINT=/dev/null "$python" -m pip index versions torch 2>/dev/null \
+            | sed -n 's/^torch (\([0-9.]*\))$/\1/p')
+    [ -n "$torch" ] || { echo "pip could not tell the newest torch release" >&2; exit 1; }
+    echo "the newest torch release is $torch"
+fi
 IFS=. read -r major minor _patch <<<"$torch"
 if [ "$major" != 2 ] || ! [ "${minor:-x}" -ge 0 ] 2>/dev/null; then
     echo "TORCH=$torch: give a torch 2.x release, such as TORCH=2.6.0" >&2
