@@ -45,13 +45,13 @@ def three_runs(target, tmp: Path) -> dict[str, RunResult]:
 def variant(tmp: Path, name: str, body: str) -> Path:
     """The reference with one function replaced by a classic mistake."""
     path = tmp / f"{name}.py"
-    path.write_text("import sys\n\nimport torch.distributed as dist\n\n"
-                    "from ddplab import checkpoint\n"
-                    "from ddplab.workers.capstone import *  # noqa: F401,F403\n"
-                    "from ddplab.workers import capstone as reference, capstone_harness\n\n"
+    path.write_text("from ddplab.workers.capstone import *  # noqa: F401,F403\n\n"
+                    "import sys\n\nimport torch.distributed as dist\n\n"
+                    "from ddplab import capstone, checkpoint\n"
+                    "from ddplab.workers import capstone as reference\n\n"
                     f"{body}\n\n"
                     "if __name__ == '__main__':\n"
-                    "    capstone_harness.run(sys.modules[__name__])\n")
+                    "    capstone.run(sys.modules[__name__])\n")
     return path
 
 

@@ -1,7 +1,7 @@
 """Judge of the capstone (lesson 13): one DDP run with every lesson, killed and resumed exactly.
 
 The learner fills the nine functions of ``exercises/capstone.py``; its fixed part
-(``ddplab.workers.capstone_harness``) runs them and reports what they did. The judge takes the
+(``ddplab.capstone``) runs them and reports what they did. The judge takes the
 three launches of the capstone::
 
     ddplab.check("13", {"unbroken": unbroken, "killed": killed, "resumed": resumed})
@@ -100,7 +100,7 @@ def _run_hint(result: Any, killed: bool) -> Optional[str]:
     setup = metric(result, "setup")
     if set(setup) != set(_ranks(result)):
         return ("not every rank reported its setup: keep the last lines of the file "
-                "(`capstone_harness.run(...)`) as the skeleton has them.")
+                "(`capstone.run(...)`) as the skeleton has them.")
     facts = setup[0]
     epochs = {rank: {f["epoch"]: f for f in values}
               for rank, values in metrics(result, "epoch_facts").items()}

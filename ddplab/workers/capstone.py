@@ -6,7 +6,7 @@ Run it (2 processes; ``--help`` lists the options of the run)::
     torchrun --standalone --nproc-per-node 2 -m ddplab.workers.capstone --checkpoint-dir ckpt
 
 The run itself (setup, data, model, the epoch loop, the fault injection, the reports the judge
-reads) is the fixed part, ``ddplab.workers.capstone_harness``, which calls the nine functions
+reads) is the fixed part, ``ddplab.capstone``, which calls the nine functions
 below; the learner's skeleton has the same nine, empty, each with the same specification. Each
 one here is a few lines on top of the course's helpers: ``data`` (lesson 04), ``train``
 (03, 06), ``schedule`` (03), ``amp`` (06) and ``checkpoint`` (05).
@@ -127,10 +127,10 @@ def evaluate(model: nn.Module, test_set: Dataset, device: torch.device,
 
 
 def main(argv: Optional[list[str]] = None) -> Optional[dict[str, Any]]:
-    """Run the capstone with these functions (see ``capstone_harness.run``)."""
-    from ddplab.workers import capstone_harness
+    """Run the capstone with these functions (see ``ddplab.capstone.run``)."""
+    from ddplab import capstone
 
-    return capstone_harness.run(sys.modules[__name__], argv)
+    return capstone.run(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

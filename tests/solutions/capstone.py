@@ -12,7 +12,7 @@ Run it from notebook 13, or from the repository root::
 and hand the three launches to the judge:
 ``ddplab.check("13", {"unbroken": a, "killed": b, "resumed": c})``.
 
-The fixed part (``ddplab/workers/capstone_harness.py``, called at the bottom of this file)
+The fixed part (``ddplab/capstone.py``, called at the bottom of this file)
 joins the process group, loads the data, builds the model with the same seed on every rank,
 and then calls your functions: ``make_loader``, ``wrap_model``, ``mixed_precision``,
 ``learning_rate``, ``read_checkpoint`` and ``resume`` once; then, every epoch,
@@ -188,6 +188,6 @@ def evaluate(model: nn.Module, test_set: Dataset, device: torch.device,
 
 
 if __name__ == "__main__":
-    from ddplab.workers import capstone_harness
+    from ddplab import capstone
 
-    capstone_harness.run(sys.modules[__name__])
+    capstone.run(sys.modules[__name__])

@@ -1,7 +1,7 @@
 """The fixed part of the capstone: one DDP run that calls the learner's nine functions.
 
-``exercises/capstone.py`` (the learner's) and ``ddplab/workers/capstone.py`` (the reference)
-both end with ``capstone_harness.run(sys.modules[__name__])``. The run, top to bottom:
+Worker side. ``exercises/capstone.py`` (the learner's) and ``ddplab/workers/capstone.py`` (the
+reference) both end with ``ddplab.capstone.run(sys.modules[__name__])``. The run, top to bottom:
 
 1. setup (a process group even for one rank, so the same functions run at every world size);
 2. data (digits, or CIFAR-10 with ``--dataset cifar10``) and ``make_loader``;
@@ -42,9 +42,9 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.distributed as torch_dist
 from torch import nn
+from torch.utils.data import TensorDataset
 
 from ddplab import data, dist, events, models, pinning, train
-from ddplab.workers import capstone as reference
 
 FIRST_SAVE_DELAY_S = 0.5
 CHECKPOINT = "checkpoint.pt"
@@ -292,6 +292,9 @@ def _run(solution: ModuleType, args: argparse.Namespace, info: dist.DistInfo,
     split = data.load_dataset(args.dataset, root=args.data_root, download=args.download,
                               as_tensors=args.dataset != "cifar10")
     loader = Recorder(solution.make_loader(split.train, args.batch_size, info, args.seed))
+    test_shard = data.make_eval_loader(  # the harness's own accuracy, to compare
+        split.test, 512, num_replicas=world, rank=rank, device=device,
+        kind="tensor" if isinstance(split.test, TensorDataset) else "dataloader")
 
     # model: the same seed on every rank, then the learner's wrapper, precision and LR
     torch.manual_seed(args.seed)
@@ -358,16 +361,15 @@ def _run(solution: ModuleType, args: argparse.Namespace, info: dist.DistInfo,
                 "meta": devices_of(lambda: solution.read_checkpoint(path, torch.device("meta")))}
         dist.barrier()
 
-        # evaluate: the learner's, then the whole test set once more, here, to compare
+        # evaluate: the learner's, then the whole test set once more, shared out, to compare
         wrapper_calls = _count_calls(model)
         accuracy = solution.evaluate(model, split.test, device, rank)
         facts["eval"] = {"value": accuracy, "samples": watch.eval_samples,
                          "wrapper_forwards": wrapper_calls.stop(), "training_after": net.training,
                          "with_grad": watch.eval_forwards_with_grad}
-        if rank == 0:
-            watch.counting = False
-            facts["eval"]["expected"] = reference.evaluate(net, split.test, device, rank)
-            watch.counting = True
+        watch.counting = False
+        facts["eval"]["expected"] = train.evaluate(net, test_shard, device)
+        watch.counting = True
         events.emit("metric", name="epoch_facts", value=facts)
 
         totals = dist.all_reduce_sum(torch.tensor([loss, loader.samples], dtype=torch.float64,
