@@ -36,6 +36,7 @@ import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Optional, Sequence
 
@@ -46,7 +47,7 @@ from torch.utils.data import TensorDataset
 
 from ddplab import data, dist, events, models, pinning, train
 
-FIRST_SAVE_DELAY_S = 0.5
+FIRST_SAVE_DELAY_S = 0.5  # rank 0's late start to its first save
 CHECKPOINT = "checkpoint.pt"
 
 
@@ -283,132 +284,179 @@ def _todo_name(error: NotImplementedError) -> str:
     return name
 
 
+@dataclass
+class Job:
+    """Everything one rank's run holds, built by ``_start``; the loop passes it around."""
+
+    solution: ModuleType
+    args: argparse.Namespace
+    info: dist.DistInfo
+    path: str
+    split: data.DataSplit
+    loader: Recorder
+    test_shard: Any
+    net: nn.Module
+    model: nn.Module
+    amp_dtype: Optional[torch.dtype]
+    scaler: Any
+    optimizer: torch.optim.Optimizer
+    watch: Watch
+    warmup_steps: int
+    files: Optional[FileWatch] = None
+
+
 def _run(solution: ModuleType, args: argparse.Namespace, info: dist.DistInfo,
          path: str) -> dict[str, Any]:
-    device, rank, world = info.device, info.rank, info.world_size
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-
-    # data: the learner's loader over this rank's share
-    split = data.load_dataset(args.dataset, root=args.data_root, download=args.download,
-                              as_tensors=args.dataset != "cifar10")
-    loader = Recorder(solution.make_loader(split.train, args.batch_size, info, args.seed))
-    test_shard = data.make_eval_loader(  # the harness's own accuracy, to compare
-        split.test, 512, num_replicas=world, rank=rank, device=device,
-        kind="tensor" if isinstance(split.test, TensorDataset) else "dataloader")
-
-    # model: the same seed on every rank, then the learner's wrapper, precision and LR
-    torch.manual_seed(args.seed)
-    name = args.model or models.default_model(args.dataset)
-    net = models.build_model(name, split.num_classes, split.in_channels).to(device)
-    watch = Watch(net, device.type, rank)
-    model = solution.wrap_model(net, info)
-    amp_dtype, scaler = solution.mixed_precision(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    optimizer.register_step_pre_hook(watch.step)
-    steps = len(loader)
-    watch.steps_per_epoch, watch.epochs = steps, args.epochs
-    warmup_steps = round(args.warmup_epochs * steps)
-    first_lr = solution.learning_rate(0, args.lr, world, warmup_steps)
-    refused = _refuses_pickles(solution, device)
-
-    # resume: a restarted job continues from the file, when there is one
-    found = on_disk(path)
-    start = int(solution.resume(path, model, optimizer, scaler, device))
-    restored = _restored(path, net, optimizer) if isinstance(found, int) else None
-    if args.kill_rank == rank and start < args.kill_epoch:
-        watch.kill_at = (args.kill_epoch - 1, steps // 2)
-    events.emit("metric", name="setup", value={
-        "world_size": world, "device_type": device.type, "wrapper": type(model).__name__,
-        "amp_dtype": dtype_name(amp_dtype), "scaler": _scaler_facts(scaler),
-        "base_lr": args.lr, "warmup_steps": warmup_steps, "steps_per_epoch": steps,
-        "first_lr": first_lr, "epochs": args.epochs, "batch_size": args.batch_size,
-        "train_size": len(split.train), "test_size": len(split.test),
-        "weights_only_refuses": refused, "on_disk": found, "start_epoch": start,
-        "restored": restored, "kill": [args.kill_rank, args.kill_epoch]
-        if args.kill_rank is not None else None})
-    dist.print0(f"world size {world}, {device}, autocast {dtype_name(amp_dtype)}, "
-                f"{steps} steps per epoch, " + (f"resumed after epoch {start}" if start
-                                                else "starting from epoch 1"), flush=True)
-
-    files = FileWatch(path)
-    history: list[dict[str, Any]] = []
-    samples_seen = 0
+    """Build the run from the learner's functions, resume, then train epoch after epoch."""
+    job = _start(solution, args, info, path)
+    # [loop]
+    start = _resume(job)  # the learner's resume: epochs already done (0 without a file)
+    job.files = FileWatch(path)
+    history, samples_seen = [], 0
     for epoch in range(start, args.epochs):
-        # train
-        loader.reset()
-        watch.new_epoch(epoch)
-        train.seed_everything(train.epoch_seed(args.seed, epoch, rank))
-        train.sync_device(device)
-        began = time.perf_counter()
-        loss = float(solution.train_epoch(
-            model, loader, optimizer, scaler, epoch=epoch, amp_dtype=amp_dtype,
-            base_lr=args.lr, world_size=world, warmup_steps=warmup_steps, device=device))
-        train.sync_device(device)
-        epoch_time = time.perf_counter() - began
-        samples_seen += loader.samples
-        facts: dict[str, Any] = {
-            "epoch": epoch + 1, "samples": loader.samples, "order": loader.order(),
-            "lrs": watch.lrs, "forwards": watch.forwards, "under_autocast":
-            watch.under_autocast, "autocast_dtypes": sorted(watch.dtypes), "loss": loss}
-
-        # save, and what every rank finds on disk when save_checkpoint returns
-        facts["save"] = _save(solution, files, path, model, optimizer, scaler, epoch, info,
-                              delay=FIRST_SAVE_DELAY_S if epoch == start and world > 1 else 0)
+        loss, seconds, facts = _train(job, epoch)  # train_epoch, with set_epoch inside
+        facts["save"] = _save(job, epoch, late=epoch == start)  # save_checkpoint
         if epoch == start:
-            facts["read"] = {
-                "device": str(device),
-                "own": devices_of(lambda: solution.read_checkpoint(path, device)),
-                "meta": devices_of(lambda: solution.read_checkpoint(path, torch.device("meta")))}
+            facts["read"] = _read(job)  # read_checkpoint, onto this device and onto meta
         dist.barrier()
-
-        # evaluate: the learner's, then the whole test set once more, shared out, to compare
-        wrapper_calls = _count_calls(model)
-        accuracy = solution.evaluate(model, split.test, device, rank)
-        facts["eval"] = {"value": accuracy, "samples": watch.eval_samples,
-                         "wrapper_forwards": wrapper_calls.stop(), "training_after": net.training,
-                         "with_grad": watch.eval_forwards_with_grad}
-        watch.counting = False
-        facts["eval"]["expected"] = train.evaluate(net, test_shard, device)
-        watch.counting = True
+        accuracy, facts["eval"] = _evaluate(job)  # evaluate: rank 0's number, or None
         events.emit("metric", name="epoch_facts", value=facts)
-
-        totals = dist.all_reduce_sum(torch.tensor([loss, loader.samples], dtype=torch.float64,
-                                                  device=device))
-        record = train.EpochRecord(
-            epoch=epoch + 1, loss=float(totals[0]) / world,
-            accuracy=float("nan") if accuracy is None else float(accuracy),
-            epoch_time=epoch_time, samples_per_s=float(totals[1]) / epoch_time,
-            samples=int(totals[1]), lr=float(optimizer.param_groups[0]["lr"]))
-        history.append(vars(record))
-        if rank == 0:
-            events.emit("epoch", **vars(record))
-
+        history.append(_record(job, epoch, loss, accuracy, seconds, facts["samples"]))
+        samples_seen += facts["samples"]
+    # [/loop]
+    peak = solution.learning_rate(job.warmup_steps, args.lr, info.world_size, job.warmup_steps)
     summary = train.summarize(
-        model, info, history, samples_seen=samples_seen,
-        lr=solution.learning_rate(warmup_steps, args.lr, world, warmup_steps),
+        job.model, info, history, samples_seen=samples_seen, lr=peak,
         batch_size=args.batch_size, grad_accum=1, base_lr=args.lr, start_epoch=start,
-        dataset=args.dataset, model=name, amp_dtype=dtype_name(amp_dtype), seed=args.seed)
+        dataset=args.dataset, amp_dtype=dtype_name(job.amp_dtype), seed=args.seed)
     events.emit("metric", name="end", value={"checksum": summary["param_checksum"],
                                              "accuracy": summary["final_accuracy"]})
     return summary
 
 
-def _save(solution: ModuleType, files: FileWatch, path: str, model: nn.Module,
-          optimizer: torch.optim.Optimizer, scaler: Any, epoch: int, info: dist.DistInfo,
-          delay: float) -> dict[str, Any]:
-    """Call the learner's ``save_checkpoint`` and report what this rank did and then saw."""
-    if info.rank == 0 and delay:
-        time.sleep(delay)  # rank 0 comes late to its first save: a big model, a busy disk
+def _start(solution: ModuleType, args: argparse.Namespace, info: dist.DistInfo,
+           path: str) -> Job:
+    """Data, model, precision and optimizer, each through the learner's function."""
+    device, world = info.device, info.world_size
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    split = data.load_dataset(args.dataset, root=args.data_root, download=args.download,
+                              as_tensors=args.dataset != "cifar10")
+    loader = Recorder(solution.make_loader(split.train, args.batch_size, info, args.seed))
+    test_shard = data.make_eval_loader(  # the fixed part's own accuracy, to compare
+        split.test, 512, num_replicas=world, rank=info.rank, device=device,
+        kind="tensor" if isinstance(split.test, TensorDataset) else "dataloader")
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
+    name = args.model or models.default_model(args.dataset)
+    net = models.build_model(name, split.num_classes, split.in_channels).to(device)
+    watch = Watch(net, device.type, info.rank)
+    model = solution.wrap_model(net, info)
+    amp_dtype, scaler = solution.mixed_precision(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    optimizer.register_step_pre_hook(watch.step)
+    watch.steps_per_epoch, watch.epochs = len(loader), args.epochs
+    warmup_steps = round(args.warmup_epochs * len(loader))
+    return Job(solution, args, info, path, split, loader, test_shard, net, model, amp_dtype,
+               scaler, optimizer, watch, warmup_steps)
+
+
+def _resume(job: Job) -> int:
+    """Call the learner's ``resume``; report the setup, with what was on disk before."""
+    args, info, path = job.args, job.info, job.path
+    first_lr = job.solution.learning_rate(0, args.lr, info.world_size, job.warmup_steps)
+    refused = _refuses_pickles(job.solution, info.device)
+    found = on_disk(path)
+    start = int(job.solution.resume(path, job.model, job.optimizer, job.scaler, info.device))
+    if args.kill_rank == info.rank and start < args.kill_epoch:
+        job.watch.kill_at = (args.kill_epoch - 1, len(job.loader) // 2)
+    events.emit("metric", name="setup", value={
+        "world_size": info.world_size, "device_type": info.device.type,
+        "wrapper": type(job.model).__name__, "amp_dtype": dtype_name(job.amp_dtype),
+        "scaler": _scaler_facts(job.scaler), "base_lr": args.lr,
+        "warmup_steps": job.warmup_steps, "steps_per_epoch": len(job.loader),
+        "first_lr": first_lr, "epochs": args.epochs, "batch_size": args.batch_size,
+        "train_size": len(job.split.train), "test_size": len(job.split.test),
+        "weights_only_refuses": refused, "on_disk": found, "start_epoch": start,
+        "restored": _restored(path, job.net, job.optimizer) if isinstance(found, int) else None,
+        "kill": None if args.kill_rank is None else [args.kill_rank, args.kill_epoch]})
+    dist.print0(f"world size {info.world_size}, {info.device}, autocast "
+                f"{dtype_name(job.amp_dtype)}, {len(job.loader)} steps per epoch, " +
+                (f"resumed after epoch {start}" if start else "starting from epoch 1"))
+    return start
+
+
+def _train(job: Job, epoch: int) -> tuple[float, float, dict[str, Any]]:
+    """Call the learner's ``train_epoch``: its loss, its time, and what the hooks saw."""
+    job.loader.reset()
+    job.watch.new_epoch(epoch)
+    train.seed_everything(train.epoch_seed(job.args.seed, epoch, job.info.rank))
+    train.sync_device(job.info.device)
+    began = time.perf_counter()
+    loss = float(job.solution.train_epoch(
+        job.model, job.loader, job.optimizer, job.scaler, epoch=epoch, amp_dtype=job.amp_dtype,
+        base_lr=job.args.lr, world_size=job.info.world_size, warmup_steps=job.warmup_steps,
+        device=job.info.device))
+    train.sync_device(job.info.device)
+    seconds = time.perf_counter() - began
+    watch = job.watch
+    return loss, seconds, {
+        "epoch": epoch + 1, "samples": job.loader.samples, "order": job.loader.order(),
+        "lrs": watch.lrs, "forwards": watch.forwards, "under_autocast": watch.under_autocast,
+        "autocast_dtypes": sorted(watch.dtypes), "loss": loss}
+
+
+def _save(job: Job, epoch: int, late: bool) -> dict[str, Any]:
+    """Call the learner's ``save_checkpoint``; report what this rank did and then found."""
+    info, files, path = job.info, job.files, job.path
+    if info.rank == 0 and late and info.world_size > 1:
+        time.sleep(FIRST_SAVE_DELAY_S)  # rank 0 comes late to its first save: a busy disk
     files.reset()
     files.active = True
     before = bytes_written()
-    solution.save_checkpoint(path, model, optimizer, scaler, epoch + 1, info.rank)
+    job.solution.save_checkpoint(path, job.model, job.optimizer, job.scaler, epoch + 1,
+                                 info.rank)
     after = bytes_written()
     files.active = False
     seen = on_disk(path)
     size = os.path.getsize(path) if os.path.exists(path) else 0
     return {"seen": seen, "size": size, "opened": files.opened, "renamed": files.renamed,
             "bytes": None if before is None or after is None else after - before}
+
+
+def _read(job: Job) -> dict[str, Any]:
+    """Where the learner's ``read_checkpoint`` puts tensors: this rank's device, and meta."""
+    read, path, device = job.solution.read_checkpoint, job.path, job.info.device
+    return {"device": str(device), "own": devices_of(lambda: read(path, device)),
+            "meta": devices_of(lambda: read(path, torch.device("meta")))}
+
+
+def _evaluate(job: Job) -> tuple[Optional[float], dict[str, Any]]:
+    """Call the learner's ``evaluate``; then score the test set here too, to compare."""
+    wrapper_calls = _count_calls(job.model)
+    accuracy = job.solution.evaluate(job.model, job.split.test, job.info.device, job.info.rank)
+    watch = job.watch
+    facts = {"value": accuracy, "samples": watch.eval_samples,
+             "wrapper_forwards": wrapper_calls.stop(), "training_after": job.net.training,
+             "with_grad": watch.eval_forwards_with_grad}
+    watch.counting = False
+    facts["expected"] = train.evaluate(job.net, job.test_shard, job.info.device)
+    watch.counting = True
+    return accuracy, facts
+
+
+def _record(job: Job, epoch: int, loss: float, accuracy: Optional[float], seconds: float,
+            samples: int) -> dict[str, Any]:
+    """The epoch's record (mean loss and samples over ranks); rank 0 emits it."""
+    world, device = job.info.world_size, job.info.device
+    totals = dist.all_reduce_sum(torch.tensor([loss, samples], dtype=torch.float64,
+                                              device=device))
+    record = train.EpochRecord(
+        epoch=epoch + 1, loss=float(totals[0]) / world,
+        accuracy=float("nan") if accuracy is None else float(accuracy),
+        epoch_time=seconds, samples_per_s=float(totals[1]) / seconds, samples=int(totals[1]),
+        lr=float(job.optimizer.param_groups[0]["lr"]))
+    if job.info.is_main:
+        events.emit("epoch", **vars(record))
+    return vars(record)
 
 
 def _refuses_pickles(solution: ModuleType, device: torch.device) -> Any:
