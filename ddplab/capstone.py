@@ -60,7 +60,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--model", choices=models.MODELS, help="default: cnn, or resnet18 for cifar10")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=32, help="per process")
-    p.add_argument("--lr", type=float, default=0.05, help="base LR of one process (SGD)")
+    p.add_argument("--lr", type=float, default=0.02, help="base LR of one process (SGD)")
     p.add_argument("--warmup-epochs", type=float, default=1.0, help="linear LR warm-up")
     p.add_argument("--checkpoint-dir", help="where checkpoint.pt lives; an existing one is "
                    "resumed (default: a new folder per launch, removed at the end)")

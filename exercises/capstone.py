@@ -109,6 +109,7 @@ def resume(path: str, model: nn.Module, optimizer: torch.optim.Optimizer,
     raise NotImplementedError
 
 
+# [train_epoch]
 def train_epoch(model: nn.Module, loader: Any, optimizer: torch.optim.Optimizer,
                 scaler: torch.amp.GradScaler, *, epoch: int, amp_dtype: torch.dtype,
                 base_lr: float, world_size: int, warmup_steps: int,
@@ -125,6 +126,7 @@ def train_epoch(model: nn.Module, loader: Any, optimizer: torch.optim.Optimizer,
     """
     # TODO(exercise)
     raise NotImplementedError
+# [/train_epoch]
 
 
 def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer,

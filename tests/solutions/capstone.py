@@ -116,6 +116,7 @@ def resume(path: str, model: nn.Module, optimizer: torch.optim.Optimizer,
     return state["epoch"]
 
 
+# [train_epoch]
 def train_epoch(model: nn.Module, loader: Any, optimizer: torch.optim.Optimizer,
                 scaler: torch.amp.GradScaler, *, epoch: int, amp_dtype: torch.dtype,
                 base_lr: float, world_size: int, warmup_steps: int,
@@ -145,6 +146,7 @@ def train_epoch(model: nn.Module, loader: Any, optimizer: torch.optim.Optimizer,
         scaler.update()
         total, steps = total + loss.item(), steps + 1
     return total / steps
+# [/train_epoch]
 
 
 def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer,
