@@ -109,7 +109,8 @@ class Recorder:
 
 
 class Watch:
-    """Hooks on the model and the optimizer: forwards, autocast, LRs, progress, the fault."""
+    """Hooks on the model and the optimizer: forwards, autocast, LRs, progress, the fault
+    (in the forward pass of the kill step, so that a step the GradScaler skips cannot skip it)."""
 
     def __init__(self, net: nn.Module, device_type: str, rank: int) -> None:
         self.device_type, self.rank = device_type, rank
@@ -137,21 +138,26 @@ class Watch:
         if torch.is_autocast_enabled(self.device_type):
             self.under_autocast += 1
             self.dtypes.add(dtype_name(torch.get_autocast_dtype(self.device_type)))
+        if self.kill_at == (self.epoch, self.forwards - 1):
+            self.die()
+
+    def die(self) -> None:
+        """The fault: this rank ends at once, with no exception and no cleanup (SIGKILL)."""
+        step = self.forwards - 1
+        events.emit("metric", name="fault", rank=self.rank, epoch=self.epoch + 1, step=step)
+        print(f"fault injection: killing rank {self.rank} (SIGKILL) in step {step} of epoch "
+              f"{self.epoch + 1}", flush=True)
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        """Before every optimizer step: its LR, progress, and the fault if it is due."""
+        """Before every optimizer step (a GradScaler skips some): its LR, and progress."""
         step = max(self.forwards - 1, 0)
         self.lrs.append([self.epoch * self.steps_per_epoch + step,
                          float(optimizer.param_groups[0]["lr"])])
         if self.rank == 0 and (step + 1) % max(1, self.steps_per_epoch // 4) == 0:
             events.emit("progress", epoch=self.epoch + 1, epochs=self.epochs, step=step + 1,
                         steps=self.steps_per_epoch)
-        if self.kill_at == (self.epoch, step):
-            events.emit("metric", name="fault", rank=self.rank, epoch=self.epoch + 1, step=step)
-            print(f"fault injection: killing rank {self.rank} (SIGKILL) at step {step} of epoch "
-                  f"{self.epoch + 1}", flush=True)
-            sys.stderr.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class FileWatch:

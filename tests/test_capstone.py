@@ -24,6 +24,7 @@ REFERENCE = "ddplab.workers.capstone"
 SOLUTION = ROOT / "tests" / "solutions" / "capstone.py"
 SKELETON = ROOT / "exercises" / "capstone.py"
 KILL = ["--kill-rank", "1", "--kill-epoch", "3"]
+BASE_LR = 0.02  # the capstone's default --lr
 
 
 def launch(target, folder: Path, *args: str, ok: bool = True) -> RunResult:
@@ -81,7 +82,7 @@ def test_reference_passes_and_resumes_exactly(reference):
     assert resumed.summary["start_epoch"] == 2 and len(resumed.summary["history"]) == 2
     assert resumed.summary["param_checksum"] == unbroken.summary["param_checksum"]
     assert resumed.summary["final_accuracy"] == unbroken.summary["final_accuracy"] > 0.9
-    assert unbroken.summary["amp_dtype"] == "bfloat16"
+    assert unbroken.summary["amp_dtype"] == "bfloat16" and unbroken.summary["base_lr"] == BASE_LR
 
 
 def test_a_plain_torch_solution_of_the_skeleton_passes(tmp):
@@ -135,11 +136,13 @@ def test_forgetting_set_epoch_is_rejected(tmp):
     assert "same order in every epoch" in message and "set_epoch" in message
 
 
-def test_a_checkpoint_written_by_every_rank_is_rejected(tmp):
-    path = variant(tmp, "every_rank", (
-        "def save_checkpoint(path, model, optimizer, scaler, epoch, rank):\n"
+SAVE = ("def save_checkpoint(path, model, optimizer, scaler, epoch, rank):\n"
         "    state = {'model': model.module.state_dict(), 'optimizer': optimizer.state_dict(),\n"
-        "             'scaler': scaler.state_dict(), 'epoch': epoch}\n"
+        "             'scaler': scaler.state_dict(), 'epoch': epoch}\n")
+
+
+def test_a_checkpoint_written_by_every_rank_is_rejected(tmp):
+    path = variant(tmp, "every_rank", SAVE + (
         "    checkpoint.atomic_save(state, path)  # the mistake: on every rank\n"
         "    dist.barrier()"))
     message = hint({"unbroken": launch(path, tmp / "every_rank")})
@@ -147,10 +150,7 @@ def test_a_checkpoint_written_by_every_rank_is_rejected(tmp):
 
 
 def test_a_save_without_barrier_is_rejected(tmp):
-    path = variant(tmp, "no_barrier", (
-        "def save_checkpoint(path, model, optimizer, scaler, epoch, rank):\n"
-        "    state = {'model': model.module.state_dict(), 'optimizer': optimizer.state_dict(),\n"
-        "             'scaler': scaler.state_dict(), 'epoch': epoch}\n"
+    path = variant(tmp, "no_barrier", SAVE + (
         "    if rank == 0:\n"
         "        checkpoint.atomic_save(state, path)  # the mistake: nobody waits"))
     message = hint({"unbroken": launch(path, tmp / "no_barrier")})
@@ -182,7 +182,7 @@ def _edited(result: RunResult, name: str, change) -> RunResult:
     (lambda r, v: v["read"].update(meta=["cpu"]) if "read" in v else None, "map_location"),
     (lambda r, v: v["save"].update(renamed=False) if r == 0 else None, "atomically"),
     (lambda r, v: v["eval"].update(wrapper_forwards=1) if r == 0 else None, "model.module"),
-    (lambda r, v: v.update(lrs=[[s, 0.05] for s, _ in v["lrs"]]), "never scaled"),
+    (lambda r, v: v.update(lrs=[[s, BASE_LR] for s, _ in v["lrs"]]), "never scaled"),
     (lambda r, v: v.update(under_autocast=0), "without autocast"),
 ])
 def test_other_mistakes_get_their_own_hint(reference, change, words):
