@@ -88,14 +88,13 @@ class Recorder:
         self.reset()
 
     def reset(self) -> None:
-        self.hash = hashlib.sha1()
+        self.labels: list[torch.Tensor] = []  # kept where they are: no GPU sync per batch
         self.samples = 0
 
     def __iter__(self):
         for batch in self.loader:
-            labels = batch[1]
-            self.hash.update(labels.detach().cpu().to(torch.int64).numpy().tobytes())
-            self.samples += len(labels)
+            self.labels.append(batch[1].detach())
+            self.samples += len(batch[1])
             yield batch
 
     def __len__(self) -> int:
@@ -105,7 +104,9 @@ class Recorder:
         return getattr(self.loader, name)
 
     def order(self) -> str:
-        return self.hash.hexdigest()[:16]
+        """A fingerprint of this epoch's samples in their order (a hash of the labels)."""
+        labels = torch.cat(self.labels).cpu().to(torch.int64) if self.labels else torch.zeros(0)
+        return hashlib.sha1(labels.numpy().tobytes()).hexdigest()[:16]
 
 
 class Watch:
@@ -261,6 +262,9 @@ def run(solution: ModuleType, argv: Optional[Sequence[str]] = None) -> Optional[
     if args.threads:
         torch.set_num_threads(args.threads)
     info = dist.setup()
+    if args.kill_rank is not None and not 0 <= args.kill_rank < info.world_size:
+        raise SystemExit(f"--kill-rank {args.kill_rank}: this job has ranks 0 to "
+                         f"{info.world_size - 1}; kill one of them.")
     join_group(info)
     pinning.pin_cpu_rank(info)
     folder = args.checkpoint_dir or os.path.join(tempfile.gettempdir(), "ddplab-capstone-" + (

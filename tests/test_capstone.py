@@ -195,3 +195,18 @@ def test_different_weights_after_the_resume_are_rejected(reference):
 
     message = hint({**reference, "resumed": _edited(reference["resumed"], "end", drift)})
     assert "other weights than the unbroken one" in message
+
+
+def test_unanswered_lists_the_empty_functions_in_the_order_the_run_calls_them(tmp_path):
+    text = SKELETON.read_text().replace(
+        "    # TODO(exercise)\n    raise NotImplementedError\n", "    return None\n", 2)
+    partial = tmp_path / "capstone.py"
+    partial.write_text(text.replace("def evaluate(", "def evaluate_later("))
+    assert judge13.unanswered(partial) == list(judge13.FUNCTIONS[2:])   # evaluate: not defined
+
+
+def test_a_world_of_one_process_runs_the_same_functions(tmp):
+    alone = ddplab.launch(REFERENCE, 1, args=["--checkpoint-dir", str(tmp / "alone")],
+                          quiet=True, live=False, timeout=300)
+    assert "what the run did is right" in hint(alone.check())
+    assert judges.metric(alone, "setup")[0]["wrapper"] == "DistributedDataParallel"
