@@ -82,19 +82,20 @@ def check(key: str, answer: Any) -> Verdict:
 
     ``answer`` is either a value (the quick warm-up questions) or the ``RunResult`` of a
     launched exercise file (the coding exercises, judged by ``ddplab.judges`` on what the run
-    did).
+    did), or a dict of named ``RunResult``s for an exercise made of several launches (13).
 
     Example::
 
         ddplab.check("03", (1024, 0.004))                        # a warm-up answer: correct
         ddplab.check("03", ddplab.launch("../exercises/ddp_wrap.py", nprocs=2))
+        ddplab.check("13", {"unbroken": run1, "killed": run2, "resumed": run3})
 
     Returns:
         A ``Verdict``, true when the answer is right.
     """
     from . import judges
 
-    if judges.is_run_result(answer):
+    if judges.is_run_result(answer) or judges.is_run_set(answer):
         return _check_run(key, answer)
     if key not in EXERCISES:
         raise KeyError(f"no exercise {key!r}; known: {', '.join(sorted(EXERCISES))}")
@@ -110,13 +111,18 @@ def check(key: str, answer: Any) -> Verdict:
 
 
 def _check_run(key: str, result: Any) -> Verdict:
-    """Judge a coding exercise by what the learner's run did (see ``ddplab.judges``)."""
+    """Judge a coding exercise by what the learner's run(s) did (see ``ddplab.judges``).
+
+    A single run that failed is refused here; a set of runs goes to the judge whole (one of
+    them may be meant to fail, as the capstone's killed run is).
+    """
     from . import judges
 
     known = judges.load_all()
     if key not in known:
         raise KeyError(f"no coding exercise {key!r}; known: {', '.join(sorted(known))}")
-    hint = judges.run_failed(result) or known[key].judge(result)
+    failed = judges.run_failed(result) if judges.is_run_result(result) else None
+    hint = failed or known[key].judge(result)
     message = f"Exercise {key} ({known[key].skeleton}): " + (
         "correct!" if hint is None else f"not yet: {hint}")
     print(message)

@@ -31,7 +31,7 @@ SIDES = {
     # worker side: runs in each rank
     "workers": "worker", "train": "worker", "data": "worker", "models": "worker",
     "checkpoint": "worker", "dist": "worker", "amp": "worker", "schedule": "worker",
-    "pinning": "worker", "local_rank_arg": "worker",
+    "pinning": "worker", "local_rank_arg": "worker", "capstone": "worker",
     # the seam
     "events": "seam", "env": "seam",
 }
@@ -43,6 +43,7 @@ LAYERS = [
     {"dist", "checkpoint", "amp", "schedule", "models", "local_rank_arg"},
     {"data", "pinning"},
     {"train"},
+    {"capstone"},
     {"workers"},
 ]
 

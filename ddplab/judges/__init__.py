@@ -12,7 +12,7 @@ fact and rank); a judge reads them with :func:`metric` and returns a hint string
 is not right yet, or None when it is. One module per topic in this package registers its
 judges with :func:`judge`; they are all imported on first use.
 
-Lessons: the coding exercise at the end of notebooks 03-11.
+Lessons: the coding exercise at the end of notebooks 03-11, and the capstone (13).
 """
 
 from __future__ import annotations
@@ -71,6 +71,13 @@ def skeleton_path(key: str) -> Path:
 def is_run_result(answer: Any) -> bool:
     """Whether ``answer`` is a launch's result (a ``RunResult``) rather than a plain value."""
     return all(hasattr(answer, name) for name in ("logs", "events", "exit_codes", "status"))
+
+
+def is_run_set(answer: Any) -> bool:
+    """Whether ``answer`` is a non-empty dict of named launch results (an exercise of several
+    launches, such as the capstone's unbroken, killed and resumed runs)."""
+    return isinstance(answer, dict) and bool(answer) and all(
+        is_run_result(value) for value in answer.values())
 
 
 def run_failed(result: Any) -> Optional[str]:
