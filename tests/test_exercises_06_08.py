@@ -160,4 +160,4 @@ def test_a_failed_run_is_explained_before_any_judging(collective_solution):
     failed = copy.deepcopy(collective_solution)
     failed.status = "timeout"
     verdict = ddplab.check("08", failed)
-    assert not verdict and "did not finish: timeout" in verdict.message
+    assert not verdict and "timeout ended it" in verdict.message

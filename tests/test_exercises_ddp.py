@@ -172,4 +172,4 @@ def test_a_failed_run_is_explained_before_any_judging(solutions):
     failed = copy.deepcopy(solutions["03"])
     failed.status = "timeout"
     verdict = ddplab.check("03", failed)
-    assert not verdict and "did not finish: timeout" in verdict.message
+    assert not verdict and "timeout ended it" in verdict.message
