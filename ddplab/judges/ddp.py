@@ -7,9 +7,11 @@
 one epoch are disjoint apart from the sampler's padding and together cover the dataset, and
 every epoch comes in a new order.
 
-05 reads who wrote the checkpoint and what every rank loaded (``exercises/checkpoint.py``): one
-writer, rank 0, once per save; every rank loaded the epoch just saved, onto its own device,
-and the learner's ``load`` puts tensors on whatever device it is given.
+05 reads who wrote the checkpoint, what every rank loaded and what ``resume`` restored
+(``exercises/checkpoint.py``): one writer, rank 0, once per save; every rank loaded the epoch
+just saved, onto its own device or the CPU, also from a file saved on a GPU it does not have
+(any ``map_location`` that does this passes); a fresh model and optimizer resumed from the file
+equal the trained ones, and the epoch to start from is the one saved.
 
 Lessons: 03, 04, 05.
 """
@@ -135,43 +137,96 @@ def _share_hint(shares: list[list[int]], size: int, per_rank: int, epoch: int
 # ----------------------------------------------------------------------------- 05 checkpoint
 
 
-@judge("05", "checkpoint.py", "save the checkpoint once, on rank 0, behind a barrier, and load "
-       "it with map_location onto each rank's own device")
+@judge("05", "checkpoint.py", "save the checkpoint once, on rank 0, behind a barrier; load it "
+       "onto each rank's own device (map_location); resume a fresh model and optimizer from it")
 def judge_checkpoint(result: Any) -> Optional[str]:
-    missing = _missing(result, "loaded")
+    missing = _missing(result, "loaded", "resumed")
     if missing:
         return missing
-    loaded = {rank: [e for e in _events(result, "loaded", rank)] for rank in _ranks(result)}
-    saves = len(loaded[0])
+    return (_writers_hint(result) or _loaded_hint(result) or _probe_hint(result)
+            or _resume_hint(result))
+
+
+def _writers_hint(result: Any) -> Optional[str]:
+    saves = len(_events(result, "loaded", 0))
     writers = {rank: len(values) for rank, values in metrics(result, "wrote").items()}
     if set(writers) - {0}:
         others = ", ".join(str(r) for r in sorted(set(writers) - {0}))
         return (f"rank(s) {others} wrote the checkpoint too: every rank holds the same weights, "
-                "so the same file was written once per rank. In save() (TODO 1), call "
-                "write_file only on rank 0 (`if rank == 0:`), then dist.barrier() on every "
-                "rank.")
+                "so the same file was written once per rank. In save() (TODO 1), only rank 0 "
+                "may call write_file; the other ranks only wait for it.")
     if writers.get(0, 0) != saves:
-        return (f"rank 0 wrote {writers.get(0, 0)} checkpoint(s) for {saves} saves: in save() "
-                "(TODO 1), rank 0 must call write_file(state, path) every time.")
-    for rank in sorted(loaded):
-        for event in loaded[rank]:
-            if event.get("epoch") != event.get("expected"):
-                found = ("found no file at all" if event.get("epoch") is None
-                         else f"loaded the old checkpoint of epoch {event['epoch']}")
-                return (f"rank {rank} {found} while rank 0 was still writing epoch "
-                        f"{event['expected']}: it read too early. In save() (TODO 1), call "
-                        "dist.barrier() on every rank after rank 0's write_file, so no rank "
-                        "returns (and reads) before the file is complete.")
-    for rank in sorted(loaded):
-        for event in loaded[rank]:
-            if event.get("devices") != [event.get("device")]:
+        return (f"rank 0 wrote {writers.get(0, 0)} checkpoint(s) for {saves} saves: save() "
+                "(TODO 1) must have rank 0 call write_file(state, path) every time.")
+    return None
+
+
+def _loaded_hint(result: Any) -> Optional[str]:
+    for rank in sorted(_ranks(result)):
+        for event in _events(result, "loaded", rank):
+            if event.get("epoch") == event.get("expected"):
+                continue
+            if event.get("error") not in (None, "no checkpoint"):
+                return (f"load() returned a {event['error']} on rank {rank}, not the "
+                        "checkpoint: return what torch.load read (TODO 2).")
+            if event.get("epoch") is None and event.get("error") == "no checkpoint" and \
+                    any(e.get("epoch") is None for e in _events(result, "loaded", 0)):
+                return ("load() returned nothing (None) on rank 0, where the file surely "
+                        "exists: return what torch.load read (TODO 2).")
+            found = ("found no file at all" if event.get("epoch") is None
+                     else f"loaded the old checkpoint of epoch {event['epoch']}")
+            return (f"rank {rank} {found} while rank 0 was still writing epoch "
+                    f"{event['expected']}: it read too early. In save() (TODO 1), every rank "
+                    "must wait until rank 0's write_file is done (a collective that every "
+                    "rank calls after the write), so no rank returns and reads before the "
+                    "file is complete.")
+    for rank in sorted(_ranks(result)):
+        for event in _events(result, "loaded", rank):
+            if not set(event.get("devices", [])) <= {event.get("device"), "cpu"}:
                 return (f"rank {rank}'s tensors landed on {', '.join(event['devices'])}, not on "
-                        f"its own device {event['device']}: in load() (TODO 2), pass "
-                        "map_location=device to torch.load.")
-    probes = metrics(result, "probe")
-    if any(value != ["meta"] for values in probes.values() for value in values):
-        return ("load() ignores the device it is given: asked for the 'meta' device, it "
-                "returned tensors on the device they were saved from. On a GPU every rank would "
-                "load onto rank 0's GPU. In load() (TODO 2), pass map_location=device to "
-                "torch.load.")
+                        f"its own device {event['device']}: in load() (TODO 2), tell torch.load "
+                        "where to put them (map_location: this rank's device, or \"cpu\").")
+    return None
+
+
+def _probe_hint(result: Any) -> Optional[str]:
+    for rank, values in sorted(metrics(result, "probe").items()):
+        for value in values:
+            error = value.get("error")
+            devices = value.get("devices", [])
+            device = next(e.get("device") for e in _events(result, "loaded", rank))
+            if error is None and set(devices) <= {device, "cpu"}:
+                continue
+            what = f"it failed ({error})" if error else f"its tensors landed on {devices}"
+            return (f"given a checkpoint saved on a GPU that rank {rank} does not have, load() "
+                    f"did not bring it to {device}: {what}. Without map_location, torch.load "
+                    "puts every tensor back on the device that saved it: on a GPU machine every "
+                    "rank would load onto rank 0's GPU, and on a machine without that GPU the "
+                    "load fails. In load() (TODO 2), pass torch.load a map_location: this "
+                    "rank's device, or \"cpu\".")
+    return None
+
+
+def _resume_hint(result: Any) -> Optional[str]:
+    for rank, values in sorted(metrics(result, "resumed").items()):
+        for facts in values:
+            if facts["when"] == "start" and facts["epoch"] != 0:
+                return (f"rank {rank}: with no checkpoint yet, resume() returned "
+                        f"{facts['epoch']!r}; it should return 0 (start from the first epoch) "
+                        "and leave the model as it is (TODO 3).")
+            if facts["when"] != "restart":
+                continue
+            if facts["epoch"] != facts["expected"]:
+                return (f"rank {rank}: after 2 saved epochs, resume() returned "
+                        f"{facts['epoch']!r}, not 2: return the epoch stored in the checkpoint, "
+                        "so that training goes on with the next one (TODO 3).")
+            if not facts.get("weights"):
+                return (f"rank {rank}: after resume() the fresh model's weights differ from "
+                        "the trained ones: load the checkpoint's model state into the model "
+                        "(Module.load_state_dict) in resume() (TODO 3).")
+            if not facts.get("optimizer"):
+                return (f"rank {rank}: resume() restored the weights but not the optimizer: "
+                        "SGD's momentum buffers start from zero again, so the resumed run "
+                        "differs from an uninterrupted one. Load the optimizer's state too "
+                        "(Optimizer.load_state_dict) (TODO 3).")
     return None
