@@ -1,7 +1,8 @@
 """Judges of the coding exercises of lessons 03 (DDP), 04 (DistributedSampler) and 05 (checkpoints).
 
-03 reads every rank's weight checksum after the learner's block and after training
-(``exercises/ddp_wrap.py``): DDP makes them equal on every rank, and training changes them.
+03 reads every rank's weight checksum before and after the learner's ``train`` and how its
+forward passes ran (``exercises/ddp_wrap.py``): DDP makes the weights equal on every rank, and
+training changes them; a rank that wrapped the model but called the unwrapped one is told so.
 
 04 reads which indices every rank read in every epoch (``exercises/sampler.py``): the shares of
 one epoch are disjoint apart from the sampler's padding and together cover the dataset, and
@@ -41,30 +42,57 @@ def _missing(result: Any, *names: str) -> Optional[str]:
 # ----------------------------------------------------------------------------- 03 DDP
 
 
-@judge("03", "ddp_wrap.py", "wrap the model in DistributedDataParallel so that every rank "
-       "ends with the same weights")
+@judge("03", "ddp_wrap.py", "write the DDP training loop, so that ranks that start from "
+       "different weights train as one and end with the same weights")
 def judge_ddp_wrap(result: Any) -> Optional[str]:
-    missing = _missing(result, "start", "end")
+    missing = _missing(result, "start", "end", "forwards")
     if missing:
         return missing
     start, end = metric(result, "start"), metric(result, "end")
+    forwards = metric(result, "forwards")
     if len(_ranks(result)) < 2:
         return "launch at least 2 processes: with one, there is nothing to keep in step."
+    through = {rank: f.get("through_ddp", 0) for rank, f in forwards.items()}
+    direct = {rank: f.get("direct", 0) for rank, f in forwards.items()}
+    if all(through[r] == 0 and direct[r] == 0 for r in forwards):
+        return ("the model never ran a forward pass: train() must train it for `epochs` epochs "
+                "over the loader (TODO).")
+    if any(direct[r] > 0 for r in direct) and len(set(end.values())) > 1:
+        rank = min(r for r in direct if direct[r] > 0)
+        if through[rank] == 0 and _wrapped(result, rank):
+            return (f"you wrapped the model in DDP but trained the unwrapped one: on rank {rank} "
+                    f"all {direct[rank]} forward passes called the model itself, none went "
+                    "through the DDP wrapper, so no gradient was all-reduced and the ranks "
+                    f"drifted apart (checksums at the end: {_listing(end)}). DDP averages the "
+                    "gradients of a backward() only after a forward pass through the wrapper: "
+                    "call the wrapper in the loop (its parameters are the model's, so the "
+                    "optimizer may take either's).")
+        if through[rank] > 0:
+            return (f"on rank {rank}, {direct[rank]} forward passes bypassed the DDP wrapper "
+                    f"and {through[rank]} went through it; the ranks drifted apart (checksums "
+                    f"at the end: {_listing(end)}). Every training forward pass must go "
+                    "through the wrapper.")
     if len(set(end.values())) > 1:
-        if len(set(start.values())) > 1:
-            return ("the ranks started from different weights and ended with different "
-                    f"weights (checksums at the end: {_listing(end)}): nothing connected them. "
-                    "At the TODO, move the model to `device` and wrap it, `model = DDP(model, "
-                    "device_ids=...)`: DDP copies rank 0's weights to every rank when it wraps "
-                    "the model and averages the gradients in backward().")
-        return ("the ranks started equal but drifted apart during training (checksums at the "
-                f"end: {_listing(end)}): their gradients were not averaged. Copying the weights "
-                "once is not enough; wrap the model in DDP at the TODO, so that every "
-                "backward() all-reduces the gradients.")
+        return ("the ranks ended with different weights (checksums at the end: "
+                f"{_listing(end)}): nothing connected them. In train(), after moving the "
+                "model to `device`, make it distributed data-parallel (DistributedDataParallel; "
+                "look up its device_ids argument) and train the wrapper: DDP copies rank 0's "
+                "weights to every rank when it wraps the model and averages the gradients in "
+                "backward().")
     if all(math.isclose(start[r], end[r], rel_tol=0, abs_tol=0) for r in start):
-        return ("the weights did not change during training: keep the loop as it is and "
-                "let the optimizer step the wrapped model's parameters.")
+        return ("the weights did not change during training: train() must step an optimizer "
+                "over the model's parameters after every backward() (TODO).")
     return None
+
+
+def _wrapped(result: Any, rank: int) -> bool:
+    """Whether ``rank``'s train() made a DDP wrapper of the model: the skeleton saw one, or the
+    weights were equal on every rank at the first forward pass though they started different
+    (DDP's wrap copies rank 0's weights to every rank)."""
+    firsts = {r: f.get("first_checksum") for r, f in metric(result, "forwards").items()}
+    synced = len(set(metric(result, "start").values())) > 1 and None not in firsts.values() \
+        and len(set(firsts.values())) == 1
+    return bool(metric(result, "wrapped").get(rank)) or synced
 
 
 def _listing(values: dict[int, Any]) -> str:
