@@ -46,13 +46,45 @@ VARIANTS = [
     Variant("03 trained the unwrapped model", "03", "ddp_wrap.py", (
         ("    model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)\n"
          "    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)\n",
-         "    ddp_model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)\n"
+         "    ddp_model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" "
+         "else None)\n"
          "    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.05, momentum=0.9)\n"),
     ), right=False, words=("wrapped the model in DDP but trained the unwrapped one",)),
     Variant("03 no DDP at all", "03", "ddp_wrap.py", (
         ("    model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)\n",
          ""),
     ), right=False, words=("different weights", "DistributedDataParallel")),
+    # ----------------------------------------------------------------- 03b: no_sync
+    Variant("03b no_sync on every micro-batch but the last, by index", "03b", "accumulate.py", (
+        ("    optimizer.zero_grad()\n    *first, last = micro_batches\n"
+         "    with model.no_sync():  # gradients add up locally, nothing is sent\n"
+         "        for inputs, targets in first:\n"
+         "            (F.mse_loss(model(inputs), targets) / len(micro_batches)).backward()\n"
+         "    inputs, targets = last\n"
+         "    (F.mse_loss(model(inputs), targets) / len(micro_batches)).backward()"
+         "  # one all-reduce\n",
+         "    import contextlib\n    optimizer.zero_grad(set_to_none=True)\n"
+         "    k = len(micro_batches)\n"
+         "    for i, (inputs, targets) in enumerate(micro_batches):\n"
+         "        sync = i == k - 1\n"
+         "        with contextlib.nullcontext() if sync else model.no_sync():\n"
+         "            loss = F.mse_loss(model(inputs), targets, reduction=\"sum\")\n"
+         "            (loss / (k * targets.numel())).backward()\n"),
+    ), right=True),
+    Variant("03b no no_sync", "03b", "accumulate.py", (
+        ("    with model.no_sync():  # gradients add up locally, nothing is sent\n",
+         "    if True:\n"),
+    ), right=False, words=("4 times per step", "no_sync()")),
+    Variant("03b every backward in no_sync", "03b", "accumulate.py", (
+        ("    inputs, targets = last\n    (F.mse_loss", "    inputs, targets = last\n"
+         "    with model.no_sync():\n        (F.mse_loss"),
+    ), right=False, words=("never all-reduced",)),
+    Variant("03b the sum of the losses", "03b", "accumulate.py", (
+        ("            (F.mse_loss(model(inputs), targets) / len(micro_batches)).backward()\n",
+         "            F.mse_loss(model(inputs), targets).backward()\n"),
+        ("    (F.mse_loss(model(inputs), targets) / len(micro_batches)).backward()",
+         "    F.mse_loss(model(inputs), targets).backward()"),
+    ), right=False, words=("mean over the micro-batches",)),
     # ----------------------------------------------------------------- 04: the sampler
     Variant("04 explicit replicas and rank", "04", "sampler.py", (
         ("DistributedSampler(train_set, seed=0)",
@@ -125,7 +157,8 @@ VARIANTS = [
          "    right, left = (rank + 1) % world_size, (rank - 1) % world_size\n"
          "    if rank % 2 == 0:\n        torch_dist.send(tensor, dst=right)\n"
          "        torch_dist.recv(received, src=left)\n    else:\n"
-         "        torch_dist.recv(received, src=left)\n        torch_dist.send(tensor, dst=right)\n"),
+         "        torch_dist.recv(received, src=left)\n"
+         "        torch_dist.send(tensor, dst=right)\n"),
     ), right=True, nprocs=4),
     Variant("08 the sum, not the mean", "08", "collective.py", (
         ("    return tensor / torch_dist.get_world_size()", "    return tensor"),
@@ -198,7 +231,7 @@ def verdicts(tmp_path_factory) -> dict[str, ddplab.checks.Verdict]:
 
 def test_every_exercise_has_a_right_variant_and_two_wrong_ones():
     keys = {v.key for v in VARIANTS}
-    assert keys == {"03", "04", "05", "06", "08", "10", "11"}
+    assert keys == {"03", "03b", "04", "05", "06", "08", "10", "11"}
     for key in keys:
         mine = [v for v in VARIANTS if v.key == key]
         assert sum(v.right for v in mine) >= 1 and sum(not v.right for v in mine) >= 2

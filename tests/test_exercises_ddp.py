@@ -18,7 +18,8 @@ from ddplab.results import RunResult
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "tests" / "solutions"
-KEYS = {"03": "ddp_wrap.py", "04": "sampler.py", "05": "checkpoint.py"}
+KEYS = {"03": "ddp_wrap.py", "03b": "accumulate.py", "04": "sampler.py",
+        "05": "checkpoint.py"}
 
 
 def run(path: Path, nprocs: int = 2) -> RunResult:
@@ -68,6 +69,7 @@ def test_solution_is_judged_right(key, solutions):
 
 @pytest.mark.parametrize("key, words", [
     ("03", ["never ran a forward pass", "TODO"]),
+    ("03b", ["stepped the optimizer 0 times", "TODO"]),
     ("04", ["every rank read all 1347 samples", "DistributedSampler", "TODO 1"]),
     ("05", ["rank 0 wrote 0 checkpoint(s) for 2 saves", "TODO 1"]),
 ])
@@ -79,6 +81,14 @@ def test_untouched_skeleton_runs_and_is_judged_wrong_with_a_hint(key, words):
 
 
 # ----------------------------------------------------------------------------- 03
+
+
+def test_03b_solution_all_reduces_once_per_step_and_equals_one_process(solutions):
+    result = solutions["03b"]
+    sent, size = judges.metric(result, "allreduce_bytes"), judges.metric(result, "gradient_bytes")
+    steps = judges.metric(result, "steps")
+    assert sorted(sent) == [0, 1] and all(sent[r] == steps[r] * size[r] > 0 for r in sent)
+    assert max(judges.metric(result, "reference_error").values()) < 1e-9
 
 
 def test_03_solution_facts(solutions):

@@ -99,6 +99,60 @@ def _listing(values: dict[int, Any]) -> str:
     return ", ".join(f"rank {rank}: {value:.6f}" for rank, value in sorted(values.items()))
 
 
+# ----------------------------------------------------------------------------- 03b no_sync
+
+ACCUMULATE_FACTS = ("steps", "micro_batches", "optimizer_steps", "allreduce_bytes",
+                    "gradient_bytes", "reference_error", "checksum")
+#: Largest weight difference from the one-process run that still counts as equal (float64).
+ACCUMULATE_TOLERANCE = 1e-9
+
+
+@judge("03b", "accumulate.py", "accumulate gradients over micro-batches in DDP with one "
+       "all-reduce per step (no_sync), equal to one process's step on all the data")
+def judge_accumulate(result: Any) -> Optional[str]:
+    missing = _missing(result, *ACCUMULATE_FACTS)
+    if missing:
+        return missing
+    facts = {name: metric(result, name) for name in ACCUMULATE_FACTS}
+    for rank in sorted(_ranks(result)):
+        f = {name: values[rank] for name, values in facts.items()}
+        hint = _accumulate_rank(rank, f)
+        if hint:
+            return hint
+    checksums = facts["checksum"]
+    if len(set(checksums.values())) > 1:
+        return ("the ranks ended with different weights: the backward that all-reduces must be "
+                "the last one of each step, so that it sends the sum of every micro-batch's "
+                "gradients; a backward after it adds this rank's gradients only.")
+    error = max(facts["reference_error"].values())
+    if error > ACCUMULATE_TOLERANCE:
+        return (f"the weights differ from one process's step on all the data (by up to "
+                f"{error:.2g}): the accumulated gradient must be the mean over the "
+                "micro-batches, not their sum (look at what each backward adds to .grad).")
+    return None
+
+
+def _accumulate_rank(rank: int, f: dict[str, Any]) -> Optional[str]:
+    steps, micro = f["steps"], f["micro_batches"]
+    if f["optimizer_steps"] != steps:
+        return (f"rank {rank} stepped the optimizer {f['optimizer_steps']} times in {steps} "
+                "accumulation steps: step once per call of accumulation_step, after the last "
+                "micro-batch's backward (TODO).")
+    syncs = f["allreduce_bytes"] / f["gradient_bytes"] if f["gradient_bytes"] else 0
+    if syncs == 0:
+        return (f"rank {rank} never all-reduced a gradient: every backward ran inside "
+                "no_sync(), so each rank stepped on its own gradients. The last backward of a "
+                "step must run outside no_sync().")
+    if math.isclose(syncs, steps * micro):
+        return (f"rank {rank} all-reduced the gradients {micro} times per step, once per "
+                "micro-batch: every backward() of a DDP model all-reduces unless it runs "
+                "inside model.no_sync(). Run all but one backward of each step inside it.")
+    if not math.isclose(syncs, steps):
+        return (f"rank {rank} all-reduced {syncs / steps:g} times the gradients' size per "
+                "step; one all-reduce of every gradient per step is enough.")
+    return None
+
+
 # ----------------------------------------------------------------------------- 04 sampler
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
-_THREAD = re.compile(r"(Current thread|Thread|Stack) ?(0x[0-9a-fA-F]+)? ?\(most recent call first\)")
+_THREAD = re.compile(
+    r"(Current thread|Thread|Stack) ?(0x[0-9a-fA-F]+)? ?\(most recent call first\)")
 _LIBRARY = re.compile(r"site-packages|dist-packages|<frozen|/lib/python\d|/torch/")
 #: Where a rank waits when the innermost torch frame is one of these files.
 _WAITS = (
