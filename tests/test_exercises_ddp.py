@@ -6,6 +6,7 @@ hint (edited facts); the classic mistakes run for real in tests/test_exercise_va
 from __future__ import annotations
 
 import copy
+import importlib.util
 import difflib
 from pathlib import Path
 
@@ -145,3 +146,28 @@ def test_a_failed_run_is_explained_before_any_judging(solutions):
     failed.status = "timeout"
     verdict = ddplab.check("03", failed)
     assert not verdict and "timeout ended it" in verdict.message
+
+
+def load_solution(name: str):
+    spec = importlib.util.spec_from_file_location(f"solution_{name}", SOLUTIONS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("gpus", [0, 2])
+def test_05_probe_names_a_gpu_the_rank_does_not_have(gpus, monkeypatch, tmp_path):
+    import torch
+
+    solution = load_solution("checkpoint")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"model": {"w": torch.ones(2)}, "epoch": 1}, path)
+    copy = tmp_path / "copy.pt"
+    solution.saved_on(str(path), str(copy), f"cuda:{gpus}")
+    with pytest.raises(RuntimeError):                         # no map_location: no such GPU
+        torch.load(copy, weights_only=True)
+    assert solution.probe(str(path), torch.device("cpu")) == {"devices": ["cpu"]}
+    monkeypatch.setattr(solution, "load", lambda p, d: torch.load(p, weights_only=True))
+    assert "error" in solution.probe(str(path), torch.device("cpu"))
