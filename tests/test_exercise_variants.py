@@ -117,6 +117,10 @@ VARIANTS = [
     Variant("05 resume forgets the optimizer", "05", "checkpoint.py", (
         ("    optimizer.load_state_dict(state[\"optimizer\"])\n", ""),
     ), right=False, words=("not the optimizer", "momentum")),
+    Variant("05 torch.save instead of write_file", "05", "checkpoint.py", (
+        ("    if rank == 0:\n        write_file(state, path)\n",
+         "    if rank == 0:\n        torch.save(state, path)\n"),
+    ), right=False, words=("not with write_file",)),
     # ----------------------------------------------------------------- 06: AMP
     Variant("06 other style", "06", "amp.py", (
         ("    return torch.float16 if device.type == \"cuda\" else torch.bfloat16",

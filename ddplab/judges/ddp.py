@@ -238,6 +238,12 @@ def _writers_hint(result: Any) -> Optional[str]:
                 "so the same file was written once per rank. In save() (TODO 1), only rank 0 "
                 "may call write_file; the other ranks only wait for it.")
     if writers.get(0, 0) != saves:
+        loaded = [e for r in _ranks(result) for e in _events(result, "loaded", r)]
+        if not writers and loaded and all(e.get("epoch") == e.get("expected") for e in loaded):
+            return ("the checkpoint was written, but not with write_file: save() (TODO 1) must "
+                    "write through write_file(state, path), which writes a temporary file and "
+                    "renames it, so that no rank ever reads half a file (and the judge sees "
+                    "who wrote).")
         return (f"rank 0 wrote {writers.get(0, 0)} checkpoint(s) for {saves} saves: save() "
                 "(TODO 1) must have rank 0 call write_file(state, path) every time.")
     return None
