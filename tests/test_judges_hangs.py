@@ -108,6 +108,12 @@ def test_every_rank_in_the_same_recv(tmp_path):
     assert "matching send" in message
 
 
+def test_every_rank_in_the_same_barrier_points_to_mismatched_calls():
+    message = hangs.explain_timeout(timed_out(stacks={0: RANK0_IN_BARRIER, 1: RANK0_IN_BARRIER}))
+    assert "rank 1 waits in barrier" in message and "do not match" in message
+    assert "matching send" not in message
+
+
 def test_a_wait_on_a_request_is_read_from_the_learner_s_line(tmp_path):
     script = tmp_path / "ring.py"
     script.write_text("def shift(requests):\n    for request in requests:\n"

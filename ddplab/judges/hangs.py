@@ -166,10 +166,15 @@ def explain_timeout(result: Any) -> str:
                  "rank must call the same collectives in the same order (look for one inside "
                  "`if rank == ...:`, or a loop that runs a different number of times on each "
                  "rank).")
-    else:
+    elif re.search(r"recv|send|wait", waits[0].operation):
         text += (". Every rank waits at the same place for something no rank sends: a recv "
                  "needs a matching send on the rank it names, and a blocking send posted by "
                  "every rank first waits for a receiver (post isend/irecv, then wait).")
+    else:
+        text += (". Every rank reached the same line, yet the collective never completes: the "
+                 "ranks' calls do not match (a different tensor shape, or a different number of "
+                 "collectives before this one). TORCH_DISTRIBUTED_DEBUG=DETAIL (notebook 10) "
+                 "compares them and says how they differ.")
     return text + f" (The launch's timeout ended the run{seconds}.)"
 
 
