@@ -221,7 +221,7 @@ def write(variant: Variant, folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def verdicts(tmp_path_factory) -> dict[str, ddplab.checks.Verdict]:
+def verdicts(tmp_path_factory) -> dict[str, object]:
     folder = tmp_path_factory.mktemp("variants")
 
     def judged(variant: Variant):

@@ -6,12 +6,12 @@ exercise 05 (a barrier inside ``if rank == 0:``) and 08 (a recv without its send
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from ddplab import check
+from ddplab import RunResult, check
 from ddplab.judges import hangs
-from ddplab.results import RankFailure, RunResult
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT = ROOT / "tests" / "solutions" / "checkpoint.py"
@@ -139,7 +139,8 @@ def test_without_stacks_the_verdict_names_the_ranks_still_running():
     ("", ["without a Python traceback", "killed by SIGKILL"]),
 ])
 def test_a_crash_is_told_to_read_the_traceback_only_when_there_is_one(traceback, words):
-    failure = RankFailure(rank=1, exitcode=-9, signal="SIGKILL", traceback=traceback)
+    failure = SimpleNamespace(rank=1, exitcode=-9, signal="SIGKILL", message="",
+                              traceback=traceback)  # a root cause, as the launcher reports it
     result = RunResult(status="failed", returncode=1, wall_time=3.0, world_size=2,
                        root_cause=failure)
     message = check("03", result).message
