@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: F401  (you will need it)
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
