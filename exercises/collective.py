@@ -28,7 +28,7 @@ Lesson: 08.
 from __future__ import annotations
 
 import torch
-import torch.distributed as torch_dist
+import torch.distributed as torch_dist  # noqa: F401  (you will need it)
 
 from ddplab import dist, events
 
