@@ -1,6 +1,6 @@
 """Exercise 04: give every rank its own share, in a new order every epoch. Two TODO(exercise)s.
 
-Run it from notebook 04, or from the repository root::
+Run it from notebook 04 (about 5 s; a hang is ended after 60 s), or from the repository root::
 
     python -m ddplab launch --nproc-per-node 2 exercises/sampler.py
     torchrun --standalone --nproc-per-node 2 exercises/sampler.py

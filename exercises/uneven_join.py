@@ -1,6 +1,7 @@
 """Exercise 10: make a DDP training loop with uneven inputs finish. Fill in the TODO(exercise).
 
-Run it from notebook 10, or from the repository root::
+Run it from notebook 10 (about 5 s; as it stands each collective times out after
+``--pg-timeout`` seconds), or from the repository root::
 
     python -m ddplab launch --nproc-per-node 2 exercises/uneven_join.py --pg-timeout 3
     torchrun --standalone --nproc-per-node 2 exercises/uneven_join.py --pg-timeout 3
@@ -47,8 +48,9 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list[tupl
     steps = 0
     # TODO(exercise): rank 0 has more batches than the others, so its last backward() waits
     #   for an all-reduce that the ranks who ran out of batches never join. Make the loop
-    #   finish on every rank while each rank still trains on all of its own batches.
-    #   Hint: `Join` (imported above) takes a list of the DDP models: `with Join([model]):`
+    #   finish on every rank while each rank still trains on all of its own batches, and the
+    #   weights stay equal. Look up torch.distributed.algorithms.join.Join (imported above):
+    #   what it takes, and which of your objects here is "joinable".
     for inputs, targets in batches:
         loss = F.mse_loss(model(inputs), targets)
         optimizer.zero_grad(set_to_none=True)

@@ -72,28 +72,42 @@ def test_amp_solution_is_judged_right_on_this_machine(amp_solution):
     for rank, kind in device.items():   # the device decides, as in PyTorch's AMP recipe
         assert dtypes[rank] == ["bfloat16" if kind == "cpu" else "float16"]
         assert scaler[rank]["enabled"] == (kind == "cuda")
+        assert scaler[rank]["calls"] == {"scale": 24, "step": 24, "update": 24}
 
 
 def test_fp16_on_cuda_needs_an_enabled_scaler_that_steps(amp_solution):
     cuda = dict(device_type="cuda", autocast_dtypes=["float16"],
                 layer_output_dtypes=["float16"])
-    stepped = {"exists": True, "enabled": True, "type": "GradScaler", "scale": 32768.0,
-               "growth_tracker": 12}
-    fresh = {**stepped, "scale": 65536.0, "growth_tracker": 0}
+    calls = {"scale": 24, "step": 24, "update": 24}
+    stepped = {"exists": True, "enabled": True, "type": "CountingScaler", "scale": 32768.0,
+               "growth_tracker": 12, "calls": calls}
+    fresh = {"exists": True, "enabled": True, "type": "GradScaler", "scale": 65536.0,
+             "growth_tracker": 0}
     assert ddplab.check("06", with_facts(amp_solution, **cuda, scaler_before=fresh,
                                           scaler=stepped))
     disabled = ddplab.check("06", with_facts(amp_solution, **cuda))   # the CPU's disabled one
     assert not disabled and "underflow" in disabled.message and "TODO 2" in disabled.message
-    unused = ddplab.check("06", with_facts(amp_solution, **cuda, scaler_before=fresh,
-                                           scaler=fresh))
-    assert not unused and "scaler.update()" in unused.message
+    never_updated = ddplab.check("06", with_facts(amp_solution, **cuda, scaler_before=fresh,
+                                                  scaler={**fresh, "calls": calls}))
+    assert not never_updated and "update()" in never_updated.message
 
 
-def test_bf16_on_cpu_needs_no_scaler(amp_solution):
+def test_bf16_on_cpu_needs_no_scaler_enabled(amp_solution):
     enabled = {"exists": True, "enabled": True, "type": "GradScaler", "scale": 65536.0,
-               "growth_tracker": 40}
-    verdict = ddplab.check("06", with_facts(amp_solution, device_type="cpu", scaler=enabled))
+               "growth_tracker": 0}
+    verdict = ddplab.check("06", with_facts(amp_solution, device_type="cpu",
+                                            scaler_before=enabled))
     assert not verdict and "needs no loss scaling" in verdict.message
+
+
+def test_on_cpu_the_disabled_scaler_must_still_be_built_and_used(amp_solution):
+    none = ddplab.check("06", with_facts(amp_solution, scaler_before={
+        "exists": False, "enabled": False, "type": "NoneType"}, scaler={
+        "exists": False, "enabled": False, "type": "NoneType"}))
+    assert not none and "not a torch.amp.GradScaler" in none.message
+    bypassed = ddplab.check("06", with_facts(amp_solution, scaler=lambda s: {
+        **s, "calls": {"scale": 24, "step": 0, "update": 24}}))
+    assert not bypassed and "step() 0 times" in bypassed.message
 
 
 @pytest.mark.parametrize("changes, words", [
@@ -160,4 +174,4 @@ def test_a_failed_run_is_explained_before_any_judging(collective_solution):
     failed = copy.deepcopy(collective_solution)
     failed.status = "timeout"
     verdict = ddplab.check("08", failed)
-    assert not verdict and "did not finish: timeout" in verdict.message
+    assert not verdict and "timeout ended it" in verdict.message

@@ -1,6 +1,9 @@
-"""The canonical DDP worker on two real gloo processes: equal weights, orders, checkpoints."""
+"""The canonical DDP worker on two real gloo processes: equal weights, orders, checkpoints; and
+lesson 01's baseline, the same loop without the distributed lines."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,3 +121,26 @@ def test_arguments():
     assert (args.epochs, args.batch_size, args.dataset, args.resume) == (3, 32, "digits", False)
     with pytest.raises(SystemExit):
         plain_ddp.parse_args(["--resume"])               # needs --checkpoint-dir
+
+
+# ------------------------------------------------------------------ the baseline of lesson 01
+
+
+def code_lines(text: str) -> list[str]:
+    """The statements of a code section, comments and blank lines left out."""
+    return [line.split("#")[0].strip() for line in text.splitlines()
+            if line.split("#")[0].strip()]
+
+
+def test_the_baseline_is_plain_ddp_without_the_distributed_lines():
+    baseline = Path(ddplab.__file__).parent / "workers" / "single.py"
+    text = baseline.read_text()
+    for distributed in ("torch.distributed", "DistributedSampler", "DDP", "init_process_group"):
+        assert distributed not in text.split('"""', 2)[2]       # not in the code
+    assert code_lines(source("ddplab/workers/single.py", "step")) == \
+        code_lines(source("ddplab/workers/plain_ddp.py", "step"))   # the very same loop
+    run = ddplab.launch("ddplab.workers.single", 1, args=["--epochs", "2"], quiet=True,
+                        live=False, timeout=300)
+    epochs = run.check().events_of("epoch")
+    assert [e["samples"] for e in epochs] == [1347, 1347]      # every sample, every epoch
+    assert epochs[-1]["loss"] < epochs[0]["loss"] and epochs[-1]["accuracy"] > 0.8

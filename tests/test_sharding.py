@@ -34,7 +34,7 @@ def losses(result) -> dict[str, list[float]]:
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
-def test_each_rank_holds_about_one_nth_under_fsdp_and_the_losses_equal_ddps(nprocs):
+def test_each_rank_holds_about_one_nth_under_fsdp_and_the_losses_equal_one_process(nprocs):
     result = launch("ddplab.workers.sharding", nprocs, args=["--steps", "4"], quiet=True)
     assert result.ok, result.error
     memory, found = by_mode_and_rank(result), losses(result)
@@ -55,16 +55,17 @@ def test_each_rank_holds_about_one_nth_under_fsdp_and_the_losses_equal_ddps(npro
             share = memory["zero3", r][key] / memory["ddp", r][key]
             assert share == pytest.approx(1 / nprocs, rel=0.05), (key, r, share)
         assert memory["zero2", r]["params_in_backward"] == full
+        assert memory["zero2", r]["params"] == memory["zero3", r]["params"]  # sharded between steps
         assert memory["zero2", r]["grads"] == memory["zero3", r]["grads"]
     for key in ("params", "grads"):
         assert sum(memory["zero3", r][key] for r in range(nprocs)) == memory["ddp", 0][key]
     layers = memory["zero3", 0]["collectives"]["reduce_scatter"]
     assert memory["zero3", 0]["collectives"] == {"allgather": 2 * layers, "reduce_scatter": layers}
     assert memory["zero2", 0]["collectives"] == {"allgather": layers, "reduce_scatter": layers}
-    assert sorted(found) == ["ddp", "zero1", "zero2", "zero3"]
-    for mode, values in found.items():
-        assert values == pytest.approx(found["ddp"], abs=1e-5), mode
-    assert found["ddp"][-1] < found["ddp"][0]
+    assert sorted(found) == ["ddp", "single", "zero1", "zero2", "zero3"]
+    for mode, values in found.items():  # FSDP2 on gloo, checked against one process (#162338)
+        assert values == pytest.approx(found["single"], abs=1e-5), mode
+    assert found["single"][-1] < found["single"][0]
 
 
 # ------------------------------------------------------------------------------ pipeline

@@ -81,15 +81,14 @@ def is_run_set(answer: Any) -> bool:
 
 
 def run_failed(result: Any) -> Optional[str]:
-    """A hint when the run itself failed (every judge starts with this), else None."""
-    if result.ok:
-        return None
-    cause = result.root_cause
-    who = "the launching process" if cause is None or cause.rank is None else f"rank {cause.rank}"
-    where = f" ({who}: {cause.message or cause.signal or cause.exitcode})" \
-        if cause is not None else ""
-    return (f"the run did not finish: {result.status}{where}. Read the traceback printed "
-            "above the result, fix that line of your file, and launch it again.")
+    """A hint when the run itself failed (every judge starts with this), else None.
+
+    A timeout is explained from the ranks' stacks when the launcher kept them (see
+    :mod:`ddplab.judges.hangs`): which rank waits in which collective, at which line.
+    """
+    from .hangs import run_failed as explain
+
+    return explain(result)
 
 
 def metric(result: Any, name: str) -> dict[int, Any]:

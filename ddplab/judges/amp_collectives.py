@@ -2,8 +2,10 @@
 
 06 reads what ``exercises/amp.py`` observed while it trained: was every forward pass under
 ``torch.autocast`` with the dtype the device wants (bfloat16 on a CPU, float16 on CUDA), did
-the weights stay float32, was the ``GradScaler`` on exactly where float16 needs it and really
-stepped and updated, and did the loss stay finite and go down.
+the weights stay float32, was a ``GradScaler`` built on every device, enabled exactly where
+float16 needs it, and used at every step (its ``scale``, ``step`` and ``update`` calls are
+counted, so a disabled scaler on a CPU is checked too), and did the loss stay finite and go
+down.
 
 08 reads every rank's input and results from ``exercises/collective.py`` and recomputes the
 expected values from the inputs: the mean over ranks (``average``), the left neighbour's
@@ -62,11 +64,11 @@ def _amp_rank(f: dict[str, Any]) -> Optional[str]:
     """The first thing wrong in one rank's facts, or None."""
     device, want = f["device_type"], AMP_DTYPE.get(f["device_type"], "bfloat16")
     if f["forwards"] == 0:
-        return "the model never ran a forward pass: keep `output = model(inputs)` in the loop."
+        return "the model never ran a forward pass: train_step must call the model (TODO 3)."
     if f["forwards_under_autocast"] < f["forwards"]:
         return (f"{f['forwards'] - f['forwards_under_autocast']} of {f['forwards']} forward "
-                "passes ran without autocast. Put `output = model(inputs)` and the loss inside "
-                f"`with torch.autocast(device.type, dtype=amp_dtype):` (TODO 3).")
+                "passes ran without autocast: in train_step (TODO 3), run the forward pass and the "
+                "loss inside a torch.autocast block for the inputs' device type and amp_dtype.")
     if f["autocast_dtypes"] != [want]:
         return (f"autocast computed in {', '.join(f['autocast_dtypes'])}, but on {device} it "
                 f"should be {want} (TODO 1): CPU autocast computes in bfloat16, CUDA autocast "
@@ -81,31 +83,47 @@ def _amp_rank(f: dict[str, Any]) -> Optional[str]:
     if f["loss_dtype"] != "float32":
         return (f"the loss is {f['loss_dtype']}: compute it inside the autocast block too, "
                 "where cross_entropy runs in float32 (TODO 3).")
-    hint = _scaler_hint(f["scaler_before"], f["scaler"], want)
+    hint = _scaler_hint(f["scaler_before"], f["scaler"], want, len(f["losses"]))
     if hint:
         return hint
     return _loss_hint(f["losses"])
 
 
-def _scaler_hint(before: dict[str, Any], after: dict[str, Any], dtype: str) -> Optional[str]:
-    """What is wrong with the GradScaler for an autocast ``dtype``, or None."""
+def _scaler_hint(before: dict[str, Any], after: dict[str, Any], dtype: str, steps: int
+                 ) -> Optional[str]:
+    """What is wrong with the GradScaler for an autocast ``dtype`` over ``steps``, or None.
+
+    A scaler is required on every device: on a CPU (bfloat16) it is built disabled and still
+    used, so the same training step is right on a GPU with float16.
+    """
+    if not before.get("exists") or before.get("type") is None or \
+            "calls" not in after:
+        return (f"make_scaler() returned {before.get('type', 'nothing')}, not a "
+                "torch.amp.GradScaler (TODO 2). Build one on every device: disabled where "
+                f"{dtype} needs no loss scaling, so that the same train_step is right on a GPU "
+                "with float16, where gradients underflow without it.")
+    if dtype == "float16" and not before.get("enabled"):
+        return ("float16 gradients underflow without loss scaling: the GradScaler must be "
+                "enabled for float16 (make_scaler, TODO 2; look up its `enabled` argument).")
+    if dtype != "float16" and before.get("enabled"):
+        return (f"the GradScaler is enabled with {dtype}, which has float32's range and needs "
+                "no loss scaling: enable it only for float16 (make_scaler, TODO 2).")
+    calls = after.get("calls", {})
+    unused = [name for name in ("scale", "step", "update") if calls.get(name, 0) < steps]
+    if unused:
+        counts = ", ".join(f"{name}() {calls.get(name, 0)} times" for name in
+                           ("scale", "step", "update"))
+        return (f"over {steps} steps train_step called the scaler's {counts}: every step must "
+                "backward the scaled loss, step the optimizer through the scaler and update "
+                "the scale (TODO 3). On this device the scaler is disabled and changes "
+                "nothing, but on a GPU with float16 a step that bypasses it trains on "
+                "underflowed (or unscaled, 65536 times too large) gradients.")
     if dtype == "float16":
-        if not after.get("enabled"):
-            return ("float16 gradients underflow without loss scaling: create "
-                    "`torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)` "
-                    "(TODO 2) and use it for backward and the step (TODO 4).")
         stepped = (after.get("growth_tracker") or 0) > 0 or after.get("scale") != before.get(
             "scale")
         if not stepped:
-            return ("the scaler is enabled but never stepped and updated: call "
-                    "`scaler.scale(loss).backward()`, `scaler.step(optimizer)` and "
-                    "`scaler.update()` at every step (TODO 4).")
-        return None
-    if after.get("enabled"):
-        return (f"the GradScaler is enabled with {dtype}, which has float32's range and needs "
-                "no loss scaling: enable it only for float16, "
-                "`torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)` "
-                "(TODO 2).")
+            return ("the scaler is enabled but its scale never changed: call its update() "
+                    "after every step (TODO 3).")
     return None
 
 
@@ -113,14 +131,14 @@ def _loss_hint(losses: Sequence[float]) -> Optional[str]:
     """A hint when the loss is not finite or did not go down, else None."""
     if not losses or not all(math.isfinite(x) for x in losses):
         return ("the loss became inf or NaN: check that backward runs on the scaled loss and "
-                "the step goes through `scaler.step(optimizer)`, which unscales first (TODO 4).")
+                "the step goes through the scaler's step(), which unscales first (TODO 3).")
     window = min(LOSS_WINDOW, max(1, len(losses) // 2))
     first = sum(losses[:window]) / window
     last = sum(losses[-window:]) / window
     if not last < first:
         return (f"the loss did not go down (first steps {first:.3f}, last steps {last:.3f}): "
                 "the model is not learning; make sure every step calls backward and the "
-                "optimizer step (TODO 4).")
+                "optimizer step (TODO 3).")
     return None
 
 

@@ -1,15 +1,18 @@
 """Judges of the coding exercises of lessons 03 (DDP), 04 (DistributedSampler) and 05 (checkpoints).
 
-03 reads every rank's weight checksum after the learner's block and after training
-(``exercises/ddp_wrap.py``): DDP makes them equal on every rank, and training changes them.
+03 reads every rank's weight checksum before and after the learner's ``train`` and how its
+forward passes ran (``exercises/ddp_wrap.py``): DDP makes the weights equal on every rank, and
+training changes them; a rank that wrapped the model but called the unwrapped one is told so.
 
 04 reads which indices every rank read in every epoch (``exercises/sampler.py``): the shares of
 one epoch are disjoint apart from the sampler's padding and together cover the dataset, and
 every epoch comes in a new order.
 
-05 reads who wrote the checkpoint and what every rank loaded (``exercises/checkpoint.py``): one
-writer, rank 0, once per save; every rank loaded the epoch just saved, onto its own device,
-and the learner's ``load`` puts tensors on whatever device it is given.
+05 reads who wrote the checkpoint, what every rank loaded and what ``resume`` restored
+(``exercises/checkpoint.py``): one writer, rank 0, once per save; every rank loaded the epoch
+just saved, onto its own device or the CPU, also from a file saved on a GPU it does not have
+(any ``map_location`` that does this passes); a fresh model and optimizer resumed from the file
+equal the trained ones, and the epoch to start from is the one saved.
 
 Lessons: 03, 04, 05.
 """
@@ -39,34 +42,115 @@ def _missing(result: Any, *names: str) -> Optional[str]:
 # ----------------------------------------------------------------------------- 03 DDP
 
 
-@judge("03", "ddp_wrap.py", "wrap the model in DistributedDataParallel so that every rank "
-       "ends with the same weights")
+@judge("03", "ddp_wrap.py", "write the DDP training loop, so that ranks that start from "
+       "different weights train as one and end with the same weights")
 def judge_ddp_wrap(result: Any) -> Optional[str]:
-    missing = _missing(result, "start", "end")
+    missing = _missing(result, "start", "end", "forwards")
     if missing:
         return missing
     start, end = metric(result, "start"), metric(result, "end")
+    forwards = metric(result, "forwards")
     if len(_ranks(result)) < 2:
         return "launch at least 2 processes: with one, there is nothing to keep in step."
+    through = {rank: f.get("through_ddp", 0) for rank, f in forwards.items()}
+    direct = {rank: f.get("direct", 0) for rank, f in forwards.items()}
+    if all(through[r] == 0 and direct[r] == 0 for r in forwards):
+        return ("the model never ran a forward pass: train() must train it for `epochs` epochs "
+                "over the loader (TODO).")
+    if any(direct[r] > 0 for r in direct) and len(set(end.values())) > 1:
+        rank = min(r for r in direct if direct[r] > 0)
+        if through[rank] == 0 and _wrapped(result, rank):
+            return (f"you wrapped the model in DDP but trained the unwrapped one: on rank {rank} "
+                    f"all {direct[rank]} forward passes called the model itself, none went "
+                    "through the DDP wrapper, so no gradient was all-reduced and the ranks "
+                    f"drifted apart (checksums at the end: {_listing(end)}). DDP averages the "
+                    "gradients of a backward() only after a forward pass through the wrapper: "
+                    "call the wrapper in the loop (its parameters are the model's, so the "
+                    "optimizer may take either's).")
+        if through[rank] > 0:
+            return (f"on rank {rank}, {direct[rank]} forward passes bypassed the DDP wrapper "
+                    f"and {through[rank]} went through it; the ranks drifted apart (checksums "
+                    f"at the end: {_listing(end)}). Every training forward pass must go "
+                    "through the wrapper.")
     if len(set(end.values())) > 1:
-        if len(set(start.values())) > 1:
-            return ("the ranks started from different weights and ended with different "
-                    f"weights (checksums at the end: {_listing(end)}): nothing connected them. "
-                    "At the TODO, move the model to `device` and wrap it, `model = DDP(model, "
-                    "device_ids=...)`: DDP copies rank 0's weights to every rank when it wraps "
-                    "the model and averages the gradients in backward().")
-        return ("the ranks started equal but drifted apart during training (checksums at the "
-                f"end: {_listing(end)}): their gradients were not averaged. Copying the weights "
-                "once is not enough; wrap the model in DDP at the TODO, so that every "
-                "backward() all-reduces the gradients.")
+        return ("the ranks ended with different weights (checksums at the end: "
+                f"{_listing(end)}): nothing connected them. In train(), after moving the "
+                "model to `device`, make it distributed data-parallel (DistributedDataParallel; "
+                "look up its device_ids argument) and train the wrapper: DDP copies rank 0's "
+                "weights to every rank when it wraps the model and averages the gradients in "
+                "backward().")
     if all(math.isclose(start[r], end[r], rel_tol=0, abs_tol=0) for r in start):
-        return ("the weights did not change during training: keep the loop as it is and "
-                "let the optimizer step the wrapped model's parameters.")
+        return ("the weights did not change during training: train() must step an optimizer "
+                "over the model's parameters after every backward() (TODO).")
     return None
+
+
+def _wrapped(result: Any, rank: int) -> bool:
+    """Whether ``rank``'s train() made a DDP wrapper of the model: the skeleton saw one, or the
+    weights were equal on every rank at the first forward pass though they started different
+    (DDP's wrap copies rank 0's weights to every rank)."""
+    firsts = {r: f.get("first_checksum") for r, f in metric(result, "forwards").items()}
+    synced = len(set(metric(result, "start").values())) > 1 and None not in firsts.values() \
+        and len(set(firsts.values())) == 1
+    return bool(metric(result, "wrapped").get(rank)) or synced
 
 
 def _listing(values: dict[int, Any]) -> str:
     return ", ".join(f"rank {rank}: {value:.6f}" for rank, value in sorted(values.items()))
+
+
+# ----------------------------------------------------------------------------- 03b no_sync
+
+ACCUMULATE_FACTS = ("steps", "micro_batches", "optimizer_steps", "allreduce_bytes",
+                    "gradient_bytes", "reference_error", "checksum")
+#: Largest weight difference from the one-process run that still counts as equal (float64).
+ACCUMULATE_TOLERANCE = 1e-9
+
+
+@judge("03b", "accumulate.py", "accumulate gradients over micro-batches in DDP with one "
+       "all-reduce per step (no_sync), equal to one process's step on all the data")
+def judge_accumulate(result: Any) -> Optional[str]:
+    missing = _missing(result, *ACCUMULATE_FACTS)
+    if missing:
+        return missing
+    facts = {name: metric(result, name) for name in ACCUMULATE_FACTS}
+    for rank in sorted(_ranks(result)):
+        f = {name: values[rank] for name, values in facts.items()}
+        hint = _accumulate_rank(rank, f)
+        if hint:
+            return hint
+    checksums = facts["checksum"]
+    if len(set(checksums.values())) > 1:
+        return ("the ranks ended with different weights: the backward that all-reduces must be "
+                "the last one of each step, so that it sends the sum of every micro-batch's "
+                "gradients; a backward after it adds this rank's gradients only.")
+    error = max(facts["reference_error"].values())
+    if error > ACCUMULATE_TOLERANCE:
+        return (f"the weights differ from one process's step on all the data (by up to "
+                f"{error:.2g}): the accumulated gradient must be the mean over the "
+                "micro-batches, not their sum (look at what each backward adds to .grad).")
+    return None
+
+
+def _accumulate_rank(rank: int, f: dict[str, Any]) -> Optional[str]:
+    steps, micro = f["steps"], f["micro_batches"]
+    if f["optimizer_steps"] != steps:
+        return (f"rank {rank} stepped the optimizer {f['optimizer_steps']} times in {steps} "
+                "accumulation steps: step once per call of accumulation_step, after the last "
+                "micro-batch's backward (TODO).")
+    syncs = f["allreduce_bytes"] / f["gradient_bytes"] if f["gradient_bytes"] else 0
+    if syncs == 0:
+        return (f"rank {rank} never all-reduced a gradient: every backward ran inside "
+                "no_sync(), so each rank stepped on its own gradients. The last backward of a "
+                "step must run outside no_sync().")
+    if math.isclose(syncs, steps * micro):
+        return (f"rank {rank} all-reduced the gradients {micro} times per step, once per "
+                "micro-batch: every backward() of a DDP model all-reduces unless it runs "
+                "inside model.no_sync(). Run all but one backward of each step inside it.")
+    if not math.isclose(syncs, steps):
+        return (f"rank {rank} all-reduced {syncs / steps:g} times the gradients' size per "
+                "step; one all-reduce of every gradient per step is enough.")
+    return None
 
 
 # ----------------------------------------------------------------------------- 04 sampler
@@ -135,43 +219,102 @@ def _share_hint(shares: list[list[int]], size: int, per_rank: int, epoch: int
 # ----------------------------------------------------------------------------- 05 checkpoint
 
 
-@judge("05", "checkpoint.py", "save the checkpoint once, on rank 0, behind a barrier, and load "
-       "it with map_location onto each rank's own device")
+@judge("05", "checkpoint.py", "save the checkpoint once, on rank 0, behind a barrier; load it "
+       "onto each rank's own device (map_location); resume a fresh model and optimizer from it")
 def judge_checkpoint(result: Any) -> Optional[str]:
-    missing = _missing(result, "loaded")
+    missing = _missing(result, "loaded", "resumed")
     if missing:
         return missing
-    loaded = {rank: [e for e in _events(result, "loaded", rank)] for rank in _ranks(result)}
-    saves = len(loaded[0])
+    return (_writers_hint(result) or _loaded_hint(result) or _probe_hint(result)
+            or _resume_hint(result))
+
+
+def _writers_hint(result: Any) -> Optional[str]:
+    saves = len(_events(result, "loaded", 0))
     writers = {rank: len(values) for rank, values in metrics(result, "wrote").items()}
     if set(writers) - {0}:
         others = ", ".join(str(r) for r in sorted(set(writers) - {0}))
         return (f"rank(s) {others} wrote the checkpoint too: every rank holds the same weights, "
-                "so the same file was written once per rank. In save() (TODO 1), call "
-                "write_file only on rank 0 (`if rank == 0:`), then dist.barrier() on every "
-                "rank.")
+                "so the same file was written once per rank. In save() (TODO 1), only rank 0 "
+                "may call write_file; the other ranks only wait for it.")
     if writers.get(0, 0) != saves:
-        return (f"rank 0 wrote {writers.get(0, 0)} checkpoint(s) for {saves} saves: in save() "
-                "(TODO 1), rank 0 must call write_file(state, path) every time.")
-    for rank in sorted(loaded):
-        for event in loaded[rank]:
-            if event.get("epoch") != event.get("expected"):
-                found = ("found no file at all" if event.get("epoch") is None
-                         else f"loaded the old checkpoint of epoch {event['epoch']}")
-                return (f"rank {rank} {found} while rank 0 was still writing epoch "
-                        f"{event['expected']}: it read too early. In save() (TODO 1), call "
-                        "dist.barrier() on every rank after rank 0's write_file, so no rank "
-                        "returns (and reads) before the file is complete.")
-    for rank in sorted(loaded):
-        for event in loaded[rank]:
-            if event.get("devices") != [event.get("device")]:
+        loaded = [e for r in _ranks(result) for e in _events(result, "loaded", r)]
+        if not writers and loaded and all(e.get("epoch") == e.get("expected") for e in loaded):
+            return ("the checkpoint was written, but not with write_file: save() (TODO 1) must "
+                    "write through write_file(state, path), which writes a temporary file and "
+                    "renames it, so that no rank ever reads half a file (and the judge sees "
+                    "who wrote).")
+        return (f"rank 0 wrote {writers.get(0, 0)} checkpoint(s) for {saves} saves: save() "
+                "(TODO 1) must have rank 0 call write_file(state, path) every time.")
+    return None
+
+
+def _loaded_hint(result: Any) -> Optional[str]:
+    for rank in sorted(_ranks(result)):
+        for event in _events(result, "loaded", rank):
+            if event.get("epoch") == event.get("expected"):
+                continue
+            if event.get("error") not in (None, "no checkpoint"):
+                return (f"load() returned a {event['error']} on rank {rank}, not the "
+                        "checkpoint: return what torch.load read (TODO 2).")
+            if event.get("epoch") is None and event.get("error") == "no checkpoint" and \
+                    any(e.get("epoch") is None for e in _events(result, "loaded", 0)):
+                return ("load() returned nothing (None) on rank 0, where the file surely "
+                        "exists: return what torch.load read (TODO 2).")
+            found = ("found no file at all" if event.get("epoch") is None
+                     else f"loaded the old checkpoint of epoch {event['epoch']}")
+            return (f"rank {rank} {found} while rank 0 was still writing epoch "
+                    f"{event['expected']}: it read too early. In save() (TODO 1), every rank "
+                    "must wait until rank 0's write_file is done (a collective that every "
+                    "rank calls after the write), so no rank returns and reads before the "
+                    "file is complete.")
+    for rank in sorted(_ranks(result)):
+        for event in _events(result, "loaded", rank):
+            if not set(event.get("devices", [])) <= {event.get("device"), "cpu"}:
                 return (f"rank {rank}'s tensors landed on {', '.join(event['devices'])}, not on "
-                        f"its own device {event['device']}: in load() (TODO 2), pass "
-                        "map_location=device to torch.load.")
-    probes = metrics(result, "probe")
-    if any(value != ["meta"] for values in probes.values() for value in values):
-        return ("load() ignores the device it is given: asked for the 'meta' device, it "
-                "returned tensors on the device they were saved from. On a GPU every rank would "
-                "load onto rank 0's GPU. In load() (TODO 2), pass map_location=device to "
-                "torch.load.")
+                        f"its own device {event['device']}: in load() (TODO 2), tell torch.load "
+                        "where to put them (map_location: this rank's device, or \"cpu\").")
+    return None
+
+
+def _probe_hint(result: Any) -> Optional[str]:
+    for rank, values in sorted(metrics(result, "probe").items()):
+        for value in values:
+            error = value.get("error")
+            devices = value.get("devices", [])
+            device = next(e.get("device") for e in _events(result, "loaded", rank))
+            if error is None and set(devices) <= {device, "cpu"}:
+                continue
+            what = f"it failed ({error})" if error else f"its tensors landed on {devices}"
+            return (f"given a checkpoint saved on a GPU that rank {rank} does not have, load() "
+                    f"did not bring it to {device}: {what}. Without map_location, torch.load "
+                    "puts every tensor back on the device that saved it: on a GPU machine every "
+                    "rank would load onto rank 0's GPU, and on a machine without that GPU the "
+                    "load fails. In load() (TODO 2), pass torch.load a map_location: this "
+                    "rank's device, or \"cpu\".")
+    return None
+
+
+def _resume_hint(result: Any) -> Optional[str]:
+    for rank, values in sorted(metrics(result, "resumed").items()):
+        for facts in values:
+            if facts["when"] == "start" and facts["epoch"] != 0:
+                return (f"rank {rank}: with no checkpoint yet, resume() returned "
+                        f"{facts['epoch']!r}; it should return 0 (start from the first epoch) "
+                        "and leave the model as it is (TODO 3).")
+            if facts["when"] != "restart":
+                continue
+            if facts["epoch"] != facts["expected"]:
+                return (f"rank {rank}: after 2 saved epochs, resume() returned "
+                        f"{facts['epoch']!r}, not 2: return the epoch stored in the checkpoint, "
+                        "so that training goes on with the next one (TODO 3).")
+            if not facts.get("weights"):
+                return (f"rank {rank}: after resume() the fresh model's weights differ from "
+                        "the trained ones: load the checkpoint's model state into the model "
+                        "(Module.load_state_dict) in resume() (TODO 3).")
+            if not facts.get("optimizer"):
+                return (f"rank {rank}: resume() restored the weights but not the optimizer: "
+                        "SGD's momentum buffers start from zero again, so the resumed run "
+                        "differs from an uninterrupted one. Load the optimizer's state too "
+                        "(Optimizer.load_state_dict) (TODO 3).")
     return None

@@ -25,7 +25,9 @@ Events:
   ``collectives``: how many of each collective the last step ran (``allreduce``,
   ``allgather``, ``reduce_scatter``, ``broadcast``).
 - ``loss`` (rank 0, one per mode and step): ``mode``, ``step``, ``loss`` (mean over every
-  rank's samples).
+  rank's samples); mode ``single`` is the same MLP trained in one process on the whole global
+  batches, the reference every sharded mode must match (FSDP2's gradient averaging on gloo
+  had an open silent-correctness report, pytorch/pytorch#162338).
 - ``skipped`` (rank 0, only when FSDP cannot run here): ``modes``, ``reason``.
 
 FSDP2 is ``torch.distributed.fsdp.fully_shard`` from torch 2.6 on (earlier:
@@ -138,15 +140,17 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
 # [/measure]
 
 
-def batches(split: data.DataSplit, info: dist.DistInfo, args: argparse.Namespace
-            ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's share of each global batch; the same global batches for every mode."""
+def batches(split: data.DataSplit, info: dist.DistInfo, args: argparse.Namespace,
+            whole: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's share of each global batch (the whole batch with ``whole``); the same global
+    batches for every mode."""
     images, labels = split.train.tensors
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(args.seed))
     per_step = args.batch_size * info.world_size
     for step in range(args.steps):
         chosen = order[torch.arange(step * per_step, (step + 1) * per_step) % len(order)]
-        mine = chosen[info.rank * args.batch_size:(info.rank + 1) * args.batch_size]
+        mine = chosen if whole else chosen[info.rank * args.batch_size:
+                                           (info.rank + 1) * args.batch_size]
         x, y = images[mine].to(info.device), labels[mine].to(info.device)
         yield (split.batch_transform(x) if split.batch_transform else x), y
 
@@ -203,6 +207,25 @@ def train(mode: str, split: data.DataSplit, info: dist.DistInfo,
 # [/train]
 
 
+def single_process(split: data.DataSplit, info: dist.DistInfo, args: argparse.Namespace
+                   ) -> None:
+    """The reference: the same MLP, seed and Adam in one process, on the whole global batches.
+
+    Every rank computes it alone (no collective); rank 0 reports its losses as mode ``single``.
+    """
+    torch.manual_seed(args.seed)
+    inputs = split.train.tensors[0][0].numel()
+    model = build_mlp(inputs, args.hidden, args.depth, split.num_classes).to(info.device)
+    optimizer = make_optimizer(model, "single", args.lr)
+    for step, (x, y) in enumerate(batches(split, info, args, whole=True), start=1):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if info.is_main:
+            events.emit("loss", mode="single", step=step, loss=loss.item())
+
+
 def main(argv: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
     """Train every requested mode in turn; return this rank's ``memory`` events."""
     args = parse_args(argv)
@@ -218,6 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
             events.emit("skipped", modes=skipped, reason=problem)
     modes = [mode for mode in args.modes if mode not in skipped]
     found = [train(mode, split, info, args) for mode in modes]
+    single_process(split, info, args)
     dist.print0(f"trained {', '.join(modes)} for {args.steps} steps on "
                 f"{info.world_size} processes ({info.backend})")
     dist.cleanup()

@@ -1,29 +1,27 @@
 """Reference solution of exercise 06 (the tests run it; the notebook never shows it).
 
-Exercise 06: mixed precision in a DDP training loop. Fill in the four TODO(exercise) blocks.
+Exercise 06: mixed precision in a DDP training loop. Three functions to write.
 
-Run it from notebook 06, or from the repository root::
+Run it from notebook 06 (about 10 s; a hang is ended after 60 s, and the judge says where each
+rank waited), or from the repository root::
 
-    python -m ddplab launch --nproc-per-node 2 exercises/amp.py
+    python -m ddplab launch --nproc-per-node 2 --timeout 60 exercises/amp.py
     torchrun --standalone --nproc-per-node 2 exercises/amp.py
 
 and hand the launch's result to the judge: ``ddplab.check("06", result)``.
 
-What to write (PyTorch's AMP recipe, with today's names):
-
-1. the autocast dtype for this process's device: ``torch.bfloat16`` on a CPU (CPU autocast
-   computes in bfloat16), ``torch.float16`` on a CUDA GPU;
-2. a ``torch.amp.GradScaler`` for ``device.type`` that is enabled only when the dtype is
-   float16: fp16 gradients underflow without loss scaling, bf16 has float32's range and
-   needs none (a disabled scaler passes everything through unchanged);
-3. the forward pass *and the loss* inside ``with torch.autocast(device.type, dtype=...)``;
-4. ``backward()`` on the scaled loss, then the optimizer step and the scale update through the
-   scaler.
+The goal: train with automatic mixed precision, the way PyTorch's AMP recipe does it today
+(``torch.autocast`` and ``torch.amp.GradScaler``; the older ``torch.cuda.amp`` names are
+deprecated), correct on a CPU and on a CUDA GPU alike. Write the three functions marked
+``TODO(exercise)`` from their docstrings; notebook 06 showed what each piece does. Look up in
+PyTorch's documentation: "Automatic Mixed Precision package - torch.amp" (which dtype autocast
+uses on each device type, and which ops it runs in lower precision) and the "CUDA Automatic Mixed
+Precision examples" (the order of the scaler's calls in a training step).
 
 The fixed part of this file watches the run and reports facts (``metric`` events, one per fact
 and rank): whether every forward pass ran under autocast and in which dtype, the dtypes of the
-weights, gradients and loss, every step's loss, and the state of the scaler. The judge reads
-those facts; nothing here is judged by its text.
+weights, gradients and loss, every step's loss, and what the scaler was asked to do. The judge
+reads those facts; nothing here is judged by its text.
 
 Lesson: 06.
 """
@@ -73,8 +71,34 @@ def name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+class CountingScaler(torch.amp.GradScaler):
+    """A GradScaler that counts its ``scale``, ``step`` and ``update`` calls (for the judge).
+
+    The fixed part hands your ``train_step`` one of these, set up like the scaler your
+    ``make_scaler`` built; it behaves exactly like that scaler.
+    """
+
+    def __init__(self, like: torch.amp.GradScaler, device_type: str) -> None:
+        super().__init__(device_type, enabled=like.is_enabled())
+        if like.is_enabled():
+            self.load_state_dict(like.state_dict())
+        self.calls = {"scale": 0, "step": 0, "update": 0}
+
+    def scale(self, outputs: Any) -> Any:
+        self.calls["scale"] += 1
+        return super().scale(outputs)
+
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        self.calls["step"] += 1
+        return super().step(optimizer, *args, **kwargs)
+
+    def update(self, new_scale: Any = None) -> None:
+        self.calls["update"] += 1
+        super().update(new_scale)
+
+
 def scaler_facts(scaler: Any) -> dict[str, Any]:
-    """What the learner's scaler is now: enabled or not, its scale and growth tracker.
+    """What a scaler is now: enabled or not, its scale and growth tracker, the calls it got.
 
     ``update()`` counts good steps in the growth tracker and halves the scale after an
     overflow, so a scaler that really stepped and updated differs from a fresh one.
@@ -83,7 +107,43 @@ def scaler_facts(scaler: Any) -> dict[str, Any]:
         return {"exists": scaler is not None, "enabled": False, "type": type(scaler).__name__}
     state = scaler.state_dict()  # {} when disabled
     return {"exists": True, "enabled": scaler.is_enabled(), "type": type(scaler).__name__,
-            "scale": state.get("scale"), "growth_tracker": state.get("_growth_tracker")}
+            "scale": state.get("scale"), "growth_tracker": state.get("_growth_tracker"),
+            "calls": dict(getattr(scaler, "calls", {}))}
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype:
+    """The dtype autocast should compute in on ``device``: the one autocast uses by default on a
+    CPU, and on a CUDA GPU the 16-bit format that needs loss scaling."""
+    return torch.float16 if device.type == "cuda" else torch.bfloat16
+
+
+def make_scaler(device: torch.device, amp_dtype: torch.dtype) -> torch.amp.GradScaler:
+    """The gradient scaler for training in ``amp_dtype`` on ``device``.
+
+    Always build one (the same training step then runs on every device); it scales the loss
+    only where ``amp_dtype``'s small range makes gradients underflow, and is switched off (and
+    passes everything through unchanged) where the dtype does not need it.
+    """
+    return torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+               scaler: torch.amp.GradScaler, inputs: torch.Tensor, labels: torch.Tensor,
+               amp_dtype: torch.dtype) -> torch.Tensor:
+    """One optimizer step in mixed precision; returns the loss.
+
+    The forward pass and the loss computed under autocast in ``amp_dtype`` on the inputs'
+    device type; backward and the optimizer step outside it, through the scaler (on the scaled
+    loss; the step skipped after an overflow; the scale updated every step). The weights stay
+    float32: autocast casts copies per operation.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(inputs.device.type, dtype=amp_dtype):
+        loss = F.cross_entropy(model(inputs), labels)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -106,13 +166,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     model = DDP(net, device_ids=info.device_ids) if info.world_size > 1 else net
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
-    # 1. CPU autocast computes in bfloat16; CUDA autocast in float16 (its default)
-    amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
-
-    # 2. only float16 needs loss scaling; a disabled scaler passes everything through
-    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
-
+    amp_dtype = autocast_dtype(device)
+    scaler = make_scaler(device, amp_dtype)
     scaler_before = scaler_facts(scaler)
+    counted = CountingScaler(scaler, device.type) if isinstance(
+        scaler, torch.amp.GradScaler) else scaler
     losses: list[float] = []
     loss = torch.zeros(())
     epoch = 0
@@ -121,18 +179,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         for inputs, labels in loader:
             if len(losses) == args.steps:
                 break
-            optimizer.zero_grad(set_to_none=True)
-
-            # 3. forward and loss under autocast; backward outside it
-            with torch.autocast(device.type, dtype=amp_dtype):
-                output = model(inputs)
-                loss = F.cross_entropy(output, labels)
-
-            # 4. scale the loss, step (skipped after an overflow), update the scale
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-
+            loss = train_step(model, optimizer, counted, inputs, labels, amp_dtype)
             losses.append(float(loss.detach().float()))
         epoch += 1
 
@@ -145,7 +192,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         "layer_output_dtypes": sorted(watch.output_dtypes),
         "weight_dtype": name(next(net.parameters()).dtype), "grad_dtype": name(grad.dtype),
         "loss_dtype": name(loss.dtype), "losses": losses,
-        "scaler_before": scaler_before, "scaler": scaler_facts(scaler),
+        "scaler_before": scaler_before, "scaler": scaler_facts(counted),
     }
     for key, value in facts.items():
         events.emit("metric", name=key, value=value)

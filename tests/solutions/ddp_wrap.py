@@ -1,35 +1,40 @@
 """Reference solution of exercise 03 (the tests run it; the notebook never shows it).
 
-Exercise 03: wrap the model in DistributedDataParallel. Fill in the TODO(exercise) block.
+Exercise 03: the DDP training loop, written from its spec. One function to write: train().
 
-Run it from notebook 03, or from the repository root::
+Run it from notebook 03 (about 5 s; a hang is ended after 60 s, and the judge says where each
+rank waited), or from the repository root::
 
-    python -m ddplab launch --nproc-per-node 2 exercises/ddp_wrap.py
+    python -m ddplab launch --nproc-per-node 2 --timeout 60 exercises/ddp_wrap.py
     torchrun --standalone --nproc-per-node 2 exercises/ddp_wrap.py
 
 and hand the launch's result to the judge: ``ddplab.check("03", result)``.
 
 Every rank builds its model from a seed of its own, so the ranks start from different weights,
-and trains on its own share of the digits. As the file stands, nothing connects the ranks: each
-trains a model of its own and they end with different weights. Your job is the one step that
-turns N separate trainings into one: move the model to this rank's device, then wrap it in
-``DDP`` (``device_ids=[local_rank]`` on a GPU, ``None`` on the CPU). DDP then copies rank 0's
-weights to every rank when it wraps the model and averages the gradients during
-``backward()``, so every rank takes the same step and ends with the same weights.
+and reads its own share of the digits. Your ``train`` turns these N separate processes into one
+data-parallel training: write it from its docstring, with what notebook 03 taught (look up
+``torch.nn.parallel.DistributedDataParallel``: its ``device_ids`` argument, and what it does
+when it wraps a model and during ``backward()``).
 
-The fixed part reports every rank's weight checksum after your block (``start``) and after
-training (``end``), and the device it used (``metric`` events).
+The fixed part reports every rank's weight checksum before and after ``train`` (``start``,
+``end``), whether a DDP wrapper of the model was made (``wrapped``), how many forward passes
+ran through it and how many bypassed it (``forwards``), and the device it used (``metric``
+events).
 
 Lesson: 03.
 """
 
 from __future__ import annotations
 
+import gc
 import os
+import traceback
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: F401  (you will need it)
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -40,6 +45,32 @@ from ddplab.dist import pick_backend
 def checksum(model: torch.nn.Module) -> float:
     """Sum of all weights in float64: equal weights give equal sums."""
     return float(sum(p.detach().double().sum().item() for p in model.parameters()))
+
+
+def train(model: nn.Module, loader: DataLoader, sampler: DistributedSampler,
+          device: torch.device, epochs: int) -> nn.Module:
+    """Train ``model`` on this rank's share of the data, in step with every other rank; return
+    the module you trained.
+
+    - Put the model on ``device``, then make it distributed data-parallel: every rank must
+      start from the same weights and take the same step after every batch (DDP wants the
+      device's index in ``device_ids`` on a GPU, and no ``device_ids`` on a CPU).
+    - Train for ``epochs`` epochs over ``loader`` (batches moved to ``device``), starting each
+      epoch with ``sampler.set_epoch(epoch)`` (notebook 04 says why), with cross-entropy and
+      ``torch.optim.SGD`` at ``lr=0.05, momentum=0.9``.
+    """
+    model = model.to(device)  # first to the device, then wrap
+    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for inputs, labels in loader:
+            inputs, labels = inputs.to(device), labels.to(device)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(inputs), labels)
+            loss.backward()
+            optimizer.step()
+    return model
 
 
 def main() -> None:
@@ -59,26 +90,43 @@ def main() -> None:
     # model: a different starting point on every rank, on purpose
     torch.manual_seed(rank)
     model = models.build_model("cnn", num_classes=10, in_channels=1)
-    model = model.to(device)  # first to the device, then wrap
-    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    forwards = count_forwards(model)
     events.emit("metric", name="device", value=str(device))
     events.emit("metric", name="start", value=checksum(model))
 
-    # the plain loop, two epochs
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    for epoch in range(2):
-        sampler.set_epoch(epoch)
-        for inputs, labels in loader:
-            inputs, labels = inputs.to(device), labels.to(device)
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(inputs), labels)
-            loss.backward()
-            optimizer.step()
+    trained = train(model, loader, sampler, device, epochs=2)
+
+    events.emit("metric", name="wrapped", value=wraps(trained, model))
     events.emit("metric", name="end", value=checksum(model))
-    print(f"rank {rank}: weights checksum {checksum(model):.10f}", flush=True)
+    events.emit("metric", name="forwards", value=forwards)
+    print(f"rank {rank}: weights checksum {checksum(model):.10f}, forward passes {forwards}",
+          flush=True)
 
     # cleanup
     dist.destroy_process_group()
+
+
+def wraps(trained: Any, model: nn.Module) -> bool:
+    """Whether a DDP wrapper of ``model`` exists: the one returned, or one still in memory."""
+    if isinstance(trained, DDP) and trained.module is model:
+        return True
+    return any(isinstance(o, DDP) and o.module is model for o in gc.get_objects())
+
+
+def count_forwards(model: nn.Module) -> dict[str, int]:
+    """Count ``model``'s forward passes: through a DDP wrapper, or calling it directly; keep the
+    weights' checksum at the first one (equal on every rank once DDP's wrap copied rank 0's)."""
+    counts: dict[str, Any] = {"through_ddp": 0, "direct": 0, "first_checksum": None}
+
+    def hook(_module: nn.Module, _inputs: Any) -> None:
+        if counts["first_checksum"] is None:
+            counts["first_checksum"] = checksum(model)
+        via = any(frame.filename.replace("\\", "/").endswith("torch/nn/parallel/distributed.py")
+                  for frame in traceback.extract_stack(limit=12))
+        counts["through_ddp" if via else "direct"] += 1
+
+    model.register_forward_pre_hook(hook)
+    return counts
 
 
 if __name__ == "__main__":

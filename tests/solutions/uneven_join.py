@@ -1,6 +1,7 @@
 """Exercise 10, reference solution: a DDP training loop with uneven inputs finishes with Join.
 
-Run it from notebook 10, or from the repository root::
+Run it from notebook 10 (about 5 s; as it stands each collective times out after
+``--pg-timeout`` seconds), or from the repository root::
 
     python -m ddplab launch --nproc-per-node 2 exercises/uneven_join.py --pg-timeout 3
     torchrun --standalone --nproc-per-node 2 exercises/uneven_join.py --pg-timeout 3

@@ -1,0 +1,250 @@
+"""Every coding exercise against solutions a class would hand in: for each, at least one that is
+right but written differently from ours (it must pass) and two classic mistakes (each must be
+rejected with a message that names the mistake). Each variant is the reference solution in
+``tests/solutions/`` with a few lines changed, run through the real judge after a real launch;
+the launches run three at a time, once for the whole module."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import ddplab
+
+pytestmark = pytest.mark.slow
+SOLUTIONS = Path(__file__).resolve().parent / "solutions"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    key: str
+    solution: str
+    edits: tuple[tuple[str, str], ...]
+    right: bool
+    words: tuple[str, ...] = ()  # what a rejection must say (any one of each |-separated group)
+    nprocs: int = 2
+    timeout: float = 60
+    args: tuple[str, ...] = ()
+
+
+VARIANTS = [
+    # ----------------------------------------------------------------- 03: the DDP loop
+    Variant("03 other style", "03", "ddp_wrap.py", (
+        ("    model = model.to(device)  # first to the device, then wrap\n"
+         "    model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)\n",
+         "    ddp = torch.nn.parallel.DistributedDataParallel(\n"
+         "        model.to(device), device_ids=None if device.type == \"cpu\" else [device])\n"
+         "    model = ddp\n"),
+        ("            optimizer.zero_grad()\n", ""),
+        ("            optimizer.step()\n",
+         "            optimizer.step()\n            optimizer.zero_grad(set_to_none=True)\n"),
+    ), right=True),
+    Variant("03 trained the unwrapped model", "03", "ddp_wrap.py", (
+        ("    model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)\n"
+         "    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)\n",
+         "    ddp_model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" "
+         "else None)\n"
+         "    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.05, momentum=0.9)\n"),
+    ), right=False, words=("wrapped the model in DDP but trained the unwrapped one",)),
+    Variant("03 no DDP at all", "03", "ddp_wrap.py", (
+        ("    model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)\n",
+         ""),
+    ), right=False, words=("different weights", "DistributedDataParallel")),
+    # ----------------------------------------------------------------- 03b: no_sync
+    Variant("03b no_sync on every micro-batch but the last, by index", "03b", "accumulate.py", (
+        ("    optimizer.zero_grad()\n    *first, last = micro_batches\n"
+         "    with model.no_sync():  # gradients add up locally, nothing is sent\n"
+         "        for inputs, targets in first:\n"
+         "            (F.mse_loss(model(inputs), targets) / len(micro_batches)).backward()\n"
+         "    inputs, targets = last\n"
+         "    (F.mse_loss(model(inputs), targets) / len(micro_batches)).backward()"
+         "  # one all-reduce\n",
+         "    import contextlib\n    optimizer.zero_grad(set_to_none=True)\n"
+         "    k = len(micro_batches)\n"
+         "    for i, (inputs, targets) in enumerate(micro_batches):\n"
+         "        sync = i == k - 1\n"
+         "        with contextlib.nullcontext() if sync else model.no_sync():\n"
+         "            loss = F.mse_loss(model(inputs), targets, reduction=\"sum\")\n"
+         "            (loss / (k * targets.numel())).backward()\n"),
+    ), right=True),
+    Variant("03b no no_sync", "03b", "accumulate.py", (
+        ("    with model.no_sync():  # gradients add up locally, nothing is sent\n",
+         "    if True:\n"),
+    ), right=False, words=("4 times per step", "no_sync()")),
+    Variant("03b every backward in no_sync", "03b", "accumulate.py", (
+        ("    inputs, targets = last\n    (F.mse_loss", "    inputs, targets = last\n"
+         "    with model.no_sync():\n        (F.mse_loss"),
+    ), right=False, words=("never all-reduced",)),
+    Variant("03b the sum of the losses", "03b", "accumulate.py", (
+        ("            (F.mse_loss(model(inputs), targets) / len(micro_batches)).backward()\n",
+         "            F.mse_loss(model(inputs), targets).backward()\n"),
+        ("    (F.mse_loss(model(inputs), targets) / len(micro_batches)).backward()",
+         "    F.mse_loss(model(inputs), targets).backward()"),
+    ), right=False, words=("mean over the micro-batches",)),
+    # ----------------------------------------------------------------- 04: the sampler
+    Variant("04 explicit replicas and rank", "04", "sampler.py", (
+        ("DistributedSampler(train_set, seed=0)",
+         "DistributedSampler(train_set, num_replicas=dist.get_world_size(), "
+         "rank=dist.get_rank(), shuffle=True, seed=0, drop_last=False)"),
+    ), right=True),
+    Variant("04 no set_epoch", "04", "sampler.py", (
+        ("        sampler.set_epoch(epoch)\n", ""),
+    ), right=False, words=("same order in every epoch", "set_epoch")),
+    Variant("04 a seed per rank", "04", "sampler.py", (
+        ("DistributedSampler(train_set, seed=0)",
+         "DistributedSampler(train_set, seed=dist.get_rank())"),
+    ), right=False, words=("overlap", "same seed")),
+    # ----------------------------------------------------------------- 05: checkpoints
+    Variant("05 map_location cpu, other style", "05", "checkpoint.py", (
+        ("    if rank == 0:\n        write_file(state, path)\n",
+         "    if dist.get_rank() == 0:\n        write_file(state, path)\n"),
+        ("map_location=device, ", "map_location=\"cpu\", "),
+        ("    if not os.path.exists(path):\n        return 0\n    state = load(path, device)\n",
+         "    try:\n        state = load(path, device)\n    except FileNotFoundError:\n"
+         "        return 0\n"),
+    ), right=True),
+    Variant("05 barrier inside if rank == 0", "05", "checkpoint.py", (
+        ("        write_file(state, path)\n    dist.barrier()",
+         "        write_file(state, path)\n        dist.barrier()"),
+    ), right=False, words=("deadlock", "barrier"), timeout=15),
+    Variant("05 no map_location", "05", "checkpoint.py", (
+        ("map_location=device, ", ""),
+    ), right=False, words=("saved on a GPU", "map_location")),
+    Variant("05 resume forgets the optimizer", "05", "checkpoint.py", (
+        ("    optimizer.load_state_dict(state[\"optimizer\"])\n", ""),
+    ), right=False, words=("not the optimizer", "momentum")),
+    Variant("05 torch.save instead of write_file", "05", "checkpoint.py", (
+        ("    if rank == 0:\n        write_file(state, path)\n",
+         "    if rank == 0:\n        torch.save(state, path)\n"),
+    ), right=False, words=("not with write_file",)),
+    # ----------------------------------------------------------------- 06: AMP
+    Variant("06 other style", "06", "amp.py", (
+        ("    return torch.float16 if device.type == \"cuda\" else torch.bfloat16",
+         "    if device.type == \"cpu\":\n        return torch.bfloat16\n    return torch.float16"),
+        ("    return torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)",
+         "    use = amp_dtype is torch.float16\n"
+         "    return torch.amp.GradScaler(device=device.type, enabled=use)"),
+        ("    with torch.autocast(inputs.device.type, dtype=amp_dtype):\n"
+         "        loss = F.cross_entropy(model(inputs), labels)\n",
+         "    with torch.autocast(device_type=inputs.device.type, dtype=amp_dtype):\n"
+         "        output = model(inputs)\n        loss = F.cross_entropy(output, labels)\n"),
+    ), right=True),
+    Variant("06 no GradScaler", "06", "amp.py", (
+        ("    return torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)",
+         "    return None"),
+        ("    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n",
+         "    loss.backward()\n    optimizer.step()\n"),
+    ), right=False, words=("not a torch.amp.GradScaler",)),
+    Variant("06 scaler built but bypassed", "06", "amp.py", (
+        ("    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n",
+         "    loss.backward()\n    optimizer.step()\n"),
+    ), right=False, words=("scale() 0 times", "step() 0 times")),
+    Variant("06 backward under autocast, loss outside", "06", "amp.py", (
+        ("    with torch.autocast(inputs.device.type, dtype=amp_dtype):\n"
+         "        loss = F.cross_entropy(model(inputs), labels)\n",
+         "    with torch.autocast(inputs.device.type, dtype=amp_dtype):\n"
+         "        output = model(inputs)\n    loss = F.cross_entropy(output, labels)\n"),
+    ), right=False, words=("the loss is bfloat16|the loss is float16",)),
+    # ----------------------------------------------------------------- 08: collectives
+    Variant("08 blocking send and recv by parity, in-place mean", "08", "collective.py", (
+        ("    torch_dist.all_reduce(tensor)  # SUM, in place\n"
+         "    return tensor / torch_dist.get_world_size()",
+         "    torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.SUM)\n"
+         "    tensor /= torch_dist.get_world_size()\n    return tensor"),
+        ("    requests = [torch_dist.isend(tensor, dst=(rank + 1) % world_size),\n"
+         "                torch_dist.irecv(received, src=(rank - 1) % world_size)]\n"
+         "    for request in requests:\n        request.wait()\n",
+         "    right, left = (rank + 1) % world_size, (rank - 1) % world_size\n"
+         "    if rank % 2 == 0:\n        torch_dist.send(tensor, dst=right)\n"
+         "        torch_dist.recv(received, src=left)\n    else:\n"
+         "        torch_dist.recv(received, src=left)\n"
+         "        torch_dist.send(tensor, dst=right)\n"),
+    ), right=True, nprocs=4),
+    Variant("08 the sum, not the mean", "08", "collective.py", (
+        ("    return tensor / torch_dist.get_world_size()", "    return tensor"),
+    ), right=False, words=("the sum over ranks", "divide"), nprocs=4),
+    Variant("08 the ring turns the wrong way", "08", "collective.py", (
+        ("torch_dist.isend(tensor, dst=(rank + 1) % world_size)",
+         "torch_dist.isend(tensor, dst=(rank - 1) % world_size)"),
+        ("torch_dist.irecv(received, src=(rank - 1) % world_size)",
+         "torch_dist.irecv(received, src=(rank + 1) % world_size)"),
+    ), right=False, words=("right neighbour", "other way"), nprocs=4),
+    # ----------------------------------------------------------------- 10: Join
+    Variant("10 Join with its options spelled out", "10", "uneven_join.py", (
+        ("    with Join([model]):", "    with Join([model], enable=True, "
+         "throw_on_early_termination=False):"),
+    ), right=True, args=("--pg-timeout", "5")),
+    Variant("10 no Join", "10", "uneven_join.py", (
+        ("    with Join([model]):  # a rank that ran out of batches shadows the others' "
+         "all-reduces\n", "    if True:\n"),
+    ), right=False, words=("timed out", "Join"), args=("--pg-timeout", "3")),
+    Variant("10 every rank stops at the shortest shard", "10", "uneven_join.py", (
+        ("        for inputs, targets in batches:\n",
+         "        shortest = torch.tensor(len(batches))\n"
+         "        torch_dist.all_reduce(shortest, op=torch_dist.ReduceOp.MIN)\n"
+         "        for inputs, targets in batches[:int(shortest)]:\n"),
+    ), right=False, words=("optimizer steps but has", "all of its own batches"),
+        args=("--pg-timeout", "5")),
+    # ----------------------------------------------------------------- 11: pipeline
+    Variant("11 non-blocking send and recv", "11", "pipeline_forward.py", (
+        ("            torch_dist.send(activation, dst=1)\n",
+         "            torch_dist.isend(activation, dst=1).wait()\n"),
+        ("            torch_dist.recv(received, src=0)\n",
+         "            torch_dist.irecv(received, src=0).wait()\n"),
+    ), right=True),
+    Variant("11 the recv is missing", "11", "pipeline_forward.py", (
+        ("            torch_dist.recv(received, src=0)\n", ""),
+    ), right=False, words=("nothing arrived|never received",)),
+    Variant("11 one send and one recv for all micro-batches", "11", "pipeline_forward.py", (
+        ("            torch_dist.send(activation, dst=1)\n",
+         "            if not results:\n                torch_dist.send(activation, dst=1)\n"),
+        ("            torch_dist.recv(received, src=0)\n",
+         "            if not results:\n                torch_dist.recv(received, src=0)\n"
+         "                first = received.clone()\n            received = first\n"),
+    ), right=False, words=("micro-batch 1", "something other than the activation")),
+]
+
+
+def write(variant: Variant, folder: Path) -> Path:
+    text = (SOLUTIONS / variant.solution).read_text()
+    for old, new in variant.edits:
+        assert old in text, f"{variant.name}: {old!r} is not in {variant.solution} any more"
+        text = text.replace(old, new)
+    path = folder / variant.name.replace(" ", "_").replace(",", "") / variant.solution
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory) -> dict[str, object]:
+    folder = tmp_path_factory.mktemp("variants")
+
+    def judged(variant: Variant):
+        result = ddplab.launch(str(write(variant, folder)), variant.nprocs, quiet=True,
+                               live=False, timeout=variant.timeout, args=list(variant.args))
+        return ddplab.check(variant.key, result)
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(zip([v.name for v in VARIANTS], pool.map(judged, VARIANTS)))
+
+
+def test_every_exercise_has_a_right_variant_and_two_wrong_ones():
+    keys = {v.key for v in VARIANTS}
+    assert keys == {"03", "03b", "04", "05", "06", "08", "10", "11"}
+    for key in keys:
+        mine = [v for v in VARIANTS if v.key == key]
+        assert sum(v.right for v in mine) >= 1 and sum(not v.right for v in mine) >= 2
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VARIANTS])
+def test_variant_is_judged_as_a_teacher_would(variant, verdicts):
+    verdict = verdicts[variant.name]
+    assert bool(verdict) is variant.right, verdict.message
+    for group in variant.words:
+        assert any(word in verdict.message for word in group.split("|")), (
+            f"{group!r} not in: {verdict.message}")
