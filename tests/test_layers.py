@@ -18,7 +18,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ddplab"
 
-SEAM = {"events", "env"}
+SEAM = {"events", "env", "versions"}
 
 # Module (or subpackage: every module in it) -> side.
 SIDES = {
@@ -33,12 +33,13 @@ SIDES = {
     "checkpoint": "worker", "dist": "worker", "amp": "worker", "schedule": "worker",
     "pinning": "worker", "local_rank_arg": "worker", "capstone": "worker",
     # the seam
-    "events": "seam", "env": "seam",
+    "events": "seam", "env": "seam", "versions": "seam",
 }
 
 # Worker-side layers, bottom first: a module imports only modules of a lower layer.
 # (dist and checkpoint import no ddplab module at all: students copy them alone.)
 LAYERS = [
+    {"versions"},
     {"events", "env"},
     {"dist", "checkpoint", "amp", "schedule", "models", "local_rank_arg"},
     {"data", "pinning"},
