@@ -51,6 +51,7 @@ class Job:
     # seen in /proc while the job ran; their exit codes are the script's to know, not ours.
     spawned: dict[int, int] = field(default_factory=dict)
     _not_ranks: set[int] = field(default_factory=set)
+    _forks: set[int] = field(default_factory=set)
     _watched_at: float = 0.0
 
     def workers_gone(self) -> bool:
@@ -68,13 +69,17 @@ class Job:
     def watch_spawned(self, every: float = 0.2) -> None:
         """Note the rank processes an ``mp.spawn`` script has started (engine "spawn").
 
-        They are the script's children (or, with the forkserver start method, its forkserver's),
-        apart from multiprocessing's helpers; mp.spawn starts them in rank order.
+        A rank is a child of the script (or, with the forkserver start method, of its
+        forkserver) that runs multiprocessing's ``spawn_main``, or a fork of the script (the fork
+        start method) still running as the script two looks apart. Any other child is not a rank:
+        multiprocessing's resource tracker, and short-lived programs the script or its imports
+        run (``import torch`` runs ``ldconfig -p``), which a fork looks like until it executes.
         """
         now = time.monotonic()
         if self.popen is None or self.engine != "spawn" or now - self._watched_at < every:
             return
         self._watched_at = now
+        script = _cmdline(self.popen.pid)
         parents = {self.popen.pid}
         table = _process_table(self.pgid)
         for pid, (ppid, _start) in table.items():
@@ -84,10 +89,15 @@ class Job:
             if ppid not in parents or pid in parents or pid in self.spawned \
                     or pid in self._not_ranks:
                 continue
-            if "multiprocessing.resource_tracker" in _cmdline(pid):
-                self._not_ranks.add(pid)
-            else:
+            command = _cmdline(pid)
+            if "spawn_main" in command or ppid != self.popen.pid:
                 self.spawned[pid] = start
+            elif command != script:
+                self._not_ranks.add(pid)
+            elif pid in self._forks:
+                self.spawned[pid] = start
+            else:
+                self._forks.add(pid)  # a rank if it still runs as the script next time
 
     def spawned_ranks(self) -> Optional[dict[int, int]]:
         """The spawned processes seen, as rank -> pid (in the order they were started).

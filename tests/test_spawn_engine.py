@@ -75,6 +75,12 @@ def test_the_launching_process_failing_before_any_rank_is_said_so():
     assert "rank 0" not in result.error
 
 
+def test_a_program_the_script_runs_is_not_taken_for_a_rank():
+    result = spawn(SCRIPTS / "spawn_runs_a_program.py")
+    assert result.ok, result.error
+    assert result.world_size == 2 and sorted(result.exit_codes) == [0, 1]
+
+
 def test_a_torchrun_style_script_given_to_spawn_gets_a_hint():
     result = spawn(SCRIPTS / "plain.py")
     assert result.status == "failed" and result.root_cause.rank is None
