@@ -78,6 +78,10 @@ def pick_backend(requested: Optional[str] = None,
                  local_world_size: Optional[int] = None) -> str:
     """Return the process-group backend: ``nccl`` when every local process gets a GPU, else gloo.
 
+    For more than one local process, automatic choice also needs a torch built with nccl (the
+    Linux CUDA wheels; not Windows): without it they fall back to gloo on CPU. One process joins
+    no group, so it gets its GPU either way.
+
     Args:
         requested: force a backend (``"gloo"``, ``"nccl"``, ``"mpi"``) or None for automatic
             (``ddplab.launch(..., backend=...)`` passes its choice as ``DDPLAB_BACKEND``).
@@ -102,7 +106,8 @@ def pick_backend(requested: Optional[str] = None,
         if local_world_size is None:
             local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         usable = torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size
-        return "nccl" if usable else "gloo"
+        nccl = local_world_size == 1 or dist.is_nccl_available()
+        return "nccl" if usable and nccl else "gloo"
     if requested == "nccl" and not torch.cuda.is_available():
         raise RuntimeError(
             "nccl was requested but no CUDA GPU is visible: use backend='gloo' (or leave it "
