@@ -94,3 +94,16 @@ def test_the_installed_wheel_runs_the_course_from_ddplab_init(installed):
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-3000:]
     assert " passed" in run.stdout and "failed" not in run.stdout
     assert _files(package) == before, "something was written inside the installed package"
+
+
+def test_postmortem_reads_the_lessons_workers_also_inside_site_packages(tmp_path):
+    from ddplab import postmortem
+
+    worker = tmp_path / "lib" / "python3.11" / "site-packages" / "ddplab" / "workers" / "desync.py"
+    worker.parent.mkdir(parents=True)
+    worker.write_text("def main():\n    dist.all_reduce(total)\n")
+    lines = ["Traceback (most recent call last):",
+             f'  File "{worker}", line 2, in main',
+             '  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d.py", line 9, in f']
+    [frame] = postmortem.user_frames(lines)     # the worker's line; torch's is library code
+    assert (frame.function, frame.code) == ("main", "dist.all_reduce(total)")
