@@ -3,19 +3,34 @@
 Self-contained (torch and the standard library only; numpy's RNG is saved when numpy is
 installed), so you can copy this file alone into your own project. That is why the one place
 that needs the process group, ``save_checkpoint`` (rank 0 writes, every rank waits), asks
-``torch.distributed`` directly instead of importing ``ddplab.dist``. In a training script::
+``torch.distributed`` directly instead of importing ``ddplab.dist``. A training script that
+resumes where it stopped (run it with ``python`` or ``torchrun --nproc-per-node 2``)::
 
-    from ddplab.checkpoint import save_checkpoint, load_checkpoint
+    import os
 
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from ddplab.checkpoint import load_checkpoint, save_checkpoint
+    from ddplab.dist import cleanup, setup
+
+    info = setup()                                # a world of one under plain python
+    model = torch.nn.Linear(4, 2).to(info.device)
+    if info.world_size > 1:
+        model = DDP(model, device_ids=info.device_ids)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     start = 0
-    if os.path.exists("ckpt/checkpoint.pt"):
-        state = load_checkpoint("ckpt/checkpoint.pt", model, optimizer, device=device)
+    if os.path.exists("ckpt/checkpoint.pt"):     # a run before this one stopped
+        state = load_checkpoint("ckpt/checkpoint.pt", model, optimizer, device=info.device)
         start = state["epoch"]                    # epochs already done
-    for epoch in range(start, epochs):
-        sampler.set_epoch(epoch)
-        ...                                       # train one epoch
-        save_checkpoint("ckpt/checkpoint.pt", model, optimizer, epoch=epoch + 1,
-                        sampler_epoch=epoch + 1)  # rank 0 writes, every rank waits
+    for epoch in range(start, 3):
+        loss = model(torch.randn(8, 4, device=info.device)).pow(2).mean()   # one epoch
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        save_checkpoint("ckpt/checkpoint.pt", model, optimizer, epoch=epoch + 1)
+        # rank 0 wrote the file, every rank waited for it
+    del model                                     # DDP holds the process group: drop it first
+    cleanup()
 
 What it does for you:
 
@@ -67,7 +82,13 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
     Example::
 
-        torch.save(unwrap_model(ddp_model).state_dict(), "model.pt")   # no "module." prefix
+        import torch
+        from ddplab.checkpoint import unwrap_model
+
+        model = torch.nn.DataParallel(torch.nn.Linear(4, 2))   # DDP is unwrapped the same way
+        state = unwrap_model(model).state_dict()
+        assert list(state) == ["weight", "bias"]               # no "module." prefix
+        torch.save(state, "model.pt")
 
     Lesson: 02, 05.
     """
@@ -84,8 +105,10 @@ def strip_module_prefix(state_dict: Mapping[str, Any]) -> dict[str, Any]:
 
     Example::
 
-        >>> strip_module_prefix({"module.fc.weight": 1, "module.fc.bias": 2})
-        {'fc.weight': 1, 'fc.bias': 2}
+        from ddplab.checkpoint import strip_module_prefix
+
+        state = strip_module_prefix({"module.fc.weight": 1, "module.fc.bias": 2})
+        assert state == {"fc.weight": 1, "fc.bias": 2}
 
     Lesson: 02, 05.
     """
@@ -104,8 +127,11 @@ def map_location_for(device: Union[torch.device, str, None] = None) -> torch.dev
 
     Example::
 
-        >>> map_location_for("cpu")
-        device(type='cpu')
+        import torch
+        from ddplab.checkpoint import map_location_for
+
+        print(map_location_for())            # cuda:<LOCAL_RANK> with CUDA, else cpu
+        assert map_location_for("cpu") == torch.device("cpu")
 
     Lesson: 05.
     """

@@ -1,8 +1,10 @@
-"""Command line: ``python -m ddplab {doctor,launch,course,bench}``.
+"""Command line: ``python -m ddplab {doctor,init,lab,launch,course,bench}``.
 
 Examples::
 
     python -m ddplab doctor
+    python -m ddplab init [DIR]      # the notebooks and exercises into DIR (./ddplab-course)
+    python -m ddplab lab [DIR]       # JupyterLab in that folder, on 127.0.0.1
     python -m ddplab launch --nproc-per-node 2 -m ddplab.workers.train --epochs 2
     python -m ddplab launch --nproc-per-node 2 my_script.py --lr 0.1
     python -m ddplab launch --engine spawn --nproc-per-node 2 my_mp_spawn_script.py
@@ -169,6 +171,15 @@ def _parser() -> argparse.ArgumentParser:
                      help="TARGET is a module name (accepted for torchrun compatibility)")
     run.add_argument("target", help="a .py file or a module name")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the target")
+    init = sub.add_parser("init", help="write the notebooks and exercises into DIR "
+                                       "(keeps the files you changed)")
+    init.add_argument("dir", nargs="?", default=None,
+                      help="the course folder (default ./ddplab-course)")
+    lab = sub.add_parser("lab", help="open JupyterLab in a course folder written by init")
+    lab.add_argument("dir", nargs="?", default=None,
+                     help="the course folder (default: the one here, else ./ddplab-course)")
+    lab.add_argument("jupyter_args", nargs=argparse.REMAINDER,
+                     help="passed on to jupyter lab (e.g. --no-browser --port 8889)")
     sub.add_parser("course", help="execute every notebook into build/ (--help for options)")
     sub.add_parser("bench", help="the scaling benchmark of 09 (--help for options)")
     return parser
@@ -186,7 +197,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         report = doctor()
         return 1 if report["problems"] and report["gpu_count"] == 0 and not \
             report["backends"]["gloo"] else 0
+    if ns.command in ("init", "lab"):
+        return _workspace(ns)
     return _launch(ns)
+
+
+def _workspace(ns: argparse.Namespace) -> int:
+    """``ddplab init [DIR]`` and ``ddplab lab [DIR]``: write the course folder, open it."""
+    from . import workspace
+
+    try:
+        if ns.command == "init":
+            print(workspace.describe(workspace.init(ns.dir or workspace.DEFAULT_DIR)))
+            return 0
+        return workspace.lab(ns.dir, ns.jupyter_args)
+    except (OSError, ValueError, ImportError) as err:
+        print(f"ddplab {ns.command}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

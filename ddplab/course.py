@@ -1,7 +1,8 @@
 """The notebooks as files: execute them all into ``build/``, or strip them for committing.
 
-``python -m ddplab course`` runs every notebook in ``notebooks/`` top to bottom in a fresh
-kernel and writes the executed copies (with outputs, for reading) to ``build/notebooks/``.
+``python -m ddplab course`` runs every notebook in ``notebooks/`` of the course folder here (a
+clone, or a folder written by ``ddplab init``) top to bottom in a fresh kernel and writes the
+executed copies (with outputs, for reading) to its ``build/notebooks/``.
 ``python -m ddplab course --strip [FILES]`` removes outputs, execution counts and volatile
 metadata in place, which is how notebooks are committed (``make strip``).
 
@@ -17,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = ROOT / "notebooks"
+from .workspace import find_course
+
 KEEP_METADATA = {"kernelspec", "language_info"}
 
 
@@ -72,10 +73,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m ddplab course [--strip] [--out DIR] [NOTEBOOK ...]``."""
     parser = argparse.ArgumentParser(prog="python -m ddplab course")
     parser.add_argument("--strip", action="store_true", help="strip in place instead")
-    parser.add_argument("--out", type=Path, default=ROOT / "build" / "notebooks")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where the executed copies go (default: build/notebooks in the "
+                             "course folder)")
     parser.add_argument("notebooks", nargs="*", type=Path)
     ns = parser.parse_args(argv)
-    paths = ns.notebooks or sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    course = find_course()
+    if course is None and (not ns.notebooks or ns.out is None and not ns.strip):
+        parser.error("no course folder here (one holding notebooks/ and exercises/): run it "
+                     "inside a clone or a folder written by `ddplab init`, or name the notebooks "
+                     "and --out")
+    paths = ns.notebooks or sorted((course / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    if ns.out is None and course is not None:
+        ns.out = course / "build" / "notebooks"
     if ns.strip:
         for path in strip_files(paths):
             print(f"stripped {path}")

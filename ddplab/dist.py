@@ -1,15 +1,20 @@
 """Worker-side helpers for torch.distributed: setup, rank info, barrier, print0, collectives.
 
 Everything here needs only torch and the standard library, so any function can be copied into
-your own training script. A torchrun-style worker reads::
+your own training script. A torchrun-style worker, which also runs as plain ``python``::
 
-    from ddplab.dist import setup, cleanup, print0
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from ddplab.dist import cleanup, print0, setup
 
     info = setup()                     # reads RANK, LOCAL_RANK, WORLD_SIZE from torchrun
-    model = MyModel().to(info.device)
-    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=info.device_ids)
-    print0(f"training on {info.world_size} processes with {info.backend}")
-    ...
+    model = torch.nn.Linear(4, 2).to(info.device)
+    if info.world_size > 1:            # a world of one has no process group: no DDP needed
+        model = DDP(model, device_ids=info.device_ids)
+    loss = model(torch.randn(8, 4, device=info.device)).pow(2).mean()
+    loss.backward()                    # under DDP: gradients averaged over every rank
+    print0(f"trained on {info.world_size} process(es) with {info.backend}")
+    del model                          # DDP holds the process group: drop it first
     cleanup()
 
 Lessons: 03 (setup by hand and with mp.spawn; numbers summed, averaged and gathered over ranks),
@@ -73,6 +78,10 @@ def pick_backend(requested: Optional[str] = None,
                  local_world_size: Optional[int] = None) -> str:
     """Return the process-group backend: ``nccl`` when every local process gets a GPU, else gloo.
 
+    For more than one local process, automatic choice also needs a torch built with nccl (the
+    Linux CUDA wheels; not Windows): without it they fall back to gloo on CPU. One process joins
+    no group, so it gets its GPU either way.
+
     Args:
         requested: force a backend (``"gloo"``, ``"nccl"``, ``"mpi"``) or None for automatic
             (``ddplab.launch(..., backend=...)`` passes its choice as ``DDPLAB_BACKEND``).
@@ -85,8 +94,10 @@ def pick_backend(requested: Optional[str] = None,
 
     Example::
 
-        >>> pick_backend()          # on a laptop
-        'gloo'
+        from ddplab.dist import pick_backend
+
+        print(pick_backend())       # gloo on a laptop; nccl when every local rank has a GPU
+        assert pick_backend("gloo") == "gloo"
 
     Lesson: 03, 07.
     """
@@ -95,7 +106,8 @@ def pick_backend(requested: Optional[str] = None,
         if local_world_size is None:
             local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         usable = torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size
-        return "nccl" if usable else "gloo"
+        nccl = local_world_size == 1 or dist.is_nccl_available()
+        return "nccl" if usable and nccl else "gloo"
     if requested == "nccl" and not torch.cuda.is_available():
         raise RuntimeError(
             "nccl was requested but no CUDA GPU is visible: use backend='gloo' (or leave it "
@@ -146,8 +158,10 @@ def setup(
 
     With no arguments it reads torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
     ``MASTER_ADDR`` and ``MASTER_PORT`` (``env://``). For ``mp.spawn`` pass ``rank`` and
-    ``world_size`` (the local rank is the rank on one machine). A world of one process skips
-    the process group entirely, so the same script also runs as plain ``python train.py``.
+    ``world_size``, as in ``setup(rank=rank, world_size=2)`` (the local rank is the rank on one
+    machine). A world of one process skips the process group entirely, so the same script also
+    runs as plain ``python train.py``: use the model as it is there (DDP needs a process group;
+    ``info.world_size > 1`` tells when to wrap it).
 
     Args:
         backend: None picks ``nccl`` with CUDA, ``gloo`` without (see ``pick_backend``).
@@ -161,8 +175,11 @@ def setup(
 
     Example::
 
-        info = setup()                                  # under torchrun
-        info = setup(rank=rank, world_size=2)           # inside mp.spawn's function
+        from ddplab.dist import cleanup, setup
+
+        info = setup()            # under torchrun; plain python: rank 0 of a world of one
+        print(f"rank {info.rank} of {info.world_size} on {info.device} with {info.backend}")
+        cleanup()
 
     Lesson: 03, 07.
     """
@@ -236,6 +253,11 @@ def cleanup() -> None:
     process hangs (pytorch#154976). There, ``cleanup`` first lets those threads finish, with
     the GIL released for a moment (0.1 s once per process).
 
+    A DDP model still referenced keeps its process group, and the group's threads, alive past
+    ``destroy_process_group()``; they then run into the interpreter's exit, which aborts now
+    and then ("terminate called without an active exception"). Drop the model first
+    (``del model``), or build it inside a function that has returned.
+
     Lesson: 03, 07.
     """
     if dist.is_available() and dist.is_initialized():
@@ -292,8 +314,14 @@ def save_on_main(save: Callable[[], Any]) -> Any:
 
     Example::
 
-        save_on_main(lambda: torch.save(model.module.state_dict(), "model.pt"))
+        import torch
+        from ddplab.dist import cleanup, save_on_main, setup
+
+        info = setup()
+        model = torch.nn.Linear(4, 2)
+        save_on_main(lambda: torch.save(model.state_dict(), "model.pt"))   # rank 0 writes
         state = torch.load("model.pt", map_location=info.device, weights_only=True)
+        cleanup()
 
     Lesson: 05.
     """
@@ -310,7 +338,13 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 
     Example::
 
-        counts = all_reduce_sum(torch.tensor([correct, total], device=info.device))
+        import torch
+        from ddplab.dist import all_reduce_sum, cleanup, setup
+
+        info = setup()
+        counts = all_reduce_sum(torch.tensor([3, 4], device=info.device))  # [correct, total]
+        assert counts.tolist() == [3 * info.world_size, 4 * info.world_size]
+        cleanup()
 
     Lesson: 01, 03 (the training loop sums losses and test counts over ranks).
     """
@@ -336,8 +370,16 @@ def all_gather_floats(value: float, device: Optional[torch.device] = None) -> li
 
     Example::
 
-        checksums = all_gather_floats(param_sum, info.device)
-        assert len(set(checksums)) == 1          # DDP kept the weights equal on every rank
+        import torch
+        from ddplab.dist import all_gather_floats, cleanup, setup
+
+        info = setup()
+        torch.manual_seed(0)                     # the same initial weights on every rank
+        model = torch.nn.Linear(4, 2)
+        checksums = all_gather_floats(sum(p.sum().item() for p in model.parameters()),
+                                      info.device)
+        assert len(checksums) == info.world_size and len(set(checksums)) == 1
+        cleanup()
 
     Lesson: 03 (equal weights on every rank).
     """

@@ -77,7 +77,21 @@ def _probe_here() -> dict[str, Any]:
             "mpi": available and dist.is_mpi_available(),
         },
         "threads": torch.get_num_threads(),
+        "p2p": _peer_access(len(devices)),
     }
+
+
+def _peer_access(count: int) -> Optional[bool]:
+    """Whether every GPU can reach every other directly (peer-to-peer); None below 2 GPUs.
+
+    Runs in the probe subprocess only (it asks the CUDA driver).
+    """
+    import torch
+
+    if count < 2:
+        return None
+    return all(torch.cuda.can_device_access_peer(i, j)
+               for i in range(count) for j in range(count) if i != j)
 
 
 def probe(refresh: bool = False) -> dict[str, Any]:
@@ -132,10 +146,49 @@ def problems(facts: dict[str, Any]) -> list[tuple[str, str]]:
     if shm is not None and shm < 512 * 2**20:
         found.append((f"/dev/shm holds only {shm // 2**20} MiB: DataLoader workers may crash",
                       "run docker with --shm-size=2g or use --loader tensor (no workers)"))
+    found += p2p_problems(facts)
     if facts["start_method"] != "fork":
         found.append(("fork is unavailable: launches start slower (subprocess path)",
                       "nothing to fix; on Linux launches are near-free"))
     return found
+
+
+def course_plan(facts: dict[str, Any]) -> str:
+    """One line: how the course's multi-process lessons run on this machine.
+
+    The same rule as the notebooks (one process per GPU, at least 2) and as
+    ``ddplab.dist.pick_backend`` (nccl only when every rank has a GPU of its own).
+
+    Lesson: the hardware cell of every notebook (``doctor`` prints it).
+    """
+    gpus = int(facts["gpu_count"])
+    nprocs = max(2, gpus)
+    forced = os.environ.get("DDPLAB_BACKEND", "")
+    if gpus >= 2 and forced != "gloo" and facts["backends"].get("nccl"):
+        line = f"{nprocs} ranks with nccl, one per GPU"
+        if facts.get("p2p") is False:
+            line += (", peer-to-peer off (NCCL_P2P_DISABLE=1)"
+                     if os.environ.get("NCCL_P2P_DISABLE") == "1" else
+                     " (no peer-to-peer between them: set NCCL_P2P_DISABLE=1)")
+        return line
+    if gpus == 0:
+        why = "no GPU here"
+    elif gpus == 1:
+        why = "beside 1 GPU: nccl needs a GPU per rank; one-process runs use the GPU"
+    else:
+        why = "DDPLAB_BACKEND=gloo" if forced == "gloo" else "this torch build has no nccl"
+    return f"{nprocs} ranks on CPU with gloo ({why})"
+
+
+def p2p_problems(facts: dict[str, Any]) -> list[tuple[str, str]]:
+    """GPUs without peer-to-peer access (consumer cards): nccl can hang unless told not to try."""
+    if facts["gpu_count"] < 2 or facts.get("p2p") is not False \
+            or os.environ.get("NCCL_P2P_DISABLE") == "1":
+        return []
+    return [("these GPUs cannot reach each other directly (no peer-to-peer, as on consumer "
+             "cards): nccl may hang at its first collective",
+             "export NCCL_P2P_DISABLE=1 before starting Jupyter (or pass "
+             "env={'NCCL_P2P_DISABLE': '1'} to ddplab.launch)")]
 
 
 class Report(dict):
@@ -169,6 +222,7 @@ def doctor(quiet: bool = False) -> Report:
         "start_method": "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn",
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
     })
+    facts["plan"] = course_plan(facts)
     facts["problems"] = [{"problem": p, "fix": f} for p, f in problems(facts)]
     if not quiet:
         print(format_report(facts))
@@ -188,6 +242,7 @@ def format_report(facts: dict[str, Any]) -> str:
         ("GPUs", f"{facts['gpu_count']}: {gpus}"),
         ("backends available", backends),
         ("ddplab will use", facts["backend"]),
+        ("the course runs", facts.get("plan") or course_plan(facts)),
         ("free port", facts["free_port"]),
         ("/dev/shm", f"{shm // 2**20} MiB" if shm else "absent"),
         ("start method", facts["start_method"]),

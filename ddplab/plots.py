@@ -3,7 +3,7 @@
 Every figure function builds its figure with pyplot and returns it, so a notebook shows it
 inline (JupyterLab) and a test can inspect it (``MPLBACKEND=Agg``). Tables are fixed-width text,
 printed and returned. ``save_result`` / ``load_result`` keep small JSON results (a baseline)
-under ``build/results/`` for later notebooks, which must also work when the file is missing.
+in ``results/`` beside the notebooks (or ``$DDPLAB_RESULTS``) for later notebooks, which must also work when the file is missing.
 
     history = result.summary["history"]                  # from ddplab.launch(...)
     plots.table([{"run": "single", "accuracy": 0.95}])
@@ -15,12 +15,11 @@ Lessons: 01, 02, 03 (and later notebooks that append their own figures below).
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parent.parent
+from .workspace import results_dir
 History = Sequence[Mapping[str, Any]]
 
 
@@ -194,11 +193,6 @@ def grouped_bars(groups: Mapping[str, Mapping[str, float]], ylabel: str,
 
 
 # ------------------------------------------------------------------ results between notebooks
-
-
-def results_dir() -> Path:
-    """Where notebooks keep small results: ``$DDPLAB_RESULTS`` or ``<repo>/build/results``."""
-    return Path(os.environ.get("DDPLAB_RESULTS", ROOT / "build" / "results"))
 
 
 def save_result(name: str, values: Mapping[str, Any]) -> Path:

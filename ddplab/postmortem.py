@@ -25,6 +25,7 @@ from typing import Any, Iterable, Optional
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
 _LIBRARY = re.compile(r"site-packages|dist-packages|<frozen|/lib/python\d|ddplab/agent\.py")
+_WORKER_SCRIPT = re.compile(r"[/\\]ddplab[/\\]workers[/\\]")  # the lessons' scripts, even installed
 _FINGERPRINT = re.compile(
     r"Rank (?P<rank>\d+) is running collective: CollectiveFingerPrint\((?P<body>.*?)\)"
     r"(?:, but|\.Collectives)")
@@ -59,7 +60,7 @@ def user_frames(lines: Iterable[str]) -> list[Frame]:
             block, reverse = [], "first" in text
             continue
         match = _FRAME.match(text)
-        if match and not _LIBRARY.search(match["path"]):
+        if match and (_WORKER_SCRIPT.search(match["path"]) or not _LIBRARY.search(match["path"])):
             path, line = match["path"], int(match["line"])
             code = linecache.getline(path, line).strip()
             block.append(Frame(path, line, match["func"], code))

@@ -29,8 +29,9 @@ def source(obj: Union[str, Path, Any], section: Optional[str] = None) -> str:
     """Return the source text of a function/class/module, a file, or a marked file section.
 
     Args:
-        obj: a Python object, or a path (absolute, relative to the repository root, or a
-            module name such as ``"ddplab.workers.train"``).
+        obj: a Python object, or a path (absolute, relative to the course folder, such as
+            ``"exercises/amp.py"``, or to the package's parent, such as
+            ``"ddplab/workers/train.py"``), or a module name (``"ddplab.workers.train"``).
         section: the name of a ``# [name]`` ... ``# [/name]`` block in that file.
 
     Raises:
@@ -66,8 +67,11 @@ def show(obj: Union[str, Path, Any], section: Optional[str] = None) -> None:
 
 
 def _find(name: Union[str, Path]) -> Path:
+    from .workspace import find_course
+
     candidate = Path(name)
-    for path in (candidate, ROOT / candidate):
+    course = find_course()  # the learner's exercises/ when the notebooks run from a course folder
+    for path in (candidate, *([course / candidate] if course else []), ROOT / candidate):
         if path.is_file():
             return path
     if isinstance(name, str) and not name.endswith(".py"):

@@ -25,10 +25,34 @@ def in_notebook() -> bool:
     return shell is not None and hasattr(shell, "kernel")
 
 
+_PLAN_SHOWN: list[str] = []  # the line show_plan_once printed in this kernel, if any
+
+
+def show_plan_once() -> Optional[str]:
+    """In a notebook, at its first launch: the doctor's one line on how the course runs here.
+
+    Printed once per kernel (``ddplab: the course runs 2 ranks on CPU with gloo (...)``), from
+    the facts the hardware cell's ``doctor()`` already gathered. Nothing outside Jupyter.
+    """
+    if _PLAN_SHOWN or not in_notebook():
+        return None
+    from . import env
+
+    try:
+        line = f"ddplab: the course runs {env.course_plan(env.probe())}"
+    except (RuntimeError, OSError, ValueError):  # no torch facts: the launch says what failed
+        return None
+    _PLAN_SHOWN.append(line)
+    print(line, flush=True)
+    return line
+
+
 class LiveView:
     """Rank-prefixed output plus a progress bar and a live loss plot for one launch."""
 
     def __init__(self, quiet: bool = False, live: bool = True, min_interval: float = 1.0):
+        if not quiet:
+            show_plan_once()
         self.quiet = quiet
         self.live = live and not quiet
         self.min_interval = min_interval

@@ -46,3 +46,67 @@ def test_problems_name_their_fix(monkeypatch):
     facts.update(gpu_count=2, shm_bytes=2**32)
     monkeypatch.delenv("DDPLAB_BACKEND")
     assert [p for p, _ in ddenv.problems(facts)] == ["GPUs present but nccl is unavailable"]
+
+
+FAKE_GPUS = str(Path(__file__).parent / "scripts" / "fake_gpus.py")
+
+
+def decide(extra_env=None, **spec):
+    """The doctor's plan and problems, and dist's choices, with torch.cuda patched elsewhere."""
+    import json
+    import os
+
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("DDPLAB_BACKEND", "NCCL_P2P_DISABLE")}
+    out = subprocess.run([sys.executable, FAKE_GPUS, json.dumps(spec)], capture_output=True,
+                         text=True, timeout=300, env={**environ, **(extra_env or {})})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_no_gpu_two_ranks_on_cpu_with_gloo():
+    seen = decide(gpus=0)
+    assert seen["plan"] == "2 ranks on CPU with gloo (no GPU here)"
+    assert (seen["backend"], seen["devices"], seen["single"]) == ("gloo", ["cpu", "cpu"], "cpu")
+
+
+def test_one_gpu_two_ranks_on_cpu_beside_it_and_one_process_on_the_gpu():
+    seen = decide(gpus=1)
+    assert seen["plan"].startswith("2 ranks on CPU with gloo (beside 1 GPU")
+    assert (seen["backend"], seen["devices"]) == ("gloo", ["cpu", "cpu"])
+    assert seen["single"] == "cuda:0"
+    assert seen["facts"]["p2p"] is None and not seen["problems"]
+
+
+def test_two_gpus_with_peer_access_one_nccl_rank_per_gpu():
+    seen = decide(gpus=2, p2p=True)
+    assert seen["plan"] == "2 ranks with nccl, one per GPU"
+    assert (seen["backend"], seen["devices"]) == ("nccl", ["cuda:0", "cuda:1"])
+    assert not seen["problems"]
+
+
+def test_two_consumer_gpus_without_peer_access_name_nccl_p2p_disable():
+    seen = decide(gpus=2, p2p=False)
+    assert seen["facts"]["p2p"] is False
+    assert "NCCL_P2P_DISABLE=1" in seen["plan"]
+    [(problem, fix)] = seen["problems"]
+    assert "peer-to-peer" in problem and "NCCL_P2P_DISABLE=1" in fix
+    settled = decide({"NCCL_P2P_DISABLE": "1"}, gpus=2, p2p=False)
+    assert not settled["problems"] and settled["plan"].endswith("(NCCL_P2P_DISABLE=1)")
+    assert settled["backend"] == "nccl"
+
+
+def test_gpus_without_nccl_or_with_gloo_forced_run_on_cpu():
+    windows = decide(gpus=2, nccl=False)  # a torch build without nccl, as on Windows
+    assert windows["plan"] == "2 ranks on CPU with gloo (this torch build has no nccl)"
+    assert (windows["backend"], windows["devices"]) == ("gloo", ["cpu", "cpu"])
+    assert windows["single"] == "cuda:0"
+    forced = decide({"DDPLAB_BACKEND": "gloo"}, gpus=4)
+    assert forced["plan"] == "4 ranks on CPU with gloo (DDPLAB_BACKEND=gloo)"
+    assert forced["backend"] == "gloo" and set(forced["devices"]) == {"cpu"}
+
+
+def test_doctor_prints_the_plan_in_one_line(capsys):
+    ddplab.doctor()
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("the course runs")]
+    assert lines == ["the course runs      2 ranks on CPU with gloo (no GPU here)"]

@@ -28,6 +28,7 @@ SIDES = {
     "plots": "kernel", "showcode": "kernel", "checks": "kernel", "judges": "kernel",
     "course": "kernel", "bench": "kernel", "slurm": "kernel", "cmdlines": "kernel",
     "postmortem": "kernel", "timeline": "kernel", "demos": "kernel",
+    "workspace": "kernel",
     # worker side: runs in each rank
     "workers": "worker", "train": "worker", "data": "worker", "models": "worker",
     "checkpoint": "worker", "dist": "worker", "amp": "worker", "schedule": "worker",

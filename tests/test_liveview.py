@@ -42,3 +42,18 @@ def test_quiet_view_has_no_bar():
 
 def test_loss_png_is_a_png():
     assert loss_png([(0.5, 1.0), (1.0, 0.5)]).startswith(b"\x89PNG")
+
+
+def test_a_notebooks_first_launch_prints_the_doctors_plan_once(monkeypatch, capsys):
+    from ddplab import env, widgets
+
+    monkeypatch.setattr(widgets, "_PLAN_SHOWN", [])
+    LiveView()                                           # outside Jupyter: nothing
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(widgets, "in_notebook", lambda: True)
+    LiveView(quiet=True)                                 # a quiet launch shows nothing
+    assert capsys.readouterr().out == ""
+    LiveView()
+    LiveView()
+    plan = env.course_plan(env.probe())
+    assert capsys.readouterr().out == f"ddplab: the course runs {plan}\n"

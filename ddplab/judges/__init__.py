@@ -1,7 +1,7 @@
 """Judges of the coding exercises: each looks at what a learner's run did, not at its text.
 
-A coding exercise is a skeleton worker in ``exercises/`` (at the top of the repository) with
-marked gaps. The learner fills the gaps, launches the file and hands the ``RunResult`` to
+A coding exercise is a skeleton worker in ``exercises/`` with marked gaps: the learner's copy sits
+in their course folder, beside ``notebooks/`` (``ddplab init`` writes it; a clone is one too). The learner fills the gaps, launches the file and hands the ``RunResult`` to
 ``ddplab.check``::
 
     result = ddplab.launch("../exercises/ddp_wrap.py", nprocs=2)
@@ -24,10 +24,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 Judge = Callable[[Any], Optional[str]]
-
-#: Where the skeletons live: ``exercises/`` beside ``notebooks/`` in the repository.
-EXERCISES_DIR = Path(__file__).resolve().parents[2] / "exercises"
-
 
 @dataclass
 class CodingExercise:
@@ -64,8 +60,11 @@ def load_all() -> dict[str, CodingExercise]:
 
 
 def skeleton_path(key: str) -> Path:
-    """The path of exercise ``key``'s skeleton file (what a notebook launches)."""
-    return EXERCISES_DIR / load_all()[key].skeleton
+    """The learner's file of exercise ``key`` (what its notebook launches), in the course folder
+    of the working directory (``ddplab.workspace.exercises_dir``)."""
+    from ..workspace import exercises_dir
+
+    return exercises_dir() / load_all()[key].skeleton
 
 
 def is_run_result(answer: Any) -> bool:

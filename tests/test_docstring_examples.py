@@ -1,0 +1,97 @@
+"""Every example in ddplab.dist's and ddplab.checkpoint's docstrings runs as written.
+
+These two modules are the ones learners copy into their own scripts, so each ``::`` block of
+their docstrings (module, functions, classes) is a whole script: it is written to a file and run
+as plain ``python`` (a world of one) and under ``torchrun --nproc-per-node 2``, each in an
+empty folder. The examples assert what they claim, so running them checks them.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MODULES = [ROOT / "ddplab" / "dist.py", ROOT / "ddplab" / "checkpoint.py"]
+
+
+def literal_blocks(docstring: str) -> list[str]:
+    """The ``::`` literal blocks of a reST docstring, dedented."""
+    lines = docstring.expandtabs().splitlines()
+    blocks = []
+    for index, line in enumerate(lines):
+        if not line.rstrip().endswith("::"):
+            continue
+        indent = len(line) - len(line.lstrip())
+        body = []
+        for follow in lines[index + 1:]:
+            if follow.strip() and len(follow) - len(follow.lstrip()) <= indent:
+                break
+            body.append(follow)
+        text = textwrap.dedent("\n".join(body)).strip("\n")
+        if text:
+            blocks.append(text + "\n")
+    return blocks
+
+
+def examples() -> list[tuple[str, str]]:
+    """``(module.name, script)`` for every example of the two modules."""
+    found = []
+    for path in MODULES:
+        tree = ast.parse(path.read_text())
+        nodes = [tree, *(n for n in ast.walk(tree) if isinstance(
+            n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)))]
+        for node in nodes:
+            doc = ast.get_docstring(node) or ""
+            name = getattr(node, "name", "<module>")
+            for number, block in enumerate(literal_blocks(doc)):
+                found.append((f"{path.stem}.{name}#{number}", block))
+    return found
+
+
+EXAMPLES = examples()
+
+
+def test_every_public_function_with_an_example_is_collected():
+    names = {name.split("#")[0] for name, _ in EXAMPLES}
+    assert {"dist.<module>", "dist.setup", "dist.pick_backend", "checkpoint.<module>",
+            "checkpoint.strip_module_prefix"} <= names
+    assert not any(">>>" in script for _, script in EXAMPLES), "examples are scripts, not doctests"
+
+
+def _start(script: str, folder: Path, nprocs: int) -> subprocess.Popen:
+    folder.mkdir()
+    (folder / "example.py").write_text(script)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "LOCAL_WORLD_SIZE", "DDPLAB_BACKEND"):
+        env.pop(name, None)
+    launcher = [] if nprocs == 1 else ["-m", "torch.distributed.run", "--standalone",
+                                       f"--nproc-per-node={nprocs}"]
+    return subprocess.Popen([sys.executable, *launcher, "example.py"], cwd=folder, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # killpg ends torchrun's ranks too
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,script", EXAMPLES, ids=[name for name, _ in EXAMPLES])
+def test_example_runs_as_plain_python_and_under_torchrun(name, script, tmp_path):
+    runs = {nprocs: _start(script, tmp_path / f"nprocs{nprocs}", nprocs) for nprocs in (1, 2)}
+    try:
+        outputs = {nprocs: run.communicate(timeout=240) for nprocs, run in runs.items()}
+    finally:
+        for run in runs.values():
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait()
+    for nprocs, run in runs.items():
+        out, err = outputs[nprocs]
+        assert run.returncode == 0, (
+            f"{name} failed on {nprocs} process(es):\n{script}\n{out[-2000:]}\n{err[-3000:]}")
