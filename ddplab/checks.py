@@ -8,7 +8,7 @@ To add an exercise, register it below with ``@exercise(key, question)``; the dec
 returns the reference answer, and ``compare`` (optional) returns a hint string when an answer is
 wrong, or None when it is right.
 
-Lessons: the exercise at the end of every notebook (01-09).
+Lessons: the exercise at the end of every notebook (01-09, 12).
 """
 
 from __future__ import annotations
@@ -372,3 +372,31 @@ def _compare_03(answer: Any, expected: Any) -> Optional[str]:
 def _exercise_03() -> tuple[int, float]:
     per_process, world_size, lr = 256, 4, 0.001
     return per_process * world_size, lr * world_size
+
+
+# ------------------------------------------------------------------ exercise 12 (lesson 12)
+
+def _compare_12(answer: Any, expected: Any) -> Optional[str]:
+    try:
+        megabytes = float(answer)
+    except (TypeError, ValueError):
+        return "answer with a number of MB."
+    if math.isclose(megabytes, expected, rel_tol=1e-3):
+        return None
+    if math.isclose(megabytes, expected * 8, rel_tol=1e-3):
+        return "that is the whole MLP; each of the 8 GPUs holds 1/8 of both matrices."
+    if math.isclose(megabytes, expected * 2, rel_tol=1e-3):
+        return "bf16 takes 2 bytes per number, not 4."
+    if math.isclose(megabytes, expected / 2, rel_tol=1e-3):
+        return "both layers are sliced: count up's slice and down's slice."
+    return ("each matrix has 4096 x 14336 numbers; column-wise and row-wise both leave 1/8 of "
+            "it on each GPU; 2 bytes per number.")
+
+
+@exercise("12", "A Llama-style MLP has up (4096 -> 14336) and down (14336 -> 4096), no biases, "
+          "in bf16. With ColwiseParallel on up and RowwiseParallel on down over 8 GPUs, how "
+          "many MB (10^6 bytes) of these weights does each GPU hold? answer = <a number>",
+          _compare_12)
+def _exercise_12() -> float:
+    dim, hidden, gpus, element_bytes = 4096, 14336, 8, 2
+    return 2 * dim * hidden / gpus * element_bytes / 1e6

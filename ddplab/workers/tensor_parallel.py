@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import warnings
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -270,7 +271,9 @@ def train_2d(mesh_2d: Optional[DeviceMesh], info: dist.DistInfo,
         rows = torch.arange(step * args.batch_size, (step + 1) * args.batch_size) % len(images)
         mine = rows.view(dp_size, -1)[dp_rank]                 # my dp group's share; both TP
         x, y = images[mine].to(info.device), labels[mine].to(info.device)   # ranks get it
-        loss = F.cross_entropy(model(x), y)
+        with warnings.catch_warnings():   # FSDP2 warns that its output is a view; never changed
+            warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+            loss = F.cross_entropy(model(x), y)
         loss.backward()                                        # FSDP2 averages over dp
         optimizer.step()
         optimizer.zero_grad()
