@@ -31,7 +31,7 @@ SIDES = {
     # worker side: runs in each rank
     "workers": "worker", "train": "worker", "data": "worker", "models": "worker",
     "checkpoint": "worker", "dist": "worker", "amp": "worker", "schedule": "worker",
-    "pinning": "worker", "local_rank_arg": "worker",
+    "pinning": "worker", "local_rank_arg": "worker", "sharded": "worker", "loops": "worker",
     # the seam
     "events": "seam", "env": "seam",
 }
@@ -40,9 +40,9 @@ SIDES = {
 # (dist and checkpoint import no ddplab module at all: students copy them alone.)
 LAYERS = [
     {"events", "env"},
-    {"dist", "checkpoint", "amp", "schedule", "models", "local_rank_arg"},
+    {"dist", "checkpoint", "amp", "schedule", "models", "local_rank_arg", "sharded"},
     {"data", "pinning"},
-    {"train"},
+    {"train", "loops"},
     {"workers"},
 ]
 

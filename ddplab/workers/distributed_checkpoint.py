@@ -41,7 +41,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from ddplab import dist, events
-from ddplab.workers.sharding import fsdp_problem, fully_shard, local_bytes, optimizer_bytes
+from ddplab.sharded import fsdp_problem, fully_shard, local_bytes, optimizer_bytes
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

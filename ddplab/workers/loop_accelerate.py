@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from ddplab import data, models
 from ddplab.dist import pick_backend
-from ddplab.workers.loop_common import parse_args, report_epoch, report_result
+from ddplab.loops import parse_args, report_epoch, report_result
 
 try:
     from accelerate import Accelerator

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from ddplab import data, models
 from ddplab.dist import pick_backend
-from ddplab.workers.loop_common import parse_args, report_epoch, report_result
+from ddplab.loops import parse_args, report_epoch, report_result
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from ddplab import data, models
-from ddplab.workers.loop_common import parse_args, report_epoch, report_result
+from ddplab.loops import parse_args, report_epoch, report_result
 
 try:
     from lightning_fabric import Fabric

@@ -40,7 +40,7 @@ Events:
   ``full_param_bytes``, ``placements``, ``dims``.
 - ``skipped`` (rank 0): ``part``, ``reason``, when a part cannot run here.
 
-FSDP2 on the CPU needs torch 2.7 (see ``ddplab.workers.sharding``); below, ``2d`` is skipped on
+FSDP2 on the CPU needs torch 2.7 (see ``ddplab.sharded``); below, ``2d`` is skipped on
 the CPU and says why. Everything else runs on gloo from torch 2.6 on.
 
 Lesson: 12.
@@ -64,7 +64,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                parallelize_module)
 
 from ddplab import data, dist, events
-from ddplab.workers.sharding import collectives, fsdp_problem, fully_shard, local_bytes
+from ddplab.sharded import collectives, fsdp_problem, fully_shard, local_bytes
 
 PARTS = ("mesh", "placements", "mlp", "attention", "2d")
 

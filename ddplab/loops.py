@@ -1,7 +1,12 @@
 """What the three versions of lesson 07's training loop share: arguments and reports.
 
-Not a worker itself: ``loop_ddp``, ``loop_accelerate`` and ``loop_fabric`` import it, so that
-their own files hold only what differs between the libraries.
+Worker side. ``ddplab.workers.loop_ddp``, ``loop_accelerate`` and ``loop_fabric`` import it, so
+that their own files hold only what differs between the libraries.
+
+Example::
+
+    args = parse_args("loop_ddp")                 # --epochs, --batch-size, --lr, ...
+    report_epoch(epoch, loss)                     # an ``epoch`` event
 
 Lesson: 07.
 """
