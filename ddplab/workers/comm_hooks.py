@@ -21,7 +21,7 @@ The bytes a rank sends are read from the kernel's count of what the process wrot
 Events:
 
 - ``hook`` (every rank, per hook): ``hook``, ``bytes_per_step`` (what this rank wrote per step,
-  None where ``/proc/self/io`` is missing), ``grad_bytes`` (the float32 gradients' size),
+  None where ``/proc/self/io`` is missing or the backend is not gloo), ``grad_bytes`` (the float32 gradients' size),
   ``accuracy`` (on the test set, after training), ``loss`` (the last step's, mean over ranks).
 - ``skipped`` (rank 0): ``hook``, ``reason``, when a hook fails on this backend.
 
@@ -100,7 +100,8 @@ def train(hook: str, split: data.DataSplit, info: dist.DistInfo,
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     images, labels = split.train.tensors
     per_step = args.batch_size * info.world_size
-    steps, start = 0, bytes_written()
+    # gloo sends through this process's sockets; NCCL moves GPU memory itself, unseen here.
+    steps, start = 0, bytes_written() if info.backend == "gloo" else None
     for epoch in range(args.epochs):
         order = torch.randperm(len(images), generator=torch.Generator().manual_seed(epoch))
         for first in range(0, len(order) - per_step + 1, per_step):

@@ -314,9 +314,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         elif part in ("mlp", "attention"):
             tensor_parallel(part, mesh_1d, info, args)
         else:
-            problem = fsdp_problem(info.device) or (
-                None if mesh_2d else "2-D parallelism here needs 4 (or an even number above "
-                "4) processes: --nproc-per-node 4")
+            problem = (None if mesh_2d else "2-D parallelism here needs 4 (or an even number "
+                       "above 4) processes: --nproc-per-node 4") or fsdp_problem(info.device)
             if problem:
                 dist.print0(f"skipping 2d: {problem}")
                 if info.is_main:
