@@ -119,7 +119,7 @@ def show_placements(mesh: DeviceMesh, info: dist.DistInfo) -> None:
     whole = torch.arange(2 * n * n, dtype=torch.float32, device=info.device).reshape(2 * n, n)
     for name, placement in (("Shard(0)", Shard(0)), ("Shard(1)", Shard(1)),
                             ("Replicate()", Replicate())):
-        tensor = distribute_tensor(whole, mesh, [placement])     # rank 0's copy is scattered
+        tensor = distribute_tensor(whole, mesh, [placement])     # each keeps its piece
         events.emit("placement", placement=name, local=tensor.to_local().tolist(),
                     full=tensor.full_tensor().tolist())
     # Partial: every rank holds a summand; the tensor is their sum, not yet computed.
