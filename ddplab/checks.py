@@ -8,7 +8,7 @@ To add an exercise, register it below with ``@exercise(key, question)``; the dec
 returns the reference answer, and ``compare`` (optional) returns a hint string when an answer is
 wrong, or None when it is right.
 
-Lessons: the exercise at the end of every notebook (01-09).
+Lessons: the exercise at the end of every notebook (01-09, 12).
 """
 
 from __future__ import annotations
@@ -255,19 +255,26 @@ def _exercise_07() -> int:
     return group_rank * local_world_size + local_rank
 
 
-def _compare_08(answer: Any, expected: Any) -> Optional[str]:
+def _compare_number(answer: Any, expected: float, mistakes: dict[float, str], ask: str,
+                    fallback: str) -> Optional[str]:
+    """A number within 0.1% of ``expected`` is right; a known wrong one gets its own hint."""
     try:
-        megabytes = float(answer)
+        value = float(answer)
     except (TypeError, ValueError):
-        return "answer with a number of MB."
-    if math.isclose(megabytes, expected, rel_tol=1e-3):
+        return ask
+    if math.isclose(value, expected, rel_tol=1e-3):
         return None
-    if math.isclose(megabytes, 200.0, rel_tol=1e-3):
-        return "close: the factor is 2 (n - 1) / n, not 2; with n = 8 that is a bit less than 2."
-    if math.isclose(megabytes, 87.5, rel_tol=1e-3):
-        return "that is one phase (reduce-scatter); the all-gather phase sends as much again."
-    return ("each of the 2 (n - 1) steps sends one chunk of 1/n of the gradient: "
-            "2 (n - 1) / n x the gradient's size.")
+    return next((hint for wrong, hint in mistakes.items()
+                 if math.isclose(value, wrong, rel_tol=1e-3)), fallback)
+
+
+def _compare_08(answer: Any, expected: Any) -> Optional[str]:
+    return _compare_number(answer, expected, {
+        200.0: "close: the factor is 2 (n - 1) / n, not 2; with n = 8 that is a bit less than 2.",
+        87.5: "that is one phase (reduce-scatter); the all-gather phase sends as much again."},
+        "answer with a number of MB.",
+        "each of the 2 (n - 1) steps sends one chunk of 1/n of the gradient: "
+        "2 (n - 1) / n x the gradient's size.")
 
 
 @exercise("08", "A ring all-reduce sums a 100 MB gradient over 8 processes. How many MB does "
@@ -378,3 +385,24 @@ def _compare_03(answer: Any, expected: Any) -> Optional[str]:
 def _exercise_03() -> tuple[int, float]:
     per_process, world_size, lr = 256, 4, 0.001
     return per_process * world_size, lr * world_size
+
+
+# ------------------------------------------------------------------ exercise 12 (lesson 12)
+
+def _compare_12(answer: Any, expected: Any) -> Optional[str]:
+    return _compare_number(answer, expected, {
+        expected * 8: "that is the whole MLP; each of the 8 GPUs holds 1/8 of both matrices.",
+        expected * 2: "bf16 takes 2 bytes per number, not 4.",
+        expected / 2: "both layers are sliced: count up's slice and down's slice."},
+        "answer with a number of MB.",
+        "each matrix has 4096 x 14336 numbers; column-wise and row-wise both leave 1/8 of "
+        "it on each GPU; 2 bytes per number.")
+
+
+@exercise("12", "A Llama-style MLP has up (4096 -> 14336) and down (14336 -> 4096), no biases, "
+          "in bf16. With ColwiseParallel on up and RowwiseParallel on down over 8 GPUs, how "
+          "many MB (10^6 bytes) of these weights does each GPU hold? answer = <a number>",
+          _compare_12)
+def _exercise_12() -> float:
+    dim, hidden, gpus, element_bytes = 4096, 14336, 8, 2
+    return 2 * dim * hidden / gpus * element_bytes / 1e6

@@ -66,6 +66,43 @@ def show(obj: Union[str, Path, Any], section: Optional[str] = None) -> None:
     print(text)
 
 
+def side_by_side(files: dict[str, Union[str, Path]], sections: list[str]) -> str:
+    """Show the same-named sections of several files next to each other, one row per section.
+
+    Args:
+        files: column title -> file (as for ``source``), e.g. ``{"DDP": "ddplab/workers/loop_ddp.py"}``.
+        sections: the ``# [name]`` sections every file has, in the order to show them.
+
+    Returns:
+        The table as HTML (displayed in Jupyter; outside it, each section is printed per file).
+
+    Lesson: 07.
+    """
+    import html
+
+    cells = {(title, name): source(path, name) for title, path in files.items() for name in sections}
+    head = "".join(f"<th style='text-align:left'>{html.escape(t)}</th>" for t in files)
+    rows = "".join(
+        f"<tr><td style='vertical-align:top'><b>{html.escape(name)}</b></td>" + "".join(
+            "<td style='vertical-align:top;text-align:left'><pre style='font-size:11px'>"
+            f"{html.escape(cells[title, name])}</pre></td>" for title in files) + "</tr>"
+        for name in sections)
+    table = f"<table><tr><th></th>{head}</tr>{rows}</table>"
+    try:
+        from IPython import get_ipython
+        from IPython.display import HTML, display
+
+        if get_ipython() is not None and hasattr(get_ipython(), "kernel"):
+            display(HTML(table))
+            return table
+    except ImportError:
+        pass
+    for name in sections:
+        for title in files:
+            print(f"--- {name}: {title}\n{cells[title, name]}")
+    return table
+
+
 def _find(name: Union[str, Path]) -> Path:
     from .workspace import find_course
 

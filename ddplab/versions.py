@@ -29,7 +29,7 @@ LOCKED_TORCHVISION = "0.29.1"
 TESTED = {
     LOCKED_TORCH: "the locked set: make test (every test and notebook) runs on it in CI",
     "2.15.0": "the newest release: make test-compat TORCH=2.15.0 (launcher, training and "
-              "collectives tests, notebooks 03, 07, 08, 10, 11)",
+              "collectives tests, notebooks 03, 07, 08, 10-12)",
     "2.6.0": "the oldest supported release: make test-compat (the same set as 2.15.0)",
 }
 

@@ -9,11 +9,11 @@ from ddplab.checks import EXERCISES, check, reference_answer
 
 WRONG = {"01": 1000 / 1.16, "02": [2, 2, 1, 1], "03": (1024, 0.001), "04": (168, 0),
          "05": [3, 4, 5], "06": (torch.float32, torch.float32), "07": 2, "08": 200,
-         "09": 13.2 / 6.1}
+         "09": 13.2 / 6.1, "12": 2 * 4096 * 14336 * 2 / 1e6}
 
 
 def test_every_notebook_has_one_exercise():
-    assert sorted(EXERCISES) == [f"{n:02d}" for n in range(1, 10)] == sorted(WRONG)
+    assert sorted(EXERCISES) == [*(f"{n:02d}" for n in range(1, 10)), "12"] == sorted(WRONG)
 
 
 @pytest.mark.parametrize("key", sorted(WRONG))
@@ -47,6 +47,7 @@ def test_reference_answers_are_what_the_lessons_teach():
     assert reference_answer("07") == 6
     assert reference_answer("08") == pytest.approx(175.0)
     assert reference_answer("09") == pytest.approx(0.541, abs=1e-3)
+    assert reference_answer("12") == pytest.approx(29.36, abs=0.01)     # 2 x 4096 x 14336 x 2 B / 8
 
 
 def test_hints_name_the_mistake(capsys):
@@ -56,6 +57,8 @@ def test_hints_name_the_mistake(capsys):
     assert "4 numbers" in capsys.readouterr().out
     check("03", (256, 0.004))
     assert "256 x 4" in capsys.readouterr().out
+    check("12", 2 * 4096 * 14336 * 4 / 8 / 1e6)   # fp32 instead of bf16
+    assert "2 bytes" in capsys.readouterr().out
 
 
 def test_answers_in_other_spellings():

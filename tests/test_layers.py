@@ -32,7 +32,8 @@ SIDES = {
     # worker side: runs in each rank
     "workers": "worker", "train": "worker", "data": "worker", "models": "worker",
     "checkpoint": "worker", "dist": "worker", "amp": "worker", "schedule": "worker",
-    "pinning": "worker", "local_rank_arg": "worker", "capstone": "worker",
+    "pinning": "worker", "local_rank_arg": "worker", "capstone": "worker", "sharded": "worker",
+    "loops": "worker",
     # the seam
     "events": "seam", "env": "seam", "versions": "seam",
 }
@@ -42,9 +43,9 @@ SIDES = {
 LAYERS = [
     {"versions"},
     {"events", "env"},
-    {"dist", "checkpoint", "amp", "schedule", "models", "local_rank_arg"},
+    {"dist", "checkpoint", "amp", "schedule", "models", "local_rank_arg", "sharded"},
     {"data", "pinning"},
-    {"train"},
+    {"train", "loops"},
     {"capstone"},
     {"workers"},
 ]

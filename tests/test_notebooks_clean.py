@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXPECTED = ["01_single_gpu", "02_data_parallel", "03_ddp_spawn", "04_sampler_set_epoch",
             "05_barrier_checkpoint", "06_amp", "07_torchrun_multinode",
             "08_collectives_ring_allreduce", "09_scaling_benchmark", "10_debugging",
-            "11_sharding_and_model_parallel", "13_capstone"]
+            "11_sharding_and_model_parallel", "12_tensor_parallel", "13_capstone"]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 

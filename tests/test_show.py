@@ -36,3 +36,14 @@ def test_package_names_stay_functions_after_submodule_imports():
         importlib.import_module(f"ddplab.{module}")
     assert callable(ddplab.launch) and callable(ddplab.show) and callable(ddplab.check)
     assert ddplab.RunResult.__name__ == "RunResult"
+
+
+def test_side_by_side_puts_each_files_section_in_its_column(capsys):
+    files = {"DDP": "ddplab/workers/loop_ddp.py", "Fabric": "ddplab/workers/loop_fabric.py"}
+    table = ddshow.side_by_side(files, ["setup", "loop"])
+    assert table.count("<tr>") == 3 and "<th style='text-align:left'>Fabric</th>" in table
+    assert "fabric.backward(loss)" in table and "loss.backward()" in table
+    out = capsys.readouterr().out
+    assert out.index("--- setup: DDP") < out.index("--- setup: Fabric") < out.index("--- loop: DDP")
+    with pytest.raises(KeyError, match="sections"):
+        ddshow.side_by_side(files, ["nope"])

@@ -40,10 +40,7 @@ Lesson: 11.
 from __future__ import annotations
 
 import argparse
-import re
-import warnings
-from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -53,26 +50,10 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddplab import data, dist, events
-
-try:
-    from torch.distributed.fsdp import fully_shard  # torch >= 2.6
-except ImportError:  # torch 2.4-2.5 had FSDP2 under its first name
-    from torch.distributed._composable.fsdp import fully_shard
+from ddplab.sharded import collectives, fsdp_problem, fully_shard, local_bytes, optimizer_bytes
 
 MODES = ("ddp", "zero1", "zero2", "zero3")
 SHARDED_BY_FSDP = ("zero2", "zero3")
-
-
-def fsdp_problem(device: torch.device) -> Optional[str]:
-    """Why ``fully_shard`` cannot run here, or None when it can.
-
-    FSDP2 synchronises through device streams; CPU streams gained the methods it calls in
-    torch 2.7 (pytorch/pytorch#145935), so on torch 2.6 it runs on GPUs only.
-    """
-    if device.type == "cpu" and torch.__version__ < "2.7":
-        return (f"fully_shard on the CPU needs torch >= 2.7 (this is {torch.__version__}); "
-                "on GPUs it works from 2.6. Upgrade torch to run the FSDP modes here.")
-    return None
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -121,23 +102,6 @@ def make_optimizer(model: nn.Module, mode: str, lr: float) -> torch.optim.Optimi
 # [/wrap]
 
 
-# [measure]
-def local_bytes(tensors: Iterable[Optional[torch.Tensor]]) -> int:
-    """Bytes this rank stores for ``tensors``: of a sharded tensor (DTensor), its own shard."""
-    total = 0
-    for t in tensors:
-        if t is not None:
-            local = t.to_local() if hasattr(t, "to_local") else t
-            total += local.numel() * local.element_size()
-    return total
-
-
-def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of the optimizer state this rank holds (Adam: exp_avg, exp_avg_sq, step)."""
-    local = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
-    return local_bytes(v for state in local.state.values() for v in state.values()
-                       if torch.is_tensor(v))
-# [/measure]
 
 
 def batches(split: data.DataSplit, info: dist.DistInfo, args: argparse.Namespace,
@@ -153,29 +117,6 @@ def batches(split: data.DataSplit, info: dist.DistInfo, args: argparse.Namespace
                                            (info.rank + 1) * args.batch_size]
         x, y = images[mine].to(info.device), labels[mine].to(info.device)
         yield (split.batch_transform(x) if split.batch_transform else x), y
-
-
-@contextmanager
-def collectives() -> Iterator[dict[str, int]]:
-    """Count the collectives run inside the block, by name (``allreduce``, ``allgather``, ...).
-
-    Uses ``torch.distributed.tensor.debug.CommDebugMode``; the counts stay empty on a torch
-    without it.
-    """
-    counts: dict[str, int] = {}
-    try:
-        from torch.distributed.tensor.debug import CommDebugMode
-    except ImportError:
-        yield counts
-        return
-    with CommDebugMode() as mode, warnings.catch_warnings():
-        # Under this debugging mode FSDP2 sees its outputs as views and warns about in-place
-        # changes to them, which this loop never makes.
-        warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
-        yield counts
-    for op, n in mode.get_comm_counts().items():
-        name = re.sub(r"^_+|_+$|_base", "", str(op).split(".")[-1])
-        counts[name] = counts.get(name, 0) + n
 
 
 # [train]

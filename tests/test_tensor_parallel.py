@@ -1,0 +1,85 @@
+"""Lesson 12 on real gloo processes: meshes, DTensor placements, TP modules equal to the unsharded
+ones with 1/N of the bytes, and 2-D (FSDP2 x TP) training equal to one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddplab import launch
+
+pytestmark = pytest.mark.slow
+WORKER = "ddplab.workers.tensor_parallel"
+FSDP_ON_CPU = torch.__version__ >= "2.7"   # a TorchVersion: compares as versions
+
+
+def by_rank(result, kind: str) -> dict[int, list[dict]]:
+    found: dict[int, list[dict]] = {}
+    for e in result.events_of(kind):
+        found.setdefault(e["rank"], []).append(e)
+    return found
+
+
+def test_four_ranks_meshes_placements_tp_modules_and_2d_equal_one_process():
+    result = launch(WORKER, 4, args=["--repeats", "2"], quiet=True)
+    assert result.ok, result.error
+    mesh = {e["rank"]: e for e in result.events_of("mesh")}
+    for r in range(4):
+        assert mesh[r]["mesh_1d"] == [0, 1, 2, 3] and mesh[r]["mesh_2d"] == [[0, 1], [2, 3]]
+        assert mesh[r]["coordinate"] == [r // 2, r % 2]
+        assert mesh[r]["tp_sum"] == sum(mesh[r]["tp_group"]) and r in mesh[r]["tp_group"]
+        assert mesh[r]["dp_sum"] == sum(mesh[r]["dp_group"]) and r in mesh[r]["dp_group"]
+
+    whole = torch.arange(32.0).reshape(8, 4)
+    for r, placed in by_rank(result, "placement").items():
+        local = {e["placement"]: torch.tensor(e["local"]) for e in placed}
+        assert torch.equal(local["Shard(0)"], whole[2 * r:2 * r + 2])
+        assert torch.equal(local["Shard(1)"], whole[:, r:r + 1])
+        assert torch.equal(local["Replicate()"], whole)
+        assert torch.equal(local["Partial()"], torch.full((2, 4), r + 1.0))
+        partial = next(e for e in placed if e["placement"] == "Partial()")
+        assert torch.equal(torch.tensor(partial["full"]), torch.full((2, 4), 10.0))
+    moves = {(e["source"], e["target"]): e["collectives"] for e in result.events_of("redistribute")}
+    assert moves[("Partial()", "Replicate()")] == {"all_reduce": 1}
+    assert list(moves[("Partial()", "Shard(0)")]) == ["reduce_scatter_tensor"]
+    assert list(moves[("Shard(0)", "Replicate()")]) == ["all_gather_into_tensor"]
+    assert moves[("Replicate()", "Shard(0)")] == {}                  # a local slice, no message
+
+    tp = {(e["module"], e["rank"]): e for e in result.events_of("tp")}
+    d, h = 16, 64
+    for r in range(4):
+        for name, params, inputs in (("mlp", (d * h + h) / 4 + h * d / 4 + d, 1),
+                                     ("attention", d * d, 3)):
+            e = tp[name, r]
+            assert e["output_error"] < 1e-5 and e["grad_error"] < 1e-5, e
+            assert e["param_bytes"] == 4 * params
+            assert e["forward_collectives"] == {"all_reduce": 1}     # the row-wise output
+            # the input's gradient: one all-reduce per column-wise layer that reads it
+            assert e["backward_collectives"] == {"all_reduce": inputs}
+
+    if not FSDP_ON_CPU:
+        assert "2.7" in result.events_of("skipped")[0]["reason"]
+        return
+    memory = {e["rank"]: e for e in result.events_of("memory_2d")}
+    bias = 4 * 10                                    # the last bias: over dp only (TP replicates it)
+    assert all(memory[r]["param_bytes"] == (memory[r]["full_param_bytes"] - bias) / 4 + bias / 2
+               for r in range(4))
+    single = launch(WORKER, 1, args=["--parts", "2d"], quiet=True)
+    assert single.ok, single.error
+    two_d = [e["loss"] for e in result.events_of("loss")]
+    alone = [e["loss"] for e in single.events_of("loss")]
+    assert len(two_d) == len(alone) == 5 and two_d == pytest.approx(alone, abs=1e-5)
+    assert alone[-1] < alone[0]
+    for a, b in zip(result.events_of("weights")[0]["values"], single.events_of("weights")[0]["values"]):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+
+
+def test_two_ranks_skip_2d_and_a_bad_width_is_refused():
+    result = launch(WORKER, 2, args=["--parts", "mlp", "2d", "--repeats", "1"], quiet=True)
+    assert result.ok, result.error
+    assert {e["tp_size"] for e in result.events_of("tp")} == {2}
+    assert "--nproc-per-node 4" in result.events_of("skipped")[0]["reason"]
+    bad = launch(WORKER, 2, args=["--parts", "mlp", "--hidden", "33"], quiet=True)
+    assert not bad.ok and "--hidden 33" in bad.error
+    alone = launch(WORKER, 1, args=["--parts", "mlp"], quiet=True)
+    assert not alone.ok and "--parts 2d" in alone.error
