@@ -51,7 +51,8 @@ def test_bad_values_are_refused_with_advice(bad):
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_the_script_runs_with_fake_slurm_commands(tmp_path):
-    fakes = {"scontrol": "echo node-a; echo node-b", "srun": 'exec "$@"',
+    # scontrol writes its second line late: a reader that stops at the first must not fail the job
+    fakes = {"scontrol": "echo node-a; sleep 0.3; echo node-b", "srun": 'exec "$@"',
              "torchrun": 'echo TORCHRUN "$@"'}
     for name, body in fakes.items():
         path = tmp_path / name
