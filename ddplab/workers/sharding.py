@@ -28,9 +28,8 @@ Events:
   rank's samples).
 - ``skipped`` (rank 0, only when FSDP cannot run here): ``modes``, ``reason``.
 
-FSDP2 is ``torch.distributed.fsdp.fully_shard`` from torch 2.6 on (earlier:
-``torch.distributed._composable.fsdp``); it runs on GPUs with nccl, and on CPUs with gloo from
-torch 2.7 (on an older torch the worker skips ``zero2`` and ``zero3`` on the CPU and says why).
+FSDP2 is ``torch.distributed.fsdp.fully_shard`` (public from torch 2.6, the course's floor); it
+runs on GPUs with nccl, and on CPUs with gloo from torch 2.7 (on an older torch the worker skips ``zero2`` and ``zero3`` on the CPU and says why).
 
 Lesson: 11.
 """
@@ -52,10 +51,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddplab import data, dist, events
 
-try:
-    from torch.distributed.fsdp import fully_shard  # torch >= 2.6
-except ImportError:  # torch 2.4-2.5 had FSDP2 under its first name
-    from torch.distributed._composable.fsdp import fully_shard
+from torch.distributed.fsdp import fully_shard  # public since torch 2.6
 
 MODES = ("ddp", "zero1", "zero2", "zero3")
 SHARDED_BY_FSDP = ("zero2", "zero3")
