@@ -7,7 +7,7 @@ import sys
 import pytest
 from torch.distributed.run import get_args_parser
 
-from ddplab.jobs import torchrun_cmd
+from ddplab.launcher.fallback import torchrun_cmd
 
 
 def parse(cmd: list[str]) -> tuple[dict[str, str], object]:

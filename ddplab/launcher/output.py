@@ -2,12 +2,16 @@
 
 Every rank writes its stdout and its stderr to pipes of its own (the subprocess paths: the
 launching process's two pipes, whose lines carry a ``[rankN]`` prefix when a rank wrote them);
-``Streams.pump`` reads them all with one selector until they close, prints each line live with
-its rank (stderr lines on stderr), turns ``@ddplab`` event lines into progress and metrics, and
-notices an agent left waiting for workers that are already gone. Reading happens in the
-caller's main thread, so the output reaches the notebook cell also under nbval.
+``Streams.pump`` reads them all with one selector, prints each line live with its rank (stderr
+lines on stderr), turns ``@ddplab`` event lines into progress and metrics, and notices an
+agent left waiting for workers that are already gone. Reading happens in the caller's main
+thread, so the output reaches the notebook cell also under nbval.
 
-Lesson: every notebook that launches workers (01-09).
+A job's pipes are read until the job has ended (its agent reported, or its subprocess exited),
+then to what they hold and closed: a process the ranks left behind may keep a pipe open (a
+daemon in a session of its own), and the launch does not wait for it.
+
+Lesson: every notebook that launches workers (01-09); 10 for the stacks of a hang.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import sys
 import time
 from typing import Any, Callable, Optional, Union
 
-from . import events as _events
+from .. import events as _events
+from .entry import STACK_SIGNAL
 from .jobs import Job
 
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:? ?")
@@ -51,15 +56,71 @@ class Streams:
         self.tick = 0.2 if any(job.engine == "spawn" for job in jobs) else 0.5
 
     def pump(self, deadline: float) -> str:
-        """Read until every pipe closes ("done") or the deadline passes ("timeout")."""
-        while self.sel.get_map():
+        """Read until every job has ended ("done") or the deadline passes ("timeout")."""
+        open_jobs = set(range(len(self.jobs)))
+        while open_jobs:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return "timeout"
             for key, _mask in self.sel.select(timeout=min(remaining, self.tick)):
                 self._read(key.fd, *key.data)
             self._watch()
+            for index in list(open_jobs):
+                if self.jobs[index].ended():
+                    self._finish(index)
+                    open_jobs.discard(index)
         return "done"
+
+    def _finish(self, index: int) -> None:
+        """Read what an ended job's pipes hold, then close them (whoever else holds them)."""
+        for key in [k for k in self.sel.get_map().values() if k.data[0] == index]:
+            while self._read(key.fd, *key.data):
+                pass
+            if key.fd in self.sel.get_map():  # still open: a process the ranks left holds it
+                self._lines(key.fd, *key.data, b"")  # (an empty chunk ends it, as EOF does)
+
+    def of_job(self, index: int) -> dict[str, Any]:
+        """One job's logs, stderr lines and events (what its RunResult is built from)."""
+        def mine(table: dict[Any, Any]) -> dict[Any, Any]:
+            return {key: value for (i, key), value in table.items() if i == index}
+
+        return {"logs": mine(self.logs), "stderr": mine(self.stderr),
+                "events": mine(self.events)}
+
+    def stacks(self, running: list[list[int]], timeout: float) -> list[dict[int, str]]:
+        """Ask each rank still running for its Python stack; the dumps, job by job.
+
+        Ranks started by the helper dump every thread's stack on their stderr at SIGUSR1
+        (``faulthandler``, see ``entry``); ranks of a subprocess have no such handler and are
+        not asked (the signal would end them).
+        """
+        asked: dict[tuple[int, int], int] = {}
+        for index, ranks in enumerate(running):
+            job = self.jobs[index]
+            if job.popen is not None or not ranks:
+                continue
+            if not getattr(self.view, "quiet", False):
+                print(f"ddplab.launch: timed out after {timeout:g} s; still running: "
+                      f"{', '.join(f'rank {r}' for r in ranks)}. Where each one is:",
+                      file=sys.stderr, flush=True)
+            for rank in ranks:
+                asked[(index, rank)] = len(self.stderr.get((index, rank), []))
+                try:
+                    os.kill(job.pids[rank], STACK_SIGNAL)
+                except OSError:
+                    pass
+        end, quiet_since = time.monotonic() + 3.0, time.monotonic()
+        while asked and time.monotonic() < end and time.monotonic() - quiet_since < 0.5:
+            for key, _mask in self.sel.select(timeout=0.1):
+                if self._read(key.fd, *key.data):
+                    quiet_since = time.monotonic()
+        found: list[dict[int, str]] = [{} for _ in self.jobs]
+        for (index, rank), start in asked.items():
+            lines = self.stderr.get((index, rank), [])[start:]
+            first = next((i for i, line in enumerate(lines) if "most recent call first" in line),
+                         None)
+            found[index][rank] = "\n".join(lines[first:]) if first is not None else ""
+        return found
 
     def _watch(self, grace: float = 3.0) -> None:
         """End an agent whose workers are all gone but which still waits for them.
@@ -79,22 +140,33 @@ class Streams:
                 job.terminate(grace=1.0)
 
     def drain(self) -> None:
-        """After killing a job, take what is left in the pipes without blocking long."""
+        """After killing the jobs, take what is left in the pipes without blocking long."""
         end = time.monotonic() + 2.0
         while self.sel.get_map() and time.monotonic() < end:
             for key, _mask in self.sel.select(timeout=0.1):
                 self._read(key.fd, *key.data)
+            for index, job in enumerate(self.jobs):
+                if job.ended():
+                    self._finish(index)
 
-    def _read(self, fd: int, index: int, job: Job, label: Union[int, str]) -> None:
+    def _read(self, fd: int, index: int, job: Job, label: Union[int, str]) -> bool:
+        """Read once from ``fd``; False when it had nothing to give now."""
         try:
             chunk = os.read(fd, 1 << 16)
         except BlockingIOError:
-            return
+            return False
         if label == "report":
             job.report += chunk
             if not chunk:
+                job.report_done = True
                 self._close(fd)
-            return
+            return bool(chunk)
+        self._lines(fd, index, job, label, chunk)
+        return bool(chunk)
+
+    def _lines(self, fd: int, index: int, job: Job, label: Union[int, str],
+               chunk: bytes) -> None:
+        """Print and record the whole lines ``chunk`` completes (all of them at the end)."""
         data = self.partial.pop(fd, b"") + chunk
         lines = data.split(b"\n")
         if chunk:
@@ -141,7 +213,7 @@ class Streams:
             job.pids[rank] = int(event.get("pid", 0))
             return
         if event["kind"] == "exit":
-            job.exits[int(event["rank"])] = (int(event["code"]), float(event["time"]))
+            job.said_exit[int(event["rank"])] = (int(event["code"]), float(event["time"]))
             return
         self.events.setdefault((index, int(event.get("rank", rank if isinstance(rank, int)
                                                            else 0))), []).append(event)
@@ -181,7 +253,7 @@ def show_stderr(view: Any, prefix: str, text: str) -> None:
     """Print one stderr line of a rank on the caller's stderr, as the view prints stdout."""
     if getattr(view, "quiet", False):
         return
-    from .widgets import in_notebook
+    from ..widgets import in_notebook
 
     line = f"[{prefix}] {text}"
     bar = getattr(view, "bar", None)
