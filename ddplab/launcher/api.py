@@ -252,10 +252,12 @@ def _run(jobs: list[Job], view: Any, timeout: float,
     interrupt: Optional[KeyboardInterrupt] = None
     running: list[list[int]] = [[] for _ in jobs]
     stacks: list[dict[int, str]] = [{} for _ in jobs]
+    timed_out_at = 0.0
     try:
         try:
             status = streams.pump(start + timeout)
             if status == "timeout":
+                timed_out_at = time.time()
                 running = [job.running_ranks() for job in jobs]
                 stacks = streams.stacks(running, timeout)
         except KeyboardInterrupt as exc:
@@ -274,8 +276,8 @@ def _run(jobs: list[Job], view: Any, timeout: float,
         streams.close()
         view.close()
     wall = time.monotonic() - start
-    results = [job_outcome(job, streams.of_job(i), status, wall, timeout, running[i], stacks[i])
-               for i, job in enumerate(jobs)]
+    results = [job_outcome(job, streams.of_job(i), status, wall, timeout, running[i], stacks[i],
+                           timed_out_at) for i, job in enumerate(jobs)]
     share_root_cause(results, jobs)
     if interrupt is not None:
         again = KeyboardInterrupt(f"ddplab.launch: {results[0].error}")

@@ -11,6 +11,7 @@ Lesson: every notebook that launches workers.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -69,20 +70,29 @@ class Job:
         except ValueError:
             return {}
 
-    def exits(self) -> dict[int, tuple[int, float]]:
-        """rank -> (exit code, time) as the agent accounted them (by pid)."""
+    def exits(self, before: float = math.inf) -> dict[int, tuple[int, float]]:
+        """rank -> (exit code, time): as the agent accounted them (by pid), else as the rank
+        said when its script ended (its own ``exit`` event: a rank that torch joined the
+        moment it ended may escape the agent's accounting, and a finished rank waits for its
+        peers before its process ends). ``before``: only the agent's facts older than that
+        (``time.time()``), as when a timeout came."""
         by_pid = self.agent_report().get("exits", {})
-        return {rank: tuple(by_pid[str(pid)]) for rank, pid in self.pids.items()
-                if str(pid) in by_pid}  # type: ignore[misc]
+        found = dict(self.said_exit)
+        found.update({rank: (int(by_pid[str(pid)][0]), float(by_pid[str(pid)][1]))
+                      for rank, pid in self.pids.items()
+                      if str(pid) in by_pid and by_pid[str(pid)][1] <= before})
+        return found
 
     def running_ranks(self) -> list[int]:
-        return sorted(rank for rank, pid in self.pids.items() if running(pid))
+        """The ranks whose script still runs (a finished rank's process waits for its peers)."""
+        return sorted(rank for rank, pid in self.pids.items()
+                      if running(pid) and rank not in self.said_exit)
 
     def workers_gone(self) -> bool:
         """True once every local worker has reported its pid and none of them runs any more."""
         if self.popen is not None or len(self.pids) < self.nproc_per_node:
             return False
-        return not self.running_ranks()
+        return not any(running(pid) for pid in self.pids.values())
 
     def alive(self) -> bool:
         """True while a process of the job runs (zombies waiting for their reaper do not)."""

@@ -20,8 +20,10 @@ Logs = dict[Union[int, str], list[str]]
 
 
 def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, timeout: float,
-                running: list[int], stacks: dict[int, str]) -> RunResult:
-    """Build one job's RunResult (``read``: its logs, stderr and events, see ``output``)."""
+                running: list[int], stacks: dict[int, str], timed_out_at: float = 0.0
+                ) -> RunResult:
+    """Build one job's RunResult (``read``: its logs, stderr and events, see ``output``;
+    ``timed_out_at``: the ``time.time()`` of a timeout, before anything was ended)."""
     logs, stderr = read["logs"], read["stderr"]
     result = RunResult(status="ok", returncode=0, wall_time=wall, world_size=job.world_size,
                        logs=logs, events=read["events"], engine=job.engine,
@@ -34,7 +36,7 @@ def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, timeou
         code = job.popen.returncode if job.popen is not None else None
         return spawn_outcome(result, code, job.spawned_ranks(), job.said_exit, logs, stderr)
     if status == "timeout":
-        return _timed_out(result, job, timeout, running, stacks)
+        return _timed_out(result, job, timeout, running, stacks, timed_out_at)
     if job.popen is not None:
         return _subprocess_outcome(result, job, logs, stderr)
     report, exits = job.agent_report(), job.exits()
@@ -64,11 +66,13 @@ def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, timeou
 
 
 def _timed_out(result: RunResult, job: Job, timeout: float, running: list[int],
-               stacks: dict[int, str]) -> RunResult:
+               stacks: dict[int, str], wall_clock_at_timeout: float) -> RunResult:
     """A timeout keeps what is known: exit codes of ranks that had ended, and who still ran."""
-    exits = job.exits()
+    exits = job.exits(before=wall_clock_at_timeout)
+    ranks = sorted(job.pids) or sorted(result.pids) if job.engine == "spawn" else \
+        sorted(job.pids) or list(range(job.world_size))  # (a subprocess's ranks: unknown)
     result.exit_codes = {rank: None if rank in running else exits.get(rank, (None,))[0]
-                         for rank in sorted(job.pids)}
+                         for rank in ranks}
     result.still_running, result.stacks = list(running), dict(stacks)
     failures = [RankFailure(rank=rank, exitcode=code, signal=signal_name(code),
                             message=short_message(result.logs.get(rank, [])),
