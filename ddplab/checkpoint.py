@@ -38,7 +38,6 @@ from __future__ import annotations
 import os
 import pickle
 import random
-import tempfile
 import warnings
 import zipfile
 from typing import Any, Mapping, Optional, Union
@@ -178,19 +177,31 @@ def atomic_save(obj: Any, path: PathLike) -> None:
     """``torch.save`` to a temporary file in the same folder, fsync it, then rename it.
 
     ``os.replace`` is atomic on one file system, so readers see the old file or the new one,
-    never half of one. The temporary file is removed if anything fails.
+    never half of one. The file gets the mode the umask gives (as ``open`` would: 0644 under
+    the usual umask 022). The temporary file is ``.<name>.tmp`` beside it: removed if anything
+    fails, and reclaimed by the next save if a process was killed mid-save.
+
+    Example::
+
+        atomic_save(model.state_dict(), "ckpt/model.pt")   # never half a file on disk
 
     Lesson: 05.
     """
-    folder = os.path.dirname(os.path.abspath(path))
+    target = os.path.abspath(path)
+    folder, name = os.path.split(target)
     os.makedirs(folder, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=folder)
+    tmp = os.path.join(folder, f".{name}.tmp")
     try:
+        os.remove(tmp)  # left by a save that was killed: this save reclaims its name
+    except FileNotFoundError:
+        pass
+    try:
+        handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
         with os.fdopen(handle, "wb") as file:
             torch.save(obj, file)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)

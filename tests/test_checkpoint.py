@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import random
+import signal
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 from unittest import mock
@@ -107,6 +110,38 @@ def test_atomic_save_leaves_the_old_file_when_writing_fails(tmp_path: Path) -> N
             checkpoint.save_checkpoint(path, model, epoch=2)
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["c.pt"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_a_saved_file_gets_the_mode_the_umask_gives(tmp_path: Path, umask: int) -> None:
+    old = os.umask(umask)
+    try:
+        checkpoint.atomic_save({"w": torch.ones(2)}, tmp_path / "c.pt")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "c.pt").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_save_killed_midway_leaves_nothing_the_next_save_does_not_reclaim(tmp_path: Path) -> None:
+    """A process killed (SIGKILL) while it writes: its temporary file goes at the next save."""
+    code = ("import sys, torch\n"
+            "from unittest import mock\n"
+            "from ddplab import checkpoint\n"
+            "def killed(obj, file):\n"
+            "    file.write(b'half a checkpoint'); file.flush()\n"
+            "    import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n"
+            "with mock.patch('torch.save', killed):\n"
+            "    checkpoint.atomic_save({'w': torch.ones(2)}, sys.argv[1])\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c.pt")],
+                          capture_output=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(Path(__file__).resolve().parent.parent),
+                               os.environ.get("PYTHONPATH", "")])})
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert sorted(os.listdir(tmp_path)) == [".c.pt.tmp"]  # killed: it had no chance to clean
+    checkpoint.atomic_save({"w": torch.zeros(2)}, tmp_path / "c.pt")
+    assert sorted(os.listdir(tmp_path)) == ["c.pt"]
+    assert torch.equal(torch.load(tmp_path / "c.pt")["w"], torch.zeros(2))
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "empty", "garbage"])

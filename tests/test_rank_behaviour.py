@@ -114,3 +114,82 @@ def test_ranks_of_a_torchrun_subprocess_are_not_asked_for_a_stack(monkeypatch):
     result = launch(LEAVES, 1, args=["hold", "30"], quiet=True, timeout=6)
     assert result.status == "timeout" and result.stacks == {}
     assert result.exit_codes == {0: None}
+
+
+def test_the_callers_death_takes_every_rank_and_every_child_of_a_rank_with_it():
+    """SIGKILL of the caller (a notebook kernel killed): its helper, the agent, the ranks, and
+    what the ranks started, in their group or in a session of their own, all end."""
+    caller = subprocess.Popen([sys.executable, str(SCRIPTS / "caller.py"), LEAVES, "hold", "300"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+    pids: list[int] = []
+    seen = ""
+    try:
+        while len(pids) < 6:  # per rank: its session child, its background child, itself
+            line = caller.stdout.readline()
+            assert line, f"the caller ended early:\n{seen}"
+            seen += line
+            words = line.split()
+            if len(words) >= 3 and words[1] in ("child", "pid") and words[2].isdigit():
+                pids.append(int(words[2]))
+        assert all(alive(pid) for pid in pids)
+        caller.send_signal(signal.SIGKILL)
+        caller.wait()
+        assert not wait_gone(pids, 20), seen
+    finally:
+        caller.kill()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+SCRIPT = "import os\nprint('ran as', __name__, 'rank', os.environ['RANK'], flush=True)\n"
+
+
+def script_forms(folder: Path) -> dict[str, Path]:
+    """The forms torchrun runs: a file without .py, a directory and a zip with __main__.py."""
+    (folder / "noext").write_text(SCRIPT)
+    (folder / "pkgdir").mkdir()
+    (folder / "pkgdir" / "__main__.py").write_text(SCRIPT)
+    with zipfile.ZipFile(folder / "app.zip", "w") as archive:
+        archive.writestr("__main__.py", SCRIPT)
+    (folder / "modpkg").mkdir()
+    (folder / "modpkg" / "__init__.py").write_text("")
+    (folder / "modpkg" / "job.py").write_text(SCRIPT)
+    return {"noext": folder / "noext", "pkgdir": folder / "pkgdir", "app.zip": folder / "app.zip"}
+
+
+@pytest.mark.parametrize("form", ["noext", "pkgdir", "app.zip", "-m modpkg.job"])
+@pytest.mark.parametrize("where", ["relative", "absolute"])
+def test_torchruns_script_forms_run_from_the_api(tmp_path, monkeypatch, form, where):
+    paths = script_forms(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    if form.startswith("-m "):
+        target = form[3:]
+    else:
+        target = form if where == "relative" else str(paths[form])
+    result = launch(target, 2, quiet=True, timeout=120)
+    assert result.ok, result.error
+    assert [result.log(rank) for rank in (0, 1)] == ["ran as __main__ rank 0",
+                                                     "ran as __main__ rank 1"]
+
+
+@pytest.mark.parametrize("form", ["noext", "pkgdir", "app.zip", "-m modpkg.job"])
+def test_torchruns_script_forms_run_from_the_cli(tmp_path, form):
+    paths = script_forms(tmp_path)
+    target = form.split() if form.startswith("-m ") else [str(paths[form].name)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "ddplab", "launch", "--nproc-per-node", "2",
+                           *target], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "[rank1] ran as __main__ rank 1" in done.stdout
+
+
+def test_a_directory_without_main_is_refused_with_what_to_do(tmp_path):
+    (tmp_path / "plain_dir").mkdir()
+    with pytest.raises(LaunchError, match="directory without __main__.py"):
+        launch(tmp_path / "plain_dir", 2)
