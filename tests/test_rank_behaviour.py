@@ -193,3 +193,28 @@ def test_a_directory_without_main_is_refused_with_what_to_do(tmp_path):
     (tmp_path / "plain_dir").mkdir()
     with pytest.raises(LaunchError, match="directory without __main__.py"):
         launch(tmp_path / "plain_dir", 2)
+
+
+@pytest.mark.parametrize("engine", ["torchrun", "spawn"])
+def test_every_ranks_long_lines_arrive_whole_and_attributed_under_every_engine(engine):
+    """Both engines; not the torchrun subprocess (the fallback path off Linux), whose own
+    ``--tee`` reads each rank's log file line by line while the rank writes it, and can
+    cut a long line that a rank writes in two calls (``print`` writes text, then newline)."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from long_lines import LINES, line
+    finally:
+        sys.path.pop(0)
+    args = ["spawn", "4"] if engine == "spawn" else []
+    result = launch(str(SCRIPTS / "long_lines.py"), 4, args=args, quiet=True, timeout=300,
+                    engine="spawn" if engine == "spawn" else "torchrun")
+    assert result.ok, result.error
+    for rank in range(4):
+        lines = result.logs.get(rank, [])
+        for stream in ("out", "err"):
+            mine = [text for text in lines if text.startswith(f"{stream} rank {rank} ")]
+            assert mine == [line(rank, index, stream) for index in range(LINES)], \
+                (rank, stream, [len(t) for t in mine])
+        strays = [t[:60] for t in lines if not t.startswith(("out rank", "err rank"))]
+        assert strays == [], strays
+    assert not [t[:60] for t in result.logs.get("launcher", []) if " rank " in t]

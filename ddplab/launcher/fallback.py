@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 from .jobs import Job
 from .procs import set_parent_death_signal
@@ -43,12 +44,22 @@ def _torchrun_child() -> None:
 
 
 def popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int,
-               engine: str) -> Job:
+              engine: str) -> Job:
     """Start a subprocess in its own session; its stdout and stderr are read apart.
 
-    Ranks share these two pipes; their lines are told apart by a ``[rankN]`` prefix (torchrun's
-    ``--log-line-prefix-template``, or ``ddplab.dist``'s for ``mp.spawn`` ranks).
+    torchrun's ranks share these two pipes; their lines are told apart by a ``[rankN]``
+    prefix (``--log-line-prefix-template``). An ``mp.spawn`` script's ranks set up by
+    ``ddplab.dist`` connect to a socket of the launcher's instead (``DDPLAB_RANK_SOCKET``),
+    one connection per rank and stream, so that their lines, however long, arrive whole and
+    attributed: ranks writing to one shared pipe cut into each other's long lines.
     """
+    channel = None
+    if engine == "spawn":
+        channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        name = f"ddplab-ranks-{os.getpid()}-{os.urandom(8).hex()}"
+        channel.bind("\0" + name)
+        channel.listen(128)
+        job_env = {**job_env, "DDPLAB_RANK_SOCKET": name}
     proc = subprocess.Popen(
         cmd, cwd=cwd, env=job_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, start_new_session=True,
@@ -58,8 +69,11 @@ def popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int
     err = os.dup(proc.stderr.fileno())
     proc.stdout.close()
     proc.stderr.close()
+    sources: dict[int, Union[int, str]] = {out: "launcher", err: "launcher"}
+    if channel is not None:
+        sources[channel.detach()] = "accept"
     return Job(world_size=world_size, engine=engine, pgid=proc.pid, popen=proc,
-               sources={out: "launcher", err: "launcher"}, err_fds={err})
+               sources=sources, err_fds={err})
 
 
 def torchrun_cmd(target: str, args: list[str], nprocs: int, nnodes: int, node_rank: int,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import selectors
+import socket
 import sys
 import time
 from typing import Any, Callable, Optional, Union
@@ -73,11 +74,13 @@ class Streams:
 
     def _finish(self, index: int) -> None:
         """Read what an ended job's pipes hold, then close them (whoever else holds them)."""
-        for key in [k for k in self.sel.get_map().values() if k.data[0] == index]:
-            while self._read(key.fd, *key.data):
-                pass
-            if key.fd in self.sel.get_map():  # still open: a process the ranks left holds it
-                self._lines(key.fd, *key.data, b"")  # (an empty chunk ends it, as EOF does)
+        while keys := [k for k in self.sel.get_map().values() if k.data[0] == index]:
+            for key in keys:
+                while key.fd in self.sel.get_map() and \
+                        self._read(key.fd, *self.sel.get_key(key.fd).data):
+                    pass
+                if key.fd in self.sel.get_map():  # still open: a process the ranks left holds it
+                    self._lines(key.fd, *self.sel.get_key(key.fd).data, b"")  # (ends it)
 
     def of_job(self, index: int) -> dict[str, Any]:
         """One job's logs, stderr lines and events (what its RunResult is built from)."""
@@ -151,6 +154,14 @@ class Streams:
 
     def _read(self, fd: int, index: int, job: Job, label: Union[int, str]) -> bool:
         """Read once from ``fd``; False when it had nothing to give now."""
+        if label == "accept":  # the rank socket of an mp.spawn job: a rank connects
+            try:
+                conn, _addr = socket.socket(fileno=os.dup(fd)).accept()
+            except BlockingIOError:
+                return False
+            conn.setblocking(False)
+            self.sel.register(conn.detach(), selectors.EVENT_READ, (index, job, "hello"))
+            return True
         try:
             chunk = os.read(fd, 1 << 16)
         except BlockingIOError:
@@ -161,8 +172,32 @@ class Streams:
                 job.report_done = True
                 self._close(fd)
             return bool(chunk)
+        if label == "hello":  # a rank's own connection: "rank N out|err" comes first
+            rest = self._hello(fd, index, job, chunk)
+            if rest and fd in self.sel.get_map():
+                self._lines(fd, index, job, self.sel.get_key(fd).data[2], rest)
+            return bool(chunk)
         self._lines(fd, index, job, label, chunk)
         return bool(chunk)
+
+    def _hello(self, fd: int, index: int, job: Job, chunk: bytes) -> bytes:
+        """Read a rank connection's first line; from then on it is that rank's stream."""
+        data = self.partial.pop(fd, b"") + chunk
+        first, newline, rest = data.partition(b"\n")
+        words = first.decode(errors="replace").split()
+        if not newline:
+            if chunk:
+                self.partial[fd] = data
+            else:
+                self._close(fd)
+            return b""
+        if len(words) == 3 and words[0] == "rank" and words[1].isdigit():
+            self.sel.modify(fd, selectors.EVENT_READ, (index, job, int(words[1])))
+            if words[2] == "err":
+                job.err_fds.add(fd)
+        else:
+            self.sel.modify(fd, selectors.EVENT_READ, (index, job, "launcher"))
+        return rest
 
     def _lines(self, fd: int, index: int, job: Job, label: Union[int, str],
                chunk: bytes) -> None:
