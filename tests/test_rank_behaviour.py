@@ -12,34 +12,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
 import pytest
+from test_launch import alive, wait_gone
 
-import ddplab
 from ddplab import LaunchError, launch
-from ddplab.launcher import MAX_NPROCS
+from ddplab.launcher.spec import MAX_NPROCS
 
 SCRIPTS = Path(__file__).parent / "scripts"
 LEAVES = str(SCRIPTS / "leaves_children.py")
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def wait_gone(pids: list[int], seconds: float = 15.0) -> list[int]:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end and any(alive(p) for p in pids):
-        time.sleep(0.05)
-    return [p for p in pids if alive(p)]
 
 
 def children_of(result) -> list[int]:

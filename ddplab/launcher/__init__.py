@@ -7,21 +7,5 @@ first frame), ``output`` (live rank-prefixed streams), ``fallback`` (subprocess 
 mp.spawn scripts), ``outcome`` and ``results`` (exit facts, root cause, ``RunResult``),
 ``procs`` (process groups, death signals, descriptors).
 
-Importing this package imports neither torch nor any of its modules; names load on first use.
+Importing this package imports nothing: ``ddplab.launch`` (``api.launch``) is what learners call.
 """
-
-from importlib import import_module
-from typing import Any
-
-_EXPORTS = {"launch": "api", "launch_multinode": "api", "LaunchError": "spec",
-            "LaunchSpec": "spec", "MAX_NPROCS": "spec", "RunResult": "results",
-            "RankFailure": "results"}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'ddplab.launcher' has no attribute {name!r}")
