@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import socket
 import warnings
 import zipfile
 from typing import Any, Mapping, Optional, Union
@@ -178,8 +179,9 @@ def atomic_save(obj: Any, path: PathLike) -> None:
 
     ``os.replace`` is atomic on one file system, so readers see the old file or the new one,
     never half of one. The file gets the mode the umask gives (as ``open`` would: 0644 under
-    the usual umask 022). The temporary file is ``.<name>.tmp`` beside it: removed if anything
-    fails, and reclaimed by the next save if a process was killed mid-save.
+    the usual umask 022). The temporary file, ``.<name>.tmp-<host>-<pid>``, is removed if
+    anything fails; one that a killed save left (its process is gone) is removed by the next
+    save on that host. Several writers (one per node, say) each have their own.
 
     Example::
 
@@ -190,11 +192,15 @@ def atomic_save(obj: Any, path: PathLike) -> None:
     target = os.path.abspath(path)
     folder, name = os.path.split(target)
     os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{name}.tmp")
-    try:
-        os.remove(tmp)  # left by a save that was killed: this save reclaims its name
-    except FileNotFoundError:
-        pass
+    mine = f".{name}.tmp-{socket.gethostname()}-"
+    for stale in os.listdir(folder):
+        pid = stale[len(mine):]
+        if stale.startswith(mine) and pid.isdigit() and not _running(int(pid)):
+            try:
+                os.remove(os.path.join(folder, stale))  # a killed save's: reclaimed
+            except FileNotFoundError:
+                pass
+    tmp = os.path.join(folder, f"{mine}{os.getpid()}")
     try:
         handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
         with os.fdopen(handle, "wb") as file:
@@ -212,6 +218,16 @@ def atomic_save(obj: Any, path: PathLike) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def save_checkpoint(

@@ -138,7 +138,8 @@ def test_a_save_killed_midway_leaves_nothing_the_next_save_does_not_reclaim(tmp_
                               [str(Path(__file__).resolve().parent.parent),
                                os.environ.get("PYTHONPATH", "")])})
     assert done.returncode == -signal.SIGKILL, done.stderr
-    assert sorted(os.listdir(tmp_path)) == [".c.pt.tmp"]  # killed: it had no chance to clean
+    left = os.listdir(tmp_path)  # killed: it had no chance to clean
+    assert len(left) == 1 and left[0].startswith(".c.pt.tmp-"), left
     checkpoint.atomic_save({"w": torch.zeros(2)}, tmp_path / "c.pt")
     assert sorted(os.listdir(tmp_path)) == ["c.pt"]
     assert torch.equal(torch.load(tmp_path / "c.pt")["w"], torch.zeros(2))
@@ -211,7 +212,7 @@ def test_checkpoint_module_stays_self_contained() -> None:
     source = Path(checkpoint.__file__).read_text()
     imports = [line.split()[1] for line in source.splitlines()
                if line.startswith(("import ", "from "))]
-    allowed = {"__future__", "os", "pickle", "random", "tempfile", "warnings", "zipfile",
+    allowed = {"__future__", "os", "pickle", "random", "socket", "warnings", "zipfile",
                "typing", "torch", "torch.distributed"}
     assert set(imports) <= allowed, set(imports) - allowed
     assert "Example" in source or "::" in source.split('"""')[1]
