@@ -202,3 +202,18 @@ def test_every_ranks_long_lines_arrive_whole_and_attributed_under_every_engine(e
         strays = [t[:60] for t in lines if not t.startswith(("out rank", "err rank"))]
         assert strays == [], strays
     assert not [t[:60] for t in result.logs.get("launcher", []) if " rank " in t]
+
+
+def test_no_launcher_descriptor_but_stdin_stdout_stderr_reaches_what_a_rank_starts(tmp_path):
+    """A program a rank starts, even one told to keep every descriptor (close_fds=False), gets
+    0, 1 and 2 only: nothing it keeps open can hold the launch's pipes or sockets."""
+    script = tmp_path / "fds.py"
+    script.write_text(
+        "import subprocess, sys\n"
+        "code = 'import os; print(\"fds\", sorted(int(f) for f in os.listdir(\"/proc/self/fd\")))'\n"
+        "subprocess.run([sys.executable, '-c', code], close_fds=False, check=True)\n")
+    result = launch(script, 2, quiet=True, timeout=120)
+    assert result.ok, result.error
+    for rank in (0, 1):
+        # (3 is the directory listing /proc/self/fd itself)
+        assert result.log(rank) == "fds [0, 1, 2, 3]", result.log(rank)
