@@ -122,7 +122,7 @@ def test_a_saved_file_gets_the_mode_the_umask_gives(tmp_path: Path, umask: int) 
     assert (tmp_path / "c.pt").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
-def test_a_save_killed_midway_leaves_nothing_the_next_save_does_not_reclaim(tmp_path: Path) -> None:
+def test_a_killed_save_leaves_nothing_the_next_save_does_not_reclaim(tmp_path: Path) -> None:
     """A process killed (SIGKILL) while it writes: its temporary file goes at the next save."""
     code = ("import sys, torch\n"
             "from unittest import mock\n"

@@ -210,7 +210,7 @@ def test_no_launcher_descriptor_but_stdin_stdout_stderr_reaches_what_a_rank_star
     script = tmp_path / "fds.py"
     script.write_text(
         "import subprocess, sys\n"
-        "code = 'import os; print(\"fds\", sorted(int(f) for f in os.listdir(\"/proc/self/fd\")))'\n"
+        "code = 'import os; print(\"fds\", sorted(map(int, os.listdir(\"/proc/self/fd\"))))'\n"
         "subprocess.run([sys.executable, '-c', code], close_fds=False, check=True)\n")
     result = launch(script, 2, quiet=True, timeout=120)
     assert result.ok, result.error

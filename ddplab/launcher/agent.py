@@ -49,7 +49,7 @@ def run_agent(req: dict[str, Any], fds: list[int]) -> None:
     signal.signal(signal.SIGCHLD, _note_exits)
     report: dict[str, Any]
     try:
-        stores.connect_agent()
+        stores.connect_agent(own_group=True)
         report = _elastic_run(req, rank_fds, report_fd)
     except BaseException as exc:  # the report must always be written
         report = {"status": "error", "error": f"{type(exc).__name__}: {exc}",

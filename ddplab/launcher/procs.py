@@ -106,13 +106,13 @@ def kill_group(pgid: int, sig: int) -> None:
             pass
 
 
-def kill_marked(name: str, value: str) -> None:
-    """SIGKILL every process (but this one) whose environment holds ``name=value``."""
+def kill_marked(name: str, value: str, spare: int = 0) -> None:
+    """SIGKILL every process whose environment holds ``name=value`` (not this one, ``spare``)."""
     if not value:
         return
     mark = f"{name}={value}".encode()
     for pid in process_table():
-        if pid == os.getpid():
+        if pid in (os.getpid(), spare):
             continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as environ:

@@ -72,7 +72,7 @@ def _host_stores(listener: socket.socket) -> None:
     def end_everything(_sig: int, _frame: Any) -> None:  # the helper (so the caller) died
         for pid, *_stores in agents.values():
             kill_group(pid, signal.SIGKILL)
-        kill_marked(HELPER_TOKEN, os.environ.get(HELPER_TOKEN, ""))
+        kill_marked(HELPER_TOKEN, os.environ.get(HELPER_TOKEN, ""), spare=os.getppid())
         os._exit(0)
 
     signal.signal(signal.SIGTERM, end_everything)
@@ -126,15 +126,19 @@ def _release(version: str) -> tuple[int, int]:
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
-def connect_agent() -> None:
-    """In a new agent: connect to the store host (raises OSError when there is none)."""
+def connect_agent(own_group: bool = False) -> None:
+    """Connect to the store host (raises OSError when there is none).
+
+    An agent (``own_group``: it leads its launch's process group) has the host end that group
+    when the connection closes: what the ranks left in it goes with the agent.
+    """
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         conn.connect(_HOST["name"])
     except (OSError, KeyError):
         conn.close()
         raise OSError("the launch helper's store host is not running")
-    conn.sendall(str(os.getpid()).encode())
+    conn.sendall(str(os.getpid() if own_group else 0).encode())
     _HOST["conn"] = conn
 
 
