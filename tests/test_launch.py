@@ -228,10 +228,10 @@ def sockets_of(pid: int) -> int:
 
 
 def test_ten_launches_leave_nothing_behind():
-    from ddplab.launcher.helper import Helper as AgentServer
+    from ddplab.launcher.helper import Helper
 
     launch(PLAIN, 2, quiet=True)  # make sure the helper process exists before counting
-    store_host = AgentServer.get(dict(os.environ)).request({"op": "ping"}, [])["store_host"]
+    store_host = Helper.get(dict(os.environ)).request({"op": "ping"}, [])["store_host"]
     assert open(f"/proc/{store_host}/comm").read().strip() == "ddplab-stores"  # as ps names it
     time.sleep(0.5)  # (the last agent's stores go when its connection closes, as it exits)
     host_sockets = sockets_of(store_host)
@@ -243,7 +243,7 @@ def test_ten_launches_leave_nothing_behind():
         pids += result.pids.values()
     assert not wait_gone(pids, 5)
     assert len(os.listdir("/proc/self/fd")) <= fds_before  # no pipe or socket leaked
-    helper = AgentServer.get(dict(os.environ)).proc.pid
+    helper = Helper.get(dict(os.environ)).proc.pid
     assert [p for p in _children(helper) if alive(p)] == [store_host]  # it serves the next
     for _ in range(50):  # every store went with its agent: no listener, no connection kept
         if sockets_of(store_host) <= host_sockets:
