@@ -179,11 +179,14 @@ def test_a_directory_without_main_is_refused_with_what_to_do(tmp_path):
         launch(tmp_path / "plain_dir", 2)
 
 
-@pytest.mark.parametrize("engine", ["torchrun", "spawn"])
-def test_every_ranks_long_lines_arrive_whole_and_attributed_under_every_engine(engine):
-    """Both engines; not the torchrun subprocess (the fallback path off Linux), whose own
-    ``--tee`` reads each rank's log file line by line while the rank writes it, and can
-    cut a long line that a rank writes in two calls (``print`` writes text, then newline)."""
+@pytest.mark.parametrize("engine", ["torchrun", "subprocess", "spawn"])
+def test_every_ranks_long_lines_arrive_whole_and_attributed_under_every_engine(
+        engine, monkeypatch):
+    """Both engines, and the torchrun subprocess (the path off Linux), whose ``--tee`` copies
+    a line a rank has not finished yet (``print`` writes the text, then the newline) in
+    pieces, from one thread per rank."""
+    if engine == "subprocess":
+        monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
     sys.path.insert(0, str(SCRIPTS))
     try:
         from long_lines import LINES, line

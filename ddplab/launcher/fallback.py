@@ -78,7 +78,8 @@ def popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int
 
 def torchrun_cmd(target: str, args: list[str], nprocs: int, nnodes: int, node_rank: int,
                   endpoint: str, run_id: str, max_restarts: int = 0) -> list[str]:
-    """The ``python -m torch.distributed.run`` command line for the installed torch.
+    """The torchrun command line for the installed torch (``python -m ddplab.launcher.fallback``,
+    which is ``python -m torch.distributed.run`` writing each line whole, see ``main``).
 
     Every output line gets a ``[rankN]:`` prefix (``--tee 3`` and a prefix template). torchrun
     takes the template as ``--log-line-prefix-template`` since torch 2.14; older releases (2.6
@@ -92,7 +93,7 @@ def torchrun_cmd(target: str, args: list[str], nprocs: int, nnodes: int, node_ra
 
     template = "[rank${rank}]:"
     release = tuple(int(x) for x in re.findall(r"\d+", version("torch"))[:2])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
+    cmd = [sys.executable, "-m", "ddplab.launcher.fallback", "--nnodes", str(nnodes),
            "--nproc-per-node", str(nprocs), "--rdzv-backend", "c10d",
            "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts", str(max_restarts),
            "--tee", "3"]
@@ -108,3 +109,26 @@ def torchrun_cmd(target: str, args: list[str], nprocs: int, nnodes: int, node_ra
     if endpoint.startswith("127."):
         cmd += ["--local-addr", "127.0.0.1"]
     return cmd + (["-m", target] if not os.path.isabs(target) else [target]) + args
+
+
+def main() -> None:
+    """``python -m ddplab.launcher.fallback ARGS``: torchrun, each line it copies written whole.
+
+    torchrun's ``--tee`` copies every rank's lines to its own stdout from one thread per rank;
+    with an unbuffered stdout (``PYTHONUNBUFFERED``, which the ranks need to be live) two
+    threads' long lines can cut into each other. Here stdout and stderr are line-buffered
+    streams whose writes hold a lock, so each copied line reaches the launcher whole.
+    """
+    import io
+    import runpy
+
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        raw = io.FileIO(fd, "w", closefd=False)
+        setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(raw), line_buffering=True,
+                                            errors="backslashreplace"))
+    sys.argv = ["torchrun", *sys.argv[1:]]
+    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -49,10 +49,7 @@ def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, timeou
     clean = report.get("status") == "ok"
     result.exit_codes = {rank: exits[rank][0] if rank in exits else (0 if clean else None)
                          for rank in sorted(job.pids)}
-    failures = [RankFailure(rank=rank, exitcode=code, signal=signal_name(code),
-                            message=short_message(logs.get(rank, [])),
-                            traceback=traceback_tail(logs.get(rank, [])))
-                for rank, code in result.exit_codes.items() if code not in (0, None)]
+    failures = _failed(result.exit_codes, logs)
     if job.stuck:
         failures += [RankFailure(rank=rank, exitcode=None, message=(
             "ended without returning to the launcher (os._exit or a crash of the "
@@ -74,10 +71,7 @@ def _timed_out(result: RunResult, job: Job, timeout: float, running: list[int],
     result.exit_codes = {rank: None if rank in running else exits.get(rank, (None,))[0]
                          for rank in ranks}
     result.still_running, result.stacks = list(running), dict(stacks)
-    failures = [RankFailure(rank=rank, exitcode=code, signal=signal_name(code),
-                            message=short_message(result.logs.get(rank, [])),
-                            traceback=traceback_tail(result.logs.get(rank, [])))
-                for rank, code in result.exit_codes.items() if code not in (0, None)]
+    failures = _failed(result.exit_codes, result.logs)
     if failures:
         result.root_cause = root_cause(failures, exits)
     result.status, result.returncode = "timeout", 124
@@ -88,6 +82,14 @@ def _timed_out(result: RunResult, job: Job, timeout: float, running: list[int],
     if result.root_cause is not None:
         result.error += f"\nbefore that, {result.root_cause}"
     return result
+
+
+def _failed(codes: dict[int, Optional[int]], logs: Logs) -> list[RankFailure]:
+    """A failure for every rank whose exit code is known and not 0, with its last error."""
+    return [RankFailure(rank=rank, exitcode=code, signal=signal_name(code),
+                        message=short_message(logs.get(rank, [])),
+                        traceback=traceback_tail(logs.get(rank, [])))
+            for rank, code in codes.items() if code not in (0, None)]
 
 
 def _subprocess_outcome(result: RunResult, job: Job, logs: Logs, stderr: Logs) -> RunResult:

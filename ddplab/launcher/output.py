@@ -44,6 +44,7 @@ class Streams:
         self.jobs = jobs
         self.sel = selectors.DefaultSelector()
         self.partial: dict[int, bytes] = {}
+        self.fragments: dict[tuple[int, Optional[int]], str] = {}  # torchrun's unfinished lines
         self.logs: dict[tuple[int, Union[int, str]], list[str]] = {}
         self.stderr: dict[tuple[int, Union[int, str]], list[str]] = {}
         self.events: dict[tuple[int, int], list[dict[str, Any]]] = {}
@@ -214,7 +215,32 @@ class Streams:
         split = job.popen is not None and job.engine == "torchrun"
         for raw in lines:
             text = raw.decode("utf-8", "replace").rstrip("\r")
-            for part in _TORCHRUN_PREFIX.split(text) if split else [text]:
+            if split:
+                self._torchrun_parts(fd, index, job, label, text, err)
+            else:
+                self._line(index, job, label, text, err)
+        if not chunk:
+            for key in [k for k in self.fragments if k[0] == fd]:
+                self._line(index, job, label, self.fragments.pop(key), err)
+
+    def _torchrun_parts(self, fd: int, index: int, job: Job, label: Union[int, str],
+                        text: str, err: bool) -> None:
+        """Rebuild each rank's lines from torchrun's copy of them.
+
+        torchrun's ``--tee`` copies what a rank has written so far, each piece with the rank's
+        prefix: a line the rank had not finished yet ends without a newline, and the next
+        piece, the rest of it or another rank's line, follows on the same line. A piece that
+        did not end a line is kept until the same rank's next piece completes it.
+        """
+        parts = _TORCHRUN_PREFIX.split(text)
+        for number, part in enumerate(parts):
+            match = _RANK_PREFIX.match(part)
+            key = (fd, int(match.group(1)) if match else None)
+            if key in self.fragments:
+                part = self.fragments.pop(key) + (part[match.end():] if match else part)
+            if number < len(parts) - 1:
+                self.fragments[key] = part
+            else:
                 self._line(index, job, label, part, err)
 
     def _close(self, fd: int) -> None:
