@@ -1,6 +1,6 @@
 """Two sides, one seam: which side every ddplab module is on, and what it may import.
 
-From the design (``DESIGN.md``, "Two sides, one seam"): the kernel side runs in the notebook or
+The rule ("two sides, one seam", README's layout): the kernel side runs in the notebook or
 the CLI, the worker side in each rank; ``events`` and ``env`` are the seam both sides speak.
 Inside the package the kernel side never imports the worker side and the other way round
 (notebooks may call both), worker-side layers point downwards only, and nothing imports in a

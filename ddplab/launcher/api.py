@@ -199,11 +199,12 @@ def _prepare(spec: LaunchSpec) -> tuple[Callable[..., Job], dict[str, Any]]:
     if spec.backend not in (None, "auto"):
         extra["DDPLAB_BACKEND"] = str(spec.backend)
     extra.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", str(spec.threads)))
-    if spec.nnodes > 1:
-        # Since torch 2.5 the workers share the c10d rendezvous's store by default: its server
-        # would then run in the agent that forks them (see ``stores``), and a restarted attempt
-        # reads the addresses the failed attempt published there, so it cannot connect
-        # (pytorch/pytorch#135712). A store of their own (rank 0 hosts it) avoids both.
+    if spec.nnodes > 1 or spec.max_restarts:
+        # Since torch 2.5 the workers share the c10d rendezvous's store by default (several
+        # nodes, or torchrun's own on the subprocess path): its server would then run in the
+        # agent that forks them (see ``stores``), and a restarted attempt reads the addresses
+        # the failed attempt published there, so it cannot connect (pytorch/pytorch#135712).
+        # A store of their own (rank 0 hosts it) avoids both.
         extra.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
                          os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"))
     if spec.host.startswith("127."):
