@@ -220,3 +220,11 @@ def test_no_launcher_descriptor_but_stdin_stdout_stderr_reaches_what_a_rank_star
     for rank in (0, 1):
         # (3 is the directory listing /proc/self/fd itself)
         assert result.log(rank) == "fds [0, 1, 2, 3]", result.log(rank)
+
+
+def test_an_mp_spawn_scripts_ranks_also_show_where_they_waited():
+    result = launch(str(SCRIPTS / "spawn_hang.py"), 2, engine="spawn", quiet=True, timeout=10)
+    assert result.status == "timeout" and result.still_running == [0, 1]
+    assert result.exit_codes == {0: None, 1: None}
+    assert 'spawn_hang.py", line 17' in result.stacks[0]  # time.sleep(600)
+    assert 'spawn_hang.py", line 18' in result.stacks[1]  # dist.barrier()

@@ -48,6 +48,7 @@ class Job:
     nproc_per_node: int = 1
     rank_of: dict[Union[int, str], int] = field(default_factory=dict)  # source label -> rank
     pids: dict[int, int] = field(default_factory=dict)  # rank -> pid (its "rank" event)
+    stack_pids: dict[int, int] = field(default_factory=dict)  # ranks that dump their stack
     said_exit: dict[int, tuple[int, float]] = field(default_factory=dict)  # its "exit" event
     workers_gone_at: Optional[float] = None
     stuck: bool = False
@@ -84,8 +85,10 @@ class Job:
         return found
 
     def running_ranks(self) -> list[int]:
-        """The ranks whose script still runs (a finished rank's process waits for its peers)."""
-        return sorted(rank for rank, pid in self.pids.items()
+        """The ranks whose script still runs (a finished rank's process waits for its peers);
+        of an mp.spawn script, those that ddplab.dist set up."""
+        ranks = self.pids if self.popen is None else self.stack_pids
+        return sorted(rank for rank, pid in ranks.items()
                       if running(pid) and rank not in self.said_exit)
 
     def workers_gone(self) -> bool:

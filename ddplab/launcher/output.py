@@ -95,13 +95,14 @@ class Streams:
         """Ask each rank still running for its Python stack; the dumps, job by job.
 
         Ranks started by the helper dump every thread's stack on their stderr at SIGUSR1
-        (``faulthandler``, see ``entry``); ranks of a subprocess have no such handler and are
-        not asked (the signal would end them).
+        (``faulthandler``, see ``entry``), and so do an mp.spawn script's ranks set up by
+        ``ddplab.dist`` (they said so when they connected); ranks of a torchrun subprocess
+        have no such handler and are not asked (the signal would end them).
         """
         asked: dict[tuple[int, int], int] = {}
         for index, ranks in enumerate(running):
             job = self.jobs[index]
-            if job.popen is not None or not ranks:
+            if not ranks:
                 continue
             if not getattr(self.view, "quiet", False):
                 print(f"ddplab.launch: timed out after {timeout:g} s; still running: "
@@ -110,7 +111,7 @@ class Streams:
             for rank in ranks:
                 asked[(index, rank)] = len(self.stderr.get((index, rank), []))
                 try:
-                    os.kill(job.pids[rank], STACK_SIGNAL)
+                    os.kill(job.stack_pids[rank], STACK_SIGNAL)
                 except OSError:
                     pass
         end, quiet_since = time.monotonic() + 3.0, time.monotonic()
@@ -192,10 +193,12 @@ class Streams:
             else:
                 self._close(fd)
             return b""
-        if len(words) == 3 and words[0] == "rank" and words[1].isdigit():
+        if len(words) >= 3 and words[0] == "rank" and words[1].isdigit():
             self.sel.modify(fd, selectors.EVENT_READ, (index, job, int(words[1])))
             if words[2] == "err":
                 job.err_fds.add(fd)
+            if len(words) == 4 and words[3].isdigit():  # its pid: it dumps its stack on demand
+                job.stack_pids[int(words[1])] = int(words[3])
         else:
             self.sel.modify(fd, selectors.EVENT_READ, (index, job, "launcher"))
         return rest
@@ -271,7 +274,7 @@ class Streams:
             return
         if event["kind"] == "rank" and isinstance(source, int):
             job.rank_of[source] = rank = int(event["rank"])
-            job.pids[rank] = int(event.get("pid", 0))
+            job.pids[rank] = job.stack_pids[rank] = int(event.get("pid", 0))
             return
         if event["kind"] == "exit":
             job.said_exit[int(event["rank"])] = (int(event["code"]), float(event["time"]))
