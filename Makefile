@@ -67,8 +67,8 @@ test-browser: setup
 # release with `make test-compat TORCH=2.15.0`. tests/compat/venv.sh picks the torchvision.
 TORCH ?= 2.6.0
 COMPAT_VENV = .venv-compat-$(TORCH)
-COMPAT_TESTS = tests/test_launch.py tests/test_agent.py tests/test_cli.py \
-	tests/test_cuda_clean.py tests/test_torch_patches.py tests/test_train_worker.py \
+COMPAT_TESTS = tests/test_launch.py tests/test_public_torch_api.py tests/test_cli.py \
+	tests/test_cuda_clean.py tests/test_rank_behaviour.py tests/test_train_worker.py \
 	tests/test_train.py tests/test_amp.py tests/test_schedule.py tests/test_dist.py \
 	tests/test_collectives.py tests/test_fork_safety.py tests/test_spawn_engine.py \
 	tests/test_tensor_parallel.py tests/test_distributed_checkpoint.py tests/test_comm_hooks.py \

@@ -9,8 +9,9 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "check": "checks", "doctor": "env", "launch": "launcher", "launch_multinode": "launcher",
-    "LaunchError": "launcher", "RunResult": "results", "show": "showcode", "source": "showcode",
+    "check": "checks", "doctor": "env", "launch": "launcher.api",
+    "launch_multinode": "launcher.api", "LaunchError": "launcher.spec",
+    "RunResult": "launcher.results", "show": "showcode", "source": "showcode",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

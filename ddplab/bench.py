@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from . import env as _env
-from .launcher import launch
+from .launcher.api import launch
 
 TRAIN = "ddplab.workers.train"
 RING = "ddplab.workers.ring_allreduce"

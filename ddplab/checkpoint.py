@@ -53,7 +53,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
-import tempfile
+import socket
 import warnings
 import zipfile
 from typing import Any, Mapping, Optional, Union
@@ -204,19 +204,36 @@ def atomic_save(obj: Any, path: PathLike) -> None:
     """``torch.save`` to a temporary file in the same folder, fsync it, then rename it.
 
     ``os.replace`` is atomic on one file system, so readers see the old file or the new one,
-    never half of one. The temporary file is removed if anything fails.
+    never half of one. The file gets the mode the umask gives (as ``open`` would: 0644 under
+    the usual umask 022). The temporary file, ``.<name>.tmp-<host>-<pid>``, is removed if
+    anything fails; one that a killed save left (its process is gone) is removed by the next
+    save on that host. Several writers (one per node, say) each have their own.
+
+    Example::
+
+        atomic_save(model.state_dict(), "ckpt/model.pt")   # never half a file on disk
 
     Lesson: 05.
     """
-    folder = os.path.dirname(os.path.abspath(path))
+    target = os.path.abspath(path)
+    folder, name = os.path.split(target)
     os.makedirs(folder, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=folder)
+    mine = f".{name}.tmp-{socket.gethostname()}-"
+    for stale in os.listdir(folder):
+        pid = stale[len(mine):]
+        if stale.startswith(mine) and pid.isdigit() and not _running(int(pid)):
+            try:
+                os.remove(os.path.join(folder, stale))  # a killed save's: reclaimed
+            except FileNotFoundError:
+                pass
+    tmp = os.path.join(folder, f"{mine}{os.getpid()}")
     try:
+        handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
         with os.fdopen(handle, "wb") as file:
             torch.save(obj, file)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -227,6 +244,16 @@ def atomic_save(obj: Any, path: PathLike) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def save_checkpoint(

@@ -31,17 +31,6 @@ class Exercise:
 EXERCISES: dict[str, Exercise] = {}
 
 
-def close_to(rel: float = 1e-6, hint: str = "") -> Compare:
-    """A comparison for numbers: right within ``rel`` relative tolerance."""
-    def compare(answer: Any, expected: Any) -> Optional[str]:
-        try:
-            good = math.isclose(float(answer), float(expected), rel_tol=rel, abs_tol=1e-12)
-        except (TypeError, ValueError):
-            return f"expected a number, got {answer!r}. {hint}".strip()
-        return None if good else (hint or f"{answer!r} is not right yet; check your reasoning.")
-    return compare
-
-
 def equal(hint: str = "") -> Compare:
     """A comparison by ``==``."""
     def compare(answer: Any, expected: Any) -> Optional[str]:

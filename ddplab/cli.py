@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 def _launch(ns: argparse.Namespace) -> int:
     import os
 
-    from .launcher import LaunchError, launch
+    from .launcher.api import LaunchError, launch
 
     # One launch per process: preload the training stack only for ddplab's training workers.
     os.environ.setdefault("DDPLAB_PRELOAD_TRAINING", "auto")

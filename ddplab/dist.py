@@ -240,9 +240,44 @@ def prefix_output(rank: int) -> None:
     """
     import sys
 
+    if _streams_of_its_own(rank):
+        return
     if not isinstance(sys.stdout, _Prefixed):
         sys.stdout = _Prefixed(sys.stdout, f"[rank{rank}] ")
         sys.stderr = _Prefixed(sys.stderr, f"[rank{rank}] ")
+
+
+def _streams_of_its_own(rank: int) -> bool:
+    """Give this rank a stdout and a stderr of its own, from ddplab's launcher, if it offers.
+
+    ``DDPLAB_RANK_SOCKET`` names a socket where each rank connects once per stream and says
+    whose stream it is: its lines, however long, then never mix with another rank's (ranks
+    writing to one shared pipe cut into each other's lines longer than 4 KiB). The rank then
+    dumps its Python stack at SIGUSR1, as the launcher's torchrun ranks do.
+    """
+    import socket
+    import sys
+
+    name = os.environ.get("DDPLAB_RANK_SOCKET", "")
+    if not name or not hasattr(socket, "AF_UNIX"):
+        return False
+    for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
+        try:
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.connect("\0" + name)
+            conn.sendall(f"rank {rank} {'out' if fd == 1 else 'err'} {os.getpid()}\n".encode())
+        except OSError:
+            return False
+        stream.flush()
+        os.dup2(conn.fileno(), fd)
+        conn.close()
+    import faulthandler
+    import signal
+
+    # As the launcher's own ranks do: at SIGUSR1, every thread's Python stack on stderr (what
+    # a launch that timed out asks of each rank still running, before it ends them).
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    return True
 
 
 def cleanup() -> None:

@@ -121,11 +121,6 @@ def gpu_count() -> int:
     return int(probe()["gpu_count"])
 
 
-def default_backend() -> str:
-    """The backend ``ddplab.dist.setup()`` will pick in a worker: nccl with GPUs, else gloo."""
-    return "nccl" if gpu_count() > 0 else "gloo"
-
-
 def problems(facts: dict[str, Any]) -> list[tuple[str, str]]:
     """Return ``(problem, fix)`` pairs found in ``facts`` (the ``doctor`` report)."""
     found = []

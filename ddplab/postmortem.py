@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
-_LIBRARY = re.compile(r"site-packages|dist-packages|<frozen|/lib/python\d|ddplab/agent\.py")
+_LIBRARY = re.compile(r"site-packages|dist-packages|<frozen|/lib/python\d|ddplab/launcher/")
 _WORKER_SCRIPT = re.compile(r"[/\\]ddplab[/\\]workers[/\\]")  # the lessons' scripts, even installed
 _FINGERPRINT = re.compile(
     r"Rank (?P<rank>\d+) is running collective: CollectiveFingerPrint\((?P<body>.*?)\)"

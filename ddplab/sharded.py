@@ -24,10 +24,7 @@ from typing import Iterable, Iterator, Optional
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-try:
-    from torch.distributed.fsdp import fully_shard  # torch >= 2.6
-except ImportError:  # torch 2.4-2.5 had FSDP2 under its first name
-    from torch.distributed._composable.fsdp import fully_shard
+from torch.distributed.fsdp import fully_shard  # public since torch 2.6, the floor
 
 __all__ = ["collectives", "fsdp_problem", "fully_shard", "local_bytes", "optimizer_bytes"]
 

@@ -16,7 +16,7 @@ import pytest
 import ddplab
 from ddplab import judges
 from ddplab.judges import capstone as judge13
-from ddplab.results import RunResult
+from ddplab import RunResult
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import random
+import signal
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 from unittest import mock
@@ -109,6 +112,39 @@ def test_atomic_save_leaves_the_old_file_when_writing_fails(tmp_path: Path) -> N
     assert os.listdir(tmp_path) == ["c.pt"]  # no temporary file left behind
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_a_saved_file_gets_the_mode_the_umask_gives(tmp_path: Path, umask: int) -> None:
+    old = os.umask(umask)
+    try:
+        checkpoint.atomic_save({"w": torch.ones(2)}, tmp_path / "c.pt")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "c.pt").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_killed_save_leaves_nothing_the_next_save_does_not_reclaim(tmp_path: Path) -> None:
+    """A process killed (SIGKILL) while it writes: its temporary file goes at the next save."""
+    code = ("import sys, torch\n"
+            "from unittest import mock\n"
+            "from ddplab import checkpoint\n"
+            "def killed(obj, file):\n"
+            "    file.write(b'half a checkpoint'); file.flush()\n"
+            "    import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n"
+            "with mock.patch('torch.save', killed):\n"
+            "    checkpoint.atomic_save({'w': torch.ones(2)}, sys.argv[1])\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c.pt")],
+                          capture_output=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(Path(__file__).resolve().parent.parent),
+                               os.environ.get("PYTHONPATH", "")])})
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    left = os.listdir(tmp_path)  # killed: it had no chance to clean
+    assert len(left) == 1 and left[0].startswith(".c.pt.tmp-"), left
+    checkpoint.atomic_save({"w": torch.zeros(2)}, tmp_path / "c.pt")
+    assert sorted(os.listdir(tmp_path)) == ["c.pt"]
+    assert torch.equal(torch.load(tmp_path / "c.pt")["w"], torch.zeros(2))
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip", "empty", "garbage"])
 def test_damaged_file_raises_checkpoint_error(tmp_path: Path, damage: str) -> None:
     model, optimizer = _trained_pair()
@@ -176,7 +212,7 @@ def test_checkpoint_module_stays_self_contained() -> None:
     source = Path(checkpoint.__file__).read_text()
     imports = [line.split()[1] for line in source.splitlines()
                if line.startswith(("import ", "from "))]
-    allowed = {"__future__", "os", "pickle", "random", "tempfile", "warnings", "zipfile",
+    allowed = {"__future__", "os", "pickle", "random", "socket", "warnings", "zipfile",
                "typing", "torch", "torch.distributed"}
     assert set(imports) <= allowed, set(imports) - allowed
     assert "Example" in source or "::" in source.split('"""')[1]

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import ddplab
-from ddplab import agent, launch
+from ddplab import launch
+from ddplab.launcher import agent
 
 PROBE = str(Path(__file__).parent / "scripts" / "cuda_probe.py")
 CLEAN = "cuda False False"

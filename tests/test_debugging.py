@@ -14,7 +14,7 @@ import torch
 import ddplab
 from ddplab import judges, postmortem
 from ddplab.judges import metric, metrics
-from ddplab.results import RunResult
+from ddplab.launcher.results import RunResult
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "tests" / "solutions"

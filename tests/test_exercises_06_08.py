@@ -11,7 +11,7 @@ import pytest
 
 import ddplab
 from ddplab import judges
-from ddplab.results import RunResult
+from ddplab.launcher.results import RunResult
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "tests" / "solutions"

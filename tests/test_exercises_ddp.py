@@ -14,7 +14,7 @@ import pytest
 
 import ddplab
 from ddplab import judges
-from ddplab.results import RunResult
+from ddplab.launcher.results import RunResult
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

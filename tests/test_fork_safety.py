@@ -3,8 +3,9 @@
 A worker forked while the agent's TCPStore server thread was inside ``getnameinfo`` (it
 accepts each peer that way) inherited libc's resolver lock held and hung on its own first
 connection: about one 4-rank launch in 200 on torch 2.14, one in 15 on torch 2.6. The store
-now lives in a keeper process of its own (``ddplab.agent._store_in_keeper``), on the loopback
-address and on any other (tested on this machine's own address where it has one).
+now lives in the helper's store host (``ddplab.launcher.stores``), on the loopback address and
+on any other (tested on this machine's own address where it has one), for one node and for
+several.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import pytest
 from torch.distributed import TCPStore
 
 import ddplab
-from ddplab import env, jobs, launch
+from ddplab import env, launch
+from ddplab.launcher import stores
+from ddplab.launcher.procs import process_table
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -48,7 +51,7 @@ def test_one_node_the_agent_forks_with_no_other_thread_and_nothing_outlives_the_
     assert all(len(names) == 1 for names in threads.values()), threads
     groups = set(forkers([result], "group").values())
     assert len(groups) == 1
-    assert jobs._process_table(groups.pop()) == {}  # agent, keeper and ranks: all gone
+    assert process_table(groups.pop()) == {}  # agent and ranks: all gone
 
 
 @pytest.mark.parametrize("how", ["two nodes", "restarts"])
@@ -121,47 +124,19 @@ def test_a_lone_node_on_an_address_its_hostname_does_not_name_hosts_its_own_stor
     assert result.ok, result.error
 
 
-def test_a_store_that_cannot_start_is_reported_at_once():
-    from ddplab import agent
-
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        with pytest.raises(RuntimeError, match="rendezvous store could not start: TypeError"):
-            agent._store_in_keeper("127.0.0.1", listener.getsockname()[1], None, listener, (),
-                                   {"no_such_option": 1})
-    assert agent._KEEPERS == []  # the keeper was reaped
-
-
-def test_a_keeper_without_a_listener_binds_the_port_and_says_which():
-    from ddplab import agent
-
-    client = agent._store_in_keeper("127.0.0.1", 0, None, None, (),
-                                    {"timeout": timedelta(seconds=10)})
-    try:
-        assert client.port > 0
-        client.set("asked", "answered")
-        assert client.get("asked") == b"answered"   # a store served by the keeper
-        assert len(agent._KEEPERS) == 1
-    finally:
-        agent._end_keepers()
-    assert agent._KEEPERS == []
-
-
 def test_the_store_host_serves_a_store_until_its_agent_lets_go():
-    from ddplab import agent
-
-    agent.start_store_host()
+    stores.start_store_host()
     try:
-        with pytest.raises(RuntimeError, match="rendezvous store could not start: TypeError"):
-            agent._store_in_host("127.0.0.1", 0, None, (), {"no_such_option": 1})
-        port = agent._store_in_host("127.0.0.1", 0, None, (), {"timeout": timedelta(seconds=10)})
+        stores.connect_agent()
+        with pytest.raises(RuntimeError, match="rendezvous store could not start"):
+            stores.serve_store("127.0.0.1", -1, timedelta(seconds=10))
+        port = stores.serve_store("127.0.0.1", 0, timedelta(seconds=10))
         client = TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=10))
         client.set("asked", "answered")
         assert client.get("asked") == b"answered"
         del client
-        agent._STORE_HOST.pop("conn").close()   # what the agent's exit does
-        for _ in range(100):                    # the host drops the store: nobody listens
+        stores.close_agent_connection()  # what the agent's exit does
+        for _ in range(100):             # the host drops the store: nobody listens
             with socket.socket() as probe:
                 if probe.connect_ex(("127.0.0.1", port)) != 0:
                     break
@@ -169,5 +144,5 @@ def test_the_store_host_serves_a_store_until_its_agent_lets_go():
         else:
             pytest.fail(f"port {port} still served after its agent let go")
     finally:
-        agent.stop_store_host()
-    assert agent._STORE_HOST == {}
+        stores.stop_store_host()
+    assert stores.store_host_pid() is None

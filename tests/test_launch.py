@@ -68,7 +68,7 @@ def test_module_target_and_events(tmp_path):
 
 
 def test_installed_modules_resolve_from_any_directory(monkeypatch, tmp_path):
-    from ddplab.launcher import _resolve_target
+    from ddplab.launcher.spec import resolve_target as _resolve_target
 
     repo = str(Path(__file__).resolve().parent.parent)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", repo)])
@@ -228,10 +228,10 @@ def sockets_of(pid: int) -> int:
 
 
 def test_ten_launches_leave_nothing_behind():
-    from ddplab.jobs import AgentServer
+    from ddplab.launcher.helper import Helper
 
     launch(PLAIN, 2, quiet=True)  # make sure the helper process exists before counting
-    store_host = AgentServer.get().request({"op": "ping"}, [])["store_host"]
+    store_host = Helper.get(dict(os.environ)).request({"op": "ping"}, [])["store_host"]
     assert open(f"/proc/{store_host}/comm").read().strip() == "ddplab-stores"  # as ps names it
     time.sleep(0.5)  # (the last agent's stores go when its connection closes, as it exits)
     host_sockets = sockets_of(store_host)
@@ -243,7 +243,7 @@ def test_ten_launches_leave_nothing_behind():
         pids += result.pids.values()
     assert not wait_gone(pids, 5)
     assert len(os.listdir("/proc/self/fd")) <= fds_before  # no pipe or socket leaked
-    helper = AgentServer.get().proc.pid
+    helper = Helper.get(dict(os.environ)).proc.pid
     assert [p for p in _children(helper) if alive(p)] == [store_host]  # it serves the next
     for _ in range(50):  # every store went with its agent: no listener, no connection kept
         if sockets_of(store_host) <= host_sockets:
@@ -273,10 +273,10 @@ def test_subprocess_path_matches(monkeypatch):
 
 
 def test_without_fork_the_launch_goes_through_torchrun_and_says_why_once(monkeypatch, capsys):
-    from ddplab import jobs, launcher
+    from ddplab.launcher import fallback, jobs
 
     monkeypatch.setattr(jobs.sys, "platform", "win32")
-    monkeypatch.setattr(launcher, "_NOTICE_SHOWN", set())
+    monkeypatch.setattr(fallback, "_NOTICE_SHOWN", set())
     assert "needs Linux" in jobs.fast_path_unavailable()
     first = launch(PLAIN, 2, quiet=True)
     second = launch(PLAIN, 2, quiet=True)
@@ -301,7 +301,7 @@ def test_helper_with_cuda_initialised_refuses_to_fork_and_the_launch_still_runs(
 
 
 def test_bad_input_is_refused_before_anything_starts(monkeypatch, tmp_path):
-    with pytest.raises(LaunchError, match="script not found"):
+    with pytest.raises(LaunchError, match="no script or module"):
         launch(tmp_path / "missing.py", 2)
     with pytest.raises(LaunchError, match="no script or module"):
         launch("no_such_module_here", 2)
@@ -500,7 +500,7 @@ def test_an_abort_while_exiting_is_told_apart_from_a_crash(monkeypatch, path):
 def test_a_job_whose_processes_are_all_zombies_counts_as_ended():
     """Orphans of a job (multiprocessing's resource tracker) wait as zombies until PID 1 reaps
     them, a second in some containers; the launch must not wait for that."""
-    from ddplab.jobs import _group_running
+    from ddplab.launcher.procs import group_running as _group_running
 
     proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
     try:
@@ -518,3 +518,14 @@ def test_a_job_whose_processes_are_all_zombies_counts_as_ended():
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_job_sees_the_debug_level_its_environment_asks_for(tmp_path):
+    """torch reads TORCH_DISTRIBUTED_DEBUG at import, in the helper: a worker must read it anew."""
+    script = tmp_path / "level.py"
+    script.write_text("import torch.distributed as dist\n"
+                      "print('debug', dist.get_debug_level(), flush=True)\n")
+    detail = launch(script, 2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, quiet=True, timeout=120)
+    plain = launch(script, 2, quiet=True, timeout=120)
+    assert detail.log(0) == detail.log(1) == "debug DebugLevel.DETAIL", detail.error
+    assert plain.log(1) == "debug DebugLevel.OFF", plain.error

@@ -12,7 +12,7 @@ import pytest
 
 from ddplab import env as ddenv
 from ddplab import launch
-from ddplab.results import hint_for
+from ddplab.launcher.results import hint_for
 from ddplab.workers import spawn_ddp
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -169,7 +169,8 @@ def test_a_timeout_ends_the_script_and_every_rank_it_started():
 
 
 def test_where_processes_cannot_be_watched_nothing_is_claimed_about_ranks():
-    from ddplab.results import RunResult, spawn_outcome
+    from ddplab.launcher.outcome import spawn_outcome
+    from ddplab.launcher.results import RunResult
 
     def outcome(code):
         fresh = RunResult(status="ok", returncode=0, wall_time=1.0, world_size=2)

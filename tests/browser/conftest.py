@@ -101,7 +101,7 @@ def page(browser: Any, lab: Lab) -> Iterator[Any]:
         return [p for p in marked_processes(lab.run_id) if p.pid != lab.proc.pid]
 
     try:
-        wait_for(lambda: not others(), 30, "kernels and their ddplab.agent helpers to exit")
+        wait_for(lambda: not others(), 30, "kernels and their ddplab.launcher.helper processes to exit")
     except AssertionError as exc:
         raise AssertionError(f"{exc}; still running:\n" + "\n".join(
             f"{p.pid} (parent {p.ppid}): {p.cmd}" for p in others())) from None

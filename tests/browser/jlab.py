@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
-from ddplab.agent import STORE_HOST_NAME
+from ddplab.launcher.stores import STORE_HOST_NAME
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -45,7 +45,7 @@ LAB_SETTINGS = {
         "fetchNews": "false", "checkForUpdates": False},
 }
 # Processes a kernel keeps for its whole life (they exit with it): not leftovers of a launch.
-KERNEL_HELPERS = ("-m ddplab.agent", "multiprocessing.resource_tracker",
+KERNEL_HELPERS = ("-m ddplab.launcher.helper", "multiprocessing.resource_tracker",
                   "multiprocessing.forkserver")
 T = TypeVar("T")
 
@@ -159,7 +159,7 @@ class Lab:
         """Processes of this server that should not exist between launches.
 
         Allowed: the server, its kernels, and each kernel's own helpers, which live as long as
-        their kernel: ``ddplab.agent`` (with its store host) and multiprocessing's resource
+        their kernel: ``ddplab.launcher.helper`` (with its store host) and multiprocessing's resource
         tracker (started when an in-kernel demo used ``mp.spawn``). Anything else (a rank, a per-launch agent forked
         from the helper, an ``mp.spawn`` script or child) outlived the launch that started it.
         """

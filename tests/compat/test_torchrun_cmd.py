@@ -1,4 +1,4 @@
-"""``jobs.torchrun_cmd`` builds a command line that the installed torchrun accepts as meant."""
+"""``fallback.torchrun_cmd`` builds a command line that the installed torchrun accepts as meant."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import sys
 import pytest
 from torch.distributed.run import get_args_parser
 
-from ddplab.jobs import torchrun_cmd
+from ddplab.launcher.fallback import torchrun_cmd
 
 
 def parse(cmd: list[str]) -> tuple[dict[str, str], object]:
-    """Split ``[env NAME=value ...] python -m torch.distributed.run ARGS`` and parse ARGS."""
+    """Split ``[env NAME=value ...] python -m ddplab.launcher.fallback ARGS`` (torchrun with
+    whole lines) and parse ARGS."""
     start = cmd.index(sys.executable)
-    assert cmd[start + 1:start + 3] == ["-m", "torch.distributed.run"], cmd
+    assert cmd[start + 1:start + 3] == ["-m", "ddplab.launcher.fallback"], cmd
     env = dict(a.split("=", 1) for a in cmd[1:start]) if start else {}
     return env, get_args_parser().parse_args(cmd[start + 3:])  # exits on an unknown flag
 

@@ -22,7 +22,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LAUNCHER_TESTS = ["tests/test_launch.py", "tests/test_agent.py", "tests/test_cli.py"]
+LAUNCHER_TESTS = ["tests/test_launch.py", "tests/test_rank_behaviour.py", "tests/test_cli.py"]
 NB_TIMEOUT = os.environ.get("NB_TIMEOUT", "600")
 
 

@@ -1,4 +1,6 @@
-"""Stands in for a notebook kernel: launches faulty.py in sleep mode and reports the result.
+"""Stands in for a notebook kernel: launches a script (faulty.py in sleep mode) and reports.
+
+Run it: ``python tests/scripts/caller.py SCRIPT [ARGS...]`` (ARGS default to ``sleep``).
 
 An interrupt (SIGINT) must end every process of the job, then reach this caller again as a
 KeyboardInterrupt carrying the result: the caller reports it and lets it end the program.
@@ -9,7 +11,7 @@ import sys
 import ddplab
 
 try:
-    result = ddplab.launch(sys.argv[1], 2, args=["sleep"], timeout=120)
+    result = ddplab.launch(sys.argv[1], 2, args=sys.argv[2:] or ["sleep"], timeout=120)
 except KeyboardInterrupt as interrupt:
     result = interrupt.result
     print("INTERRUPTED " + str(interrupt), flush=True)

@@ -4,6 +4,18 @@ import os
 import torch.distributed as dist
 
 
+def store_addresses(port):
+    """Where the store the workers share (MASTER_PORT) listens, whichever process serves it."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            fields = line.split()
+            address, hexport = fields[1].split(":")
+            if fields[3] == "0A" and int(hexport, 16) == port:
+                found.append(address)
+    return found
+
+
 def listening_addresses(pids):
     inodes = set()
     for pid in pids:
@@ -26,6 +38,8 @@ def listening_addresses(pids):
 dist.init_process_group("gloo")
 if dist.get_rank() == 0:
     for address in listening_addresses([os.getpid(), os.getppid()]):
+        print("listen", address)
+    for address in store_addresses(int(os.environ["MASTER_PORT"])):
         print("listen", address)
 dist.barrier()
 dist.destroy_process_group()

@@ -62,8 +62,10 @@ class RunResult:
 
     ``status`` is one of ``ok``, ``failed``, ``timeout``, ``interrupted``, ``error``; ``ok`` is
     True only for ``ok``. ``exit_codes[rank]`` is None where the launcher does not know it: a
-    rank it stopped because another rank failed (or a timeout or interrupt came), and with
-    engine "spawn" a rank whose end only the launching script saw.
+    rank it stopped because another rank failed, a rank still running at a timeout (listed in
+    ``still_running``, its stack in ``stacks``) or an interrupt, and with engine "spawn" a rank
+    whose end only the launching script saw. After a timeout, a rank that had already failed
+    is the ``root_cause``.
 
     ``logs[rank]`` holds the lines known to come from that rank; ``logs["launcher"]`` the
     launcher's own lines (torchrun's agent, or with engine "spawn" the launching script) and
@@ -86,6 +88,11 @@ class RunResult:
     job_root_cause: Optional[RankFailure] = None
     engine: str = "torchrun"
     pids: dict[int, int] = field(default_factory=dict)
+    #: After a timeout: the ranks still running then, and for each the text of its Python
+    #: stack dump (every thread, innermost frame first, with file paths and line numbers);
+    #: empty when nothing timed out (or the ranks could not be asked: subprocess paths).
+    still_running: list[int] = field(default_factory=list)
+    stacks: dict[int, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -114,7 +121,8 @@ class RunResult:
             "status": self.status, "ok": self.ok, "returncode": self.returncode,
             "wall_time": self.wall_time, "world_size": self.world_size, "engine": self.engine,
             "exit_codes": keys(self.exit_codes), "pids": keys(self.pids),
-            "error": self.error,
+            "error": self.error, "still_running": self.still_running,
+            "stacks": keys(self.stacks),
             "root_cause": asdict(self.root_cause) if self.root_cause else None,
             "job_root_cause": asdict(self.job_root_cause) if self.job_root_cause else None,
             "summary": self.summary, "events": keys(self.events), "logs": keys(self.logs),
@@ -266,48 +274,6 @@ def mark_exit_aborts(failures: list[RankFailure], logs: dict[Union[int, str], li
             continue
         failure.at_exit, failure.message = True, EXIT_ABORT
         failure.traceback, failure.hint = "", EXIT_ABORT_HINT
-
-
-def spawn_outcome(result: RunResult, code: Optional[int], ranks: Optional[dict[int, int]],
-                  exits: dict[int, tuple[int, float]], logs: dict[Union[int, str], list[str]],
-                  stderr: dict[Union[int, str], list[str]]) -> RunResult:
-    """What is known of an ``mp.spawn`` script's ranks, and nothing more.
-
-    The ranks are the script's children: their exit codes reach the script, not the launcher.
-    What the launcher knows: the processes it saw the script start, the lines that carry a
-    rank, mp.spawn's report of a failed rank, and the script's own exit code (0 means mp.spawn
-    returned, so every rank it started exited with 0). ``ranks`` is None where the launcher
-    cannot watch processes: then it cannot tell either whether any rank started.
-    """
-    found = failures_from_output(code or 0, logs, ranks_only=True) if code else []
-    mark_exit_aborts(found, logs, exits, stderr)
-    seen = set(ranks or {}) | {r for r in logs if isinstance(r, int)} | {
-        f.rank for f in found if f.rank is not None}
-    count = max(seen) + 1 if seen else 0
-    if ranks is None and not count:
-        result.exit_codes = {}
-        if code:
-            message, tail = stderr_cause(stderr.get("launcher", []))
-            fail(result, RankFailure(rank=None, exitcode=code, signal=signal_name(code),
-                                     message=message, traceback=tail), "spawn", logs, stderr)
-        return result
-    result.world_size, result.pids = count, ranks or {}
-    codes: dict[int, Optional[int]] = {rank: None for rank in range(count)}
-    if code == 0:
-        codes.update({rank: 0 for rank in seen})
-    codes.update({f.rank: f.exitcode for f in found if f.rank is not None})
-    result.exit_codes = codes
-    if found:
-        fail(result, root_cause(found, exits), "spawn", logs, stderr)
-    elif code != 0 or not count:
-        message, tail = stderr_cause(stderr.get("launcher", []))
-        cause = RankFailure(rank=None, exitcode=code, signal=signal_name(code),
-                            message=message, traceback=tail)
-        if not count:
-            cause.when = "before starting any rank" if code else "without starting any rank"
-            cause.hint = "" if code else NO_RANK_HINT
-        fail(result, cause, "spawn", logs, stderr)
-    return result
 
 
 def stderr_cause(lines: list[str]) -> tuple[str, str]:

@@ -1,0 +1,290 @@
+"""Run a script or module on N processes from a notebook cell or a terminal (``ddplab.launch``).
+
+``launch("ddplab.workers.train", 2, args=["--epochs", "3"])`` starts the job with PyTorch's own
+engines, prints every rank's output live in the calling cell (prefixed ``[rank1]``), turns the
+workers' ``@ddplab`` event lines into a progress bar and a live loss plot, and returns a
+``RunResult`` to assert on. It never leaves a process behind: a timeout, a Jupyter interrupt, an
+exception in the caller or the caller's death ends the whole worker tree.
+
+Engines:
+
+- ``torchrun``: PyTorch's elastic launcher (``torch.distributed.run``). On Linux the job is
+  started by the launch helper (``helper``), a process that imported torch once and forks one
+  agent per launch, so a launch costs a fraction of a cold ``torchrun``. Elsewhere, with
+  ``DDPLAB_LAUNCH_PATH=subprocess``, or if CUDA is initialised in the helper (forked workers
+  could not use it), a plain ``python -m torch.distributed.run`` subprocess, said once.
+- ``spawn``: the script is run unchanged, as ``python script.py ARGS``, and calls
+  ``torch.multiprocessing.spawn`` itself: it decides its own process count and parses its own
+  command line. ddplab adds nothing to its arguments; its environment holds ``MASTER_ADDR``,
+  a free ``MASTER_PORT``, ``DDPLAB_NPROCS`` (the requested process count, for scripts that
+  want it: ``ddplab.workers.spawn_ddp`` reads it) and ``DDPLAB_RANK_PREFIX=1`` (ranks set up
+  by ``ddplab.dist`` then tag their lines ``[rankN]``, so their output is told apart).
+
+A launch ends when its ranks end, whatever they left running or holding: once the agent has
+reported (or the subprocess exited), the pipes are read to their end and closed, and what the
+ranks left in the job's process group is ended, as torchrun ends its workers. On a timeout,
+each rank still running first dumps its Python stack (``RunResult.stacks``), then the job ends.
+
+``KeyboardInterrupt`` (a Jupyter interrupt) ends every process of the job, says so, and is
+raised again, so an interrupted cell stops "Run All" like any other; the exception carries the
+``RunResult`` as ``.result``.
+
+Example::
+
+    result = ddplab.launch("ddplab.workers.train", nprocs=2, args=["--epochs", "2"])
+    assert result.ok, result.error
+    print(result.summary["final_accuracy"])
+
+Lessons: every notebook that runs workers (01-09); 07 for the multi-node options; 10 for stacks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import uuid
+from typing import Any, Callable, Optional, Sequence, Union
+
+from .. import env as _env
+from .fallback import popen_job, subprocess_path
+from .jobs import FastPathRefused, Job, child_env, fast_path_unavailable, start_fast
+from .outcome import job_outcome, share_root_cause
+from .output import Streams
+from .results import RunResult
+from .spec import LaunchError, LaunchSpec, check_timeout, declares_local_rank
+
+__all__ = ["launch", "launch_multinode", "LaunchError", "RunResult"]
+DEFAULT_TIMEOUT = float(os.environ.get("DDPLAB_TIMEOUT", "3600"))
+
+
+def launch(
+    target: Union[str, os.PathLike],
+    nprocs: int = 2,
+    *,
+    args: Sequence[Any] = (),
+    engine: str = "torchrun",
+    timeout: Optional[float] = None,
+    env: Optional[dict[str, str]] = None,
+    quiet: bool = False,
+    backend: Optional[str] = None,
+    threads: int = 1,
+    cwd: Optional[Union[str, os.PathLike]] = None,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: Optional[str] = None,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    live: bool = True,
+    max_restarts: int = 0,
+    local_rank_arg: Union[bool, str] = False,
+    on_event: Optional[Callable[[dict[str, Any]], None]] = None,
+) -> RunResult:
+    """Run ``target`` on ``nprocs`` processes and return what happened.
+
+    Args:
+        target: a script (a file, with or without ``.py``, or a directory or zip with
+            ``__main__.py``) or a module name (``"ddplab.workers.train"``).
+        nprocs: processes on this node (torchrun's ``--nproc-per-node``), 1 to ``MAX_NPROCS``.
+        args: command-line arguments for the target.
+        engine: ``"torchrun"`` or ``"spawn"`` (the script calls ``mp.spawn`` itself).
+        timeout: seconds (finite, > 0) before the whole job is ended and reported as a
+            timeout (default ``DDPLAB_TIMEOUT`` or 3600).
+        env: extra environment variables for the workers.
+        quiet: print nothing (output is still kept in the result).
+        backend: None (auto: nccl with GPUs, gloo without), or force ``gloo``/``nccl``; passed
+            to the workers as ``DDPLAB_BACKEND``, which ``ddplab.dist.setup()`` honours.
+        threads: torch threads per worker (``OMP_NUM_THREADS`` unless already set).
+        cwd: working directory of the job (default: the caller's).
+        nnodes, node_rank, rdzv_endpoint, master_addr, master_port: multi-node options as in
+            torchrun; by default one node with a rendezvous on 127.0.0.1 and a free port.
+        live: show a progress bar and live loss plot from the workers' events.
+        max_restarts: how many times the elastic agent restarts every worker of the job after
+            one fails (torchrun's ``--max-restarts``; engine ``torchrun`` only). A restarted
+            worker sees ``TORCHELASTIC_RESTART_COUNT`` > 0 and resumes from its checkpoint
+            (lesson 10).
+        local_rank_arg: pass each rank ``--local_rank=N`` before its arguments, as the old
+            ``torch.distributed.launch`` did, for scripts written for it (lesson 07): True or
+            ``"underscore"`` for ``--local_rank``, ``"dash"`` for ``--local-rank`` (what it
+            passed since torch 2.0). torchrun passes nothing: the rank is in ``LOCAL_RANK``.
+        on_event: called with every event a worker emits, as it arrives (the CLI prints one
+            line per epoch with it).
+
+    Returns:
+        A ``RunResult``; ``result.ok`` is False for any failure or timeout.
+
+    Raises:
+        LaunchError: bad input (missing script, nprocs out of range, a timeout that is not a
+            positive number, unknown engine, nccl without enough GPUs, a busy port you asked
+            for), before anything starts.
+        KeyboardInterrupt: the launch was interrupted (a Jupyter interrupt, Ctrl-C), raised
+            again once every process of the job has ended; ``.result`` holds the RunResult.
+    """
+    seconds = check_timeout(timeout, DEFAULT_TIMEOUT)
+    spec = LaunchSpec(target, nprocs, args, engine, env, backend, threads, cwd, nnodes,
+                      node_rank, rdzv_endpoint, master_addr, master_port, max_restarts,
+                      local_rank_arg)
+    jobs, view = _start_jobs([spec], quiet, live)
+    return _run(jobs, view, seconds, on_event)[0]
+
+
+def launch_multinode(
+    target: Union[str, os.PathLike],
+    nnodes: int = 2,
+    nproc_per_node: int = 1,
+    *,
+    args: Sequence[Any] = (),
+    timeout: Optional[float] = None,
+    env: Optional[dict[str, str]] = None,
+    quiet: bool = False,
+    live: bool = False,
+    port: Optional[int] = None,
+) -> list[RunResult]:
+    """Pretend this machine is ``nnodes`` machines: one torchrun agent per "node".
+
+    Each agent is started exactly as on a real cluster (``--nnodes``, ``--node-rank`` and one
+    ``--rdzv-endpoint``), here all on 127.0.0.1; they meet at the rendezvous and form one job.
+
+    Returns:
+        One ``RunResult`` per node, in node-rank order.
+
+    Lesson: 07.
+    """
+    seconds = check_timeout(timeout, DEFAULT_TIMEOUT)
+    port = port or _env.free_port()
+    specs = [LaunchSpec(target, nproc_per_node, args, env=env, nnodes=nnodes, node_rank=node,
+                        rdzv_endpoint=f"127.0.0.1:{port}") for node in range(nnodes)]
+    jobs, view = _start_jobs(specs, quiet, live)
+    return _run(jobs, view, seconds)
+
+
+def _start_jobs(specs: list[LaunchSpec], quiet: bool, live: bool) -> tuple[list[Job], Any]:
+    """Check every spec, then start them all; on any error end what already started."""
+    prepared = [_prepare(spec.check()) for spec in specs]
+    from ..widgets import LiveView
+
+    view = LiveView(quiet=quiet, live=live)
+    jobs: list[Job] = []
+    try:
+        for index, (starter, kwargs) in enumerate(prepared):
+            try:
+                job = starter(**kwargs)
+            except FastPathRefused as refused:
+                starter, kwargs = subprocess_path(str(refused), **kwargs)
+                job = starter(**kwargs)
+            job.node = f"node{index} " if len(prepared) > 1 else ""
+            jobs.append(job)
+    except BaseException:
+        for job in jobs:
+            job.kill(signal.SIGKILL)
+        view.close()
+        raise
+    return jobs, view
+
+
+def _prepare(spec: LaunchSpec) -> tuple[Callable[..., Job], dict[str, Any]]:
+    """The function and arguments that start one checked launch."""
+    extra = dict(spec.env or {})
+    if spec.local_rank_style:
+        extra["DDPLAB_LOCAL_RANK_ARG"] = spec.local_rank_style  # read by the rank's entry
+    elif spec.engine == "torchrun" and not any(a.startswith(("--local_rank", "--local-rank"))
+                                               for a in spec.argv) \
+            and declares_local_rank(spec.resolved):
+        print(f"ddplab.launch: {spec.resolved} declares --local_rank (written for "
+              f"torch.distributed.launch, which passed it) and does not read LOCAL_RANK: every "
+              f"rank will keep the option's default. Pass local_rank_arg=True (CLI: "
+              f"--local-rank-arg) to give each rank --local_rank=N, or read "
+              f"int(os.environ['LOCAL_RANK']) in the script.", file=sys.stderr)
+    if spec.backend not in (None, "auto"):
+        extra["DDPLAB_BACKEND"] = str(spec.backend)
+    extra.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", str(spec.threads)))
+    if spec.nnodes > 1 or spec.max_restarts:
+        # Since torch 2.5 the workers share the c10d rendezvous's store by default (several
+        # nodes, or torchrun's own on the subprocess path): its server would then run in the
+        # agent that forks them (see ``stores``), and a restarted attempt reads the addresses
+        # the failed attempt published there, so it cannot connect (pytorch/pytorch#135712).
+        # A store of their own (rank 0 hosts it) avoids both.
+        extra.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+                         os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"))
+    if spec.host.startswith("127."):
+        extra.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+    job_env = child_env(os.environ, extra)
+    if spec.engine == "spawn":
+        script = [spec.resolved] if os.path.isabs(spec.resolved) else ["-m", spec.resolved]
+        job_env.update(MASTER_ADDR=spec.host,
+                       MASTER_PORT=str(spec.port or _env.free_port(spec.host)),
+                       DDPLAB_NPROCS=str(spec.nprocs), DDPLAB_RANK_PREFIX="1")
+        return popen_job, dict(cmd=[sys.executable, *script, *spec.argv], job_env=job_env,
+                               cwd=spec.cwd, world_size=spec.nprocs, engine="spawn")
+    endpoint = f"{spec.host}:{spec.port if spec.port is not None else 0}"
+    run_id = uuid.uuid4().hex if spec.nnodes == 1 else f"ddplab-{endpoint}"
+    fast = dict(target=spec.resolved, args=spec.argv, nprocs=spec.nprocs, job_env=job_env,
+                cwd=spec.cwd, threads=spec.threads, nnodes=spec.nnodes,
+                node_rank=spec.node_rank, endpoint=endpoint, run_id=run_id,
+                preload=_preload(spec.resolved), max_restarts=spec.max_restarts)
+    why_not = fast_path_unavailable()
+    if why_not is None:
+        return start_fast, fast
+    return subprocess_path(why_not, **fast)
+
+
+def _preload(target: str) -> bool:
+    """Whether the helper should preload the training stack before this launch.
+
+    A notebook launches many training runs, so it pays the imports once (default). The CLI
+    sets ``DDPLAB_PRELOAD_TRAINING=auto``: preload only for ddplab's own training workers.
+    """
+    mode = os.environ.get("DDPLAB_PRELOAD_TRAINING", "1")
+    if mode == "auto":
+        return target.startswith("ddplab.workers")
+    return mode != "0"
+
+
+def _run(jobs: list[Job], view: Any, timeout: float,
+         on_event: Optional[Callable[[dict[str, Any]], None]] = None) -> list[RunResult]:
+    """Stream every job's output until all end; end them all on timeout or interrupt.
+
+    Raises:
+        KeyboardInterrupt: again, after every process of every job has ended.
+    """
+    start = time.monotonic()
+    streams = Streams(jobs, view, on_event)
+    interrupt: Optional[KeyboardInterrupt] = None
+    running: list[list[int]] = [[] for _ in jobs]
+    stacks: list[dict[int, str]] = [{} for _ in jobs]
+    timed_out_at = 0.0
+    try:
+        try:
+            status = streams.pump(start + timeout)
+            if status == "timeout":
+                timed_out_at = time.time()
+                running = [job.running_ranks() for job in jobs]
+                stacks = streams.stacks(running, timeout)
+        except KeyboardInterrupt as exc:
+            status, interrupt = "interrupted", exc
+        if status != "done":
+            for job in jobs:
+                job.terminate()
+            streams.drain()
+        for job in jobs:
+            job.reap()
+    except BaseException:  # an error in the caller, or a second interrupt: end everything
+        for job in jobs:
+            job.terminate(grace=0.5)
+        raise
+    finally:
+        streams.close()
+        view.close()
+    wall = time.monotonic() - start
+    results = [job_outcome(job, streams.of_job(i), status, wall, timeout, running[i], stacks[i],
+                           timed_out_at) for i, job in enumerate(jobs)]
+    share_root_cause(results, jobs)
+    if interrupt is not None:
+        again = KeyboardInterrupt(f"ddplab.launch: {results[0].error}")
+        again.result, again.results = results[0], results  # type: ignore[attr-defined]
+        raise again from None
+    for result in results:
+        if not result.ok:
+            view.failure(result)
+    return results

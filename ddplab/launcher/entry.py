@@ -1,0 +1,207 @@
+"""A rank's first frame: its own pipes, its stack on demand, then the target run as ``__main__``.
+
+``run_rank`` is the function the elastic agent forks every rank into (torch already imported,
+the torchrun environment set: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...). It
+
+- puts the rank's stdout and stderr on pipes of its own and closes every other launcher
+  descriptor; the rest become close-on-exec, so nothing but 0, 1, 2 reaches what it starts;
+- tells the launcher which global rank and pid it is (one ``rank`` event line);
+- dumps its Python stack, every thread, on its stderr at SIGUSR1 (``faulthandler``): what the
+  launcher asks for before it ends a job that timed out, so a hang names its line;
+- runs the target as ``python`` would (``run_target``) and leaves as ``python`` would: the
+  script's ``atexit`` handlers run, and cycles are collected.
+
+``python -m ddplab.launcher.entry TARGET [ARGS...]`` runs the same ``run_target`` for ranks that
+a torchrun subprocess starts (``local_rank_arg`` on the subprocess path).
+
+Lesson: every notebook that launches workers; 10 for the stacks of a hang.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import gc
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+import zipfile
+from typing import Any, Callable
+
+from ..events import MARKER
+from .procs import close_on_exec_above_stdio, close_quietly, set_parent_death_signal
+
+#: ``local_rank_arg`` values: the option ``torch.distributed.launch`` passed before torch 2.0
+#: (``--local_rank=N``) and since (``--local-rank=N``).
+LOCAL_RANK_OPTIONS = {"underscore": "--local_rank", "dash": "--local-rank"}
+STACK_SIGNAL = signal.SIGUSR1
+
+
+def rank_argv(target: str, args: list[str]) -> list[str]:
+    """The rank's ``sys.argv``: the target, ``--local_rank=N`` if asked, then its arguments."""
+    option = LOCAL_RANK_OPTIONS.get(os.environ.get("DDPLAB_LOCAL_RANK_ARG", ""))
+    extra = [f"{option}={os.environ['LOCAL_RANK']}"] if option else []
+    return [target, *extra, *args]
+
+
+def run_target(target: str, args: list[str]) -> None:
+    """Run a script path (file, directory or zip with ``__main__.py``) or a module name."""
+    import runpy
+
+    sys.argv = rank_argv(target, args)
+    if os.path.isabs(target):
+        if os.path.isfile(target) and not zipfile.is_zipfile(target):
+            sys.path.insert(0, os.path.dirname(target))  # (run_path adds a directory or zip)
+        runpy.run_path(target, run_name="__main__")
+    else:
+        sys.path.insert(0, os.getcwd())
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+
+
+class _Rank:
+    """What the entry keeps about its rank: the pipe it reports on, the script's exit handlers."""
+
+    pipe: tuple[int, int] = (0, 0)
+    exit_handlers: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
+
+
+def run_rank(target: str, args: list[str], rank_fds: list[int], threads: int,
+             others: list[int]) -> None:
+    """Entry point of every rank (see the module's docstring); ``others``: fds to close."""
+    set_parent_death_signal()
+    local_rank = int(os.environ["LOCAL_RANK"])
+    count = int(os.environ["LOCAL_WORLD_SIZE"])
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.dup2(rank_fds[local_rank], 1)
+    os.dup2(rank_fds[count + local_rank], 2)
+    for fd in [*rank_fds, *others]:
+        close_quietly(fd)
+    from .stores import close_agent_connection
+
+    close_agent_connection()
+    close_on_exec_above_stdio()
+    stat = os.fstat(1)
+    _Rank.pipe = (stat.st_dev, stat.st_ino)
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    _say({"kind": "rank", "rank": int(os.environ["RANK"]), "local_rank": local_rank,
+          "pid": os.getpid()})
+    faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
+    _like_a_fresh_process(threads)
+    code: Any = 0
+    try:
+        run_target(target, args)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code != 0:
+            raise
+        # sys.exit(0) is success: return normally, or the agent waits for a return value.
+    except BaseException as exc:
+        code = 1
+        _print_user_traceback(exc)
+        raise
+    finally:
+        _finish_like_an_interpreter()
+        _say({"kind": "exit", "rank": int(os.environ["RANK"]), "code": code,
+              "time": time.time()})
+
+
+def _like_a_fresh_process(threads: int) -> None:
+    """Undo what the agent set up in this process, as if it had started afresh."""
+    import logging
+
+    logging.disable(logging.NOTSET)
+    # The agent's handlers (inherited through fork) would turn SIGTERM into an exception.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if torch.cuda._is_in_bad_fork():  # the CPU-visible probe: no CUDA call is made
+        print("ddplab: warning: this worker was forked after its launcher touched CUDA, so it "
+              "cannot use the GPU. Relaunch with DDPLAB_LAUNCH_PATH=subprocess and report "
+              "this with your torch version.", file=sys.stderr, flush=True)
+    # torch reads TORCH_DISTRIBUTED_DEBUG once, when torch.distributed is imported: in the
+    # helper, before this job's environment was set. Read it again, as a fresh process would.
+    if torch.distributed.is_available() and hasattr(torch.distributed, "set_debug_level_from_env"):
+        torch.distributed.set_debug_level_from_env()
+    # The helper's own exit handlers are not this script's: keep a list of the script's, which
+    # run when it ends (a forked rank leaves through os._exit, which runs none).
+    register = atexit.register
+
+    def recorded(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        _Rank.exit_handlers.append((func, args, kwargs))
+        return register(func, *args, **kwargs)
+
+    atexit.register = recorded  # (the standard library's module, in this rank only)
+
+
+def _finish_like_an_interpreter() -> None:
+    """Do what ``python script.py`` does on its way out: flush, exit handlers, collect cycles.
+
+    Objects kept alive only by reference cycles (a process group's store, say) are finalised,
+    so a ``file://`` store does not stay behind after a clean job.
+    """
+    _flush()
+    while _Rank.exit_handlers:
+        func, args, kwargs = _Rank.exit_handlers.pop()
+        atexit.unregister(func)
+        try:
+            func(*args, **kwargs)
+        except Exception:  # noqa: BLE001  (as the interpreter does: print it, go on)
+            traceback.print_exc()
+    gc.collect()
+    _flush()
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a script may close its own stdout
+            pass
+
+
+def _say(event: dict[str, Any]) -> None:
+    """Write one event line to the rank's pipe, whole, if fd 1 is still that pipe.
+
+    A script may close its stdout (``os.close(1)``) and the number may then name another
+    file: the line is then not written, and the rank's end is not a failure.
+    """
+    try:
+        stat = os.fstat(1)
+    except OSError:
+        return
+    if (stat.st_dev, stat.st_ino) != _Rank.pipe:
+        return
+    _flush()
+    try:
+        os.write(1, (MARKER + json.dumps(event) + "\n").encode())
+    except OSError:
+        pass
+
+
+def _print_user_traceback(exc: BaseException) -> None:
+    """Print the traceback from the user's code on, without the launcher's frames."""
+    tb = exc.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename == __file__
+                              or "runpy" in tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+
+
+def main() -> None:
+    """``python -m ddplab.launcher.entry TARGET [ARGS...]`` (a torchrun subprocess's rank)."""
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m ddplab.launcher.entry TARGET [ARGS...]")
+    run_target(sys.argv[1], sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""A started launch (``Job``): where its output comes from, what it knows, how to end it.
+
+A job is one process group: the agent's (forked by the helper, ``start_fast``) or a
+subprocess's (``fallback``). It has ended when its agent has written its report (every rank
+has then exited) or its subprocess has exited; what the ranks left running in the group is
+then ended, as torchrun's agent ends its workers.
+
+Lesson: every notebook that launches workers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from .helper import Helper
+from .procs import cmdline, group_running, kill_group, process_table, running
+from .stores import HELPER_TOKEN
+
+# What training workers import on top of torch (DDP's constructor alone imports torch._dynamo,
+# seconds per process): the helper imports these once, so every later fork has them.
+PRELOAD_TRAINING = ("torch._dynamo", "torchvision", "ddplab.data", "ddplab.models",
+                    "ddplab.checkpoint", "ddplab.train")
+
+
+@dataclass
+class Job:
+    """One started launch: where its output comes from and how to end it."""
+
+    world_size: int
+    engine: str
+    pgid: int
+    sources: dict[int, Union[int, str]]  # fd -> rank label (local rank int) or "launcher"
+    node: str = ""
+    err_fds: set[int] = field(default_factory=set)  # the sources that carry stderr
+    report_fd: Optional[int] = None
+    popen: Optional[subprocess.Popen] = None
+    report: bytes = b""
+    report_done: bool = False
+    nproc_per_node: int = 1
+    rank_of: dict[Union[int, str], int] = field(default_factory=dict)  # source label -> rank
+    pids: dict[int, int] = field(default_factory=dict)  # rank -> pid (its "rank" event)
+    stack_pids: dict[int, int] = field(default_factory=dict)  # ranks that dump their stack
+    said_exit: dict[int, tuple[int, float]] = field(default_factory=dict)  # its "exit" event
+    workers_gone_at: Optional[float] = None
+    stuck: bool = False
+    # engine "spawn": the processes the script started with mp.spawn (pid -> start time), as
+    # seen in /proc while the job ran; their exit codes are the script's to know, not ours.
+    spawned: dict[int, int] = field(default_factory=dict)
+    _not_ranks: set[int] = field(default_factory=set)
+    _forks: set[int] = field(default_factory=set)
+    _watched_at: float = 0.0
+
+    def ended(self) -> bool:
+        """True once the agent has reported (every rank exited) or the subprocess exited."""
+        if self.popen is not None:
+            return self.popen.poll() is not None
+        return self.report_done
+
+    def agent_report(self) -> dict[str, Any]:
+        """The agent's JSON report ({} when it died before writing one)."""
+        try:
+            return dict(json.loads(self.report.decode() or "{}"))
+        except ValueError:
+            return {}
+
+    def exits(self, before: float = math.inf) -> dict[int, tuple[int, float]]:
+        """rank -> (exit code, time): as the agent accounted them (by pid), else as the rank
+        said when its script ended (its own ``exit`` event: a rank that torch joined the
+        moment it ended may escape the agent's accounting, and a finished rank waits for its
+        peers before its process ends). ``before``: only the agent's facts older than that
+        (``time.time()``), as when a timeout came."""
+        by_pid = self.agent_report().get("exits", {})
+        found = dict(self.said_exit)
+        found.update({rank: (int(by_pid[str(pid)][0]), float(by_pid[str(pid)][1]))
+                      for rank, pid in self.pids.items()
+                      if str(pid) in by_pid and by_pid[str(pid)][1] <= before})
+        return found
+
+    def running_ranks(self) -> list[int]:
+        """The ranks whose script still runs (a finished rank's process waits for its peers);
+        of an mp.spawn script, those that ddplab.dist set up."""
+        ranks = self.pids if self.popen is None else self.stack_pids
+        return sorted(rank for rank, pid in ranks.items()
+                      if running(pid) and rank not in self.said_exit)
+
+    def workers_gone(self) -> bool:
+        """True once every local worker has reported its pid and none of them runs any more."""
+        if self.popen is not None or len(self.pids) < self.nproc_per_node:
+            return False
+        return not any(running(pid) for pid in self.pids.values())
+
+    def alive(self) -> bool:
+        """True while a process of the job runs (zombies waiting for their reaper do not)."""
+        if self.popen is not None and self.popen.poll() is None:
+            return True
+        return group_running(self.pgid)
+
+    def watch_spawned(self, every: float = 0.2) -> None:
+        """Note the rank processes an ``mp.spawn`` script has started (engine "spawn").
+
+        A rank is a child of the script (or of its forkserver) that runs multiprocessing's
+        ``spawn_main``, or a fork of the script still running as the script two looks apart.
+        Other children are not ranks: the resource tracker, and short-lived programs the script
+        or its imports run (``import torch`` runs ``ldconfig -p``), which look like a fork of the
+        script until they execute. mp.spawn starts the ranks in rank order.
+        """
+        now = time.monotonic()
+        if self.popen is None or self.engine != "spawn" or now - self._watched_at < every:
+            return
+        self._watched_at = now
+        script = cmdline(self.popen.pid)
+        parents = {self.popen.pid}
+        table = process_table(self.pgid)
+        for pid, (ppid, _start) in table.items():
+            if ppid == self.popen.pid and "multiprocessing.forkserver" in cmdline(pid):
+                parents.add(pid)
+        for pid, (ppid, start) in table.items():
+            if ppid not in parents or pid in parents or pid in self.spawned \
+                    or pid in self._not_ranks:
+                continue
+            command = cmdline(pid)
+            if "spawn_main" in command or ppid != self.popen.pid:
+                self.spawned[pid] = start
+            elif command != script:
+                self._not_ranks.add(pid)
+            elif pid in self._forks:
+                self.spawned[pid] = start
+            else:
+                self._forks.add(pid)  # a rank if it still runs as the script next time
+
+    def spawned_ranks(self) -> Optional[dict[int, int]]:
+        """The spawned processes seen, as rank -> pid (None without ``/proc``: not Linux)."""
+        if not os.path.isdir("/proc"):
+            return None
+        order = sorted(self.spawned, key=lambda pid: (self.spawned[pid], pid))
+        return dict(enumerate(order))
+
+    def kill(self, sig: int) -> None:
+        kill_group(self.pgid, sig)
+
+    def terminate(self, grace: float = 3.0) -> None:
+        """SIGTERM the job's process group, then SIGKILL whatever is left after ``grace``."""
+        self.kill(signal.SIGTERM)
+        end = time.monotonic() + grace
+        while self.alive() and time.monotonic() < end:
+            time.sleep(0.02)
+        self.kill(signal.SIGKILL)
+
+    def reap(self) -> None:
+        """End what the ranks left in the job's group (SIGTERM, then SIGKILL after 1 s)."""
+        if self.popen is not None:
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill(signal.SIGKILL)
+                self.popen.wait()
+        if self.alive():
+            self.terminate(grace=1.0)
+
+
+def child_env(base: Any, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """The environment of the job: the caller's, ``extra`` on top, this package importable."""
+    merged = {str(k): str(v) for k, v in dict(base).items()}
+    merged.update({str(k): str(v) for k, v in (extra or {}).items()})
+    merged.pop(HELPER_TOKEN, None)  # a launch from inside a rank has a helper of its own
+    root = str(Path(__file__).resolve().parent.parent.parent)
+    paths = merged.get("PYTHONPATH", "").split(os.pathsep)
+    if root not in paths:
+        merged["PYTHONPATH"] = os.pathsep.join(p for p in [root, *paths] if p)
+    merged.setdefault("PYTHONUNBUFFERED", "1")
+    return merged
+
+
+class FastPathRefused(RuntimeError):
+    """The helper will not fork workers in this session; launch through a subprocess."""
+
+
+_REFUSED: list[str] = []  # why the helper refused to fork, once it has (for this session)
+
+
+def fast_path_unavailable() -> Optional[str]:
+    """Why launches cannot fork from the preloaded helper here, or None when they can.
+
+    The helper is a fresh interpreter (started by exec, never forked from the caller), so a
+    caller that has already initialised CUDA does not matter; what matters is CUDA in the
+    helper itself, which the helper checks before every fork.
+    """
+    if os.environ.get("DDPLAB_LAUNCH_PATH", "") == "subprocess":
+        return "DDPLAB_LAUNCH_PATH=subprocess asks for it"
+    if not sys.platform.startswith("linux") or not hasattr(os, "waitid"):
+        return f"fast launches fork workers from a helper process, which needs Linux " \
+               f"(this is {sys.platform})"
+    return _REFUSED[0] if _REFUSED else None
+
+
+def start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str], cwd: str,
+               threads: int, nnodes: int, node_rank: int, endpoint: str, run_id: str,
+               preload: bool = True, max_restarts: int = 0) -> Job:
+    """Start a torchrun-engine job through the preloaded helper (``helper``).
+
+    Raises:
+        FastPathRefused: the helper cannot fork workers safely (CUDA is initialised in it).
+    """
+    out_pipes = [os.pipe() for _ in range(nprocs)]
+    err_pipes = [os.pipe() for _ in range(nprocs)]
+    log_r, log_w = os.pipe()
+    report_r, report_w = os.pipe()
+    req = {
+        "op": "launch", "target": target, "args": args, "nproc_per_node": nprocs,
+        "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint, "run_id": run_id,
+        "env": job_env, "cwd": cwd, "threads": threads, "max_restarts": max_restarts,
+        "preload": list(PRELOAD_TRAINING) if preload else [],
+        "local_addr": "127.0.0.1" if endpoint.startswith(("127.", "localhost")) else None,
+    }
+    write_ends = [report_w, log_w, *[w for _r, w in out_pipes + err_pipes]]
+    try:
+        with Helper.lock:
+            reply = Helper.get(child_env(os.environ)).request(req, write_ends)
+    finally:
+        for fd in write_ends:
+            os.close(fd)
+    if "refused" in reply:
+        for fd in [report_r, log_r, *[r for r, _w in out_pipes + err_pipes]]:
+            os.close(fd)
+        _REFUSED.append(str(reply["refused"]))
+        raise FastPathRefused(reply["refused"])
+    sources: dict[int, Union[int, str]] = {log_r: "launcher"}
+    sources.update({r: i for i, (r, _w) in enumerate(out_pipes)})
+    sources.update({r: i for i, (r, _w) in enumerate(err_pipes)})
+    # The agent's own log is torchrun's stderr: its warnings and errors.
+    err_fds = {log_r, *[r for r, _w in err_pipes]}
+    return Job(world_size=nprocs * nnodes, engine="torchrun", pgid=int(reply["pid"]),
+               sources=sources, report_fd=report_r, nproc_per_node=nprocs, err_fds=err_fds)

@@ -1,0 +1,167 @@
+"""A job's ``RunResult`` from what was read and what its agent reported.
+
+One route for a rank's exit facts: the agent's report (its accounting of every rank's exit
+status, by pid; see ``agent``), mapped to ranks by the pids the ranks announced. A subprocess
+job's facts come from torchrun's or mp.spawn's own error report, the only thing it leaves.
+
+Lesson: every notebook that launches workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from .jobs import Job
+from .results import (NO_RANK_HINT, RankFailure, RunResult, fail, failures_from_output,
+                      mark_exit_aborts, root_cause, short_message, signal_name, stderr_cause,
+                      traceback_tail)
+
+Logs = dict[Union[int, str], list[str]]
+
+
+def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, timeout: float,
+                running: list[int], stacks: dict[int, str], timed_out_at: float = 0.0
+                ) -> RunResult:
+    """Build one job's RunResult (``read``: its logs, stderr and events, see ``output``;
+    ``timed_out_at``: the ``time.time()`` of a timeout, before anything was ended)."""
+    logs, stderr = read["logs"], read["stderr"]
+    result = RunResult(status="ok", returncode=0, wall_time=wall, world_size=job.world_size,
+                       logs=logs, events=read["events"], engine=job.engine,
+                       pids=dict(job.pids) or job.spawned_ranks() or {})
+    if status == "interrupted":
+        result.status, result.returncode = "interrupted", 130
+        result.error = "interrupted: every process of the job was ended."  # shown once
+        return result
+    if job.engine == "spawn" and status != "timeout":
+        code = job.popen.returncode if job.popen is not None else None
+        return spawn_outcome(result, code, job.spawned_ranks(), job.said_exit, logs, stderr)
+    if status == "timeout":
+        return _timed_out(result, job, timeout, running, stacks, timed_out_at)
+    if job.popen is not None:
+        return _subprocess_outcome(result, job, logs, stderr)
+    report, exits = job.agent_report(), job.exits()
+    if report.get("status") not in ("ok", "failed") and not job.stuck:
+        result.status, result.returncode = "error", 1
+        result.error = "the launcher failed:\n" + "\n".join(logs.get("launcher", [])[-30:])
+        if report.get("error"):
+            result.error += f"\n{report.get('traceback') or report['error']}"
+        return result
+    clean = report.get("status") == "ok"
+    result.exit_codes = {rank: exits[rank][0] if rank in exits else (0 if clean else None)
+                         for rank in sorted(job.pids)}
+    failures = _failed(result.exit_codes, logs)
+    if job.stuck:
+        failures += [RankFailure(rank=rank, exitcode=None, message=(
+            "ended without returning to the launcher (os._exit or a crash of the "
+            "interpreter); end worker scripts normally or with sys.exit"))
+            for rank in sorted(job.pids) if rank not in job.said_exit
+            and result.exit_codes.get(rank) in (0, None)]
+    if failures:
+        mark_exit_aborts(failures, logs, job.said_exit, stderr)
+        fail(result, root_cause(failures, exits), job.engine, logs, stderr)
+    return result
+
+
+def _timed_out(result: RunResult, job: Job, timeout: float, running: list[int],
+               stacks: dict[int, str], wall_clock_at_timeout: float) -> RunResult:
+    """A timeout keeps what is known: exit codes of ranks that had ended, and who still ran."""
+    exits = job.exits(before=wall_clock_at_timeout)
+    ranks = sorted(job.pids) or sorted(result.pids) if job.engine == "spawn" else \
+        sorted(job.pids) or list(range(job.world_size))  # (a subprocess's ranks: unknown)
+    result.exit_codes = {rank: None if rank in running else exits.get(rank, (None,))[0]
+                         for rank in ranks}
+    result.still_running, result.stacks = list(running), dict(stacks)
+    failures = _failed(result.exit_codes, result.logs)
+    if failures:
+        result.root_cause = root_cause(failures, exits)
+    result.status, result.returncode = "timeout", 124
+    where = f"; still running: {', '.join(f'rank {r}' for r in running)}" if running else ""
+    seen = " (their Python stacks are in result.stacks)" if stacks else ""
+    result.error = f"timed out after {timeout:g} s{where}{seen}: every process of the job " \
+                   f"was ended."
+    if result.root_cause is not None:
+        result.error += f"\nbefore that, {result.root_cause}"
+    return result
+
+
+def _failed(codes: dict[int, Optional[int]], logs: Logs) -> list[RankFailure]:
+    """A failure for every rank whose exit code is known and not 0, with its last error."""
+    return [RankFailure(rank=rank, exitcode=code, signal=signal_name(code),
+                        message=short_message(logs.get(rank, [])),
+                        traceback=traceback_tail(logs.get(rank, [])))
+            for rank, code in codes.items() if code not in (0, None)]
+
+
+def _subprocess_outcome(result: RunResult, job: Job, logs: Logs, stderr: Logs) -> RunResult:
+    """A torchrun subprocess: the failed ranks as its error report names them."""
+    code = job.popen.returncode if job.popen is not None else None
+    found = failures_from_output(code or 0, logs, ranks_only=True)
+    if code and not found:  # torchrun itself failed, before any rank did
+        message, tail = stderr_cause(stderr.get("launcher", []))
+        found = [RankFailure(rank=None, exitcode=code, signal=signal_name(code),
+                             message=message, traceback=tail)]
+    result.exit_codes = {r: (None if found else 0) for r in range(job.world_size)}
+    result.exit_codes.update({f.rank: f.exitcode for f in found if f.rank is not None})
+    if found:
+        mark_exit_aborts(found, logs, job.said_exit, stderr)
+        fail(result, root_cause(found, job.said_exit), job.engine, logs, stderr)
+    return result
+
+
+def share_root_cause(results: list[RunResult], jobs: list[Job]) -> None:
+    """Give every node's result the first genuine failure across all nodes of the job."""
+    causes = [r.root_cause for r in results if r.root_cause is not None]
+    if not causes:
+        return
+    exits = {rank: ended for job in jobs for rank, ended in job.exits().items()}
+    first = root_cause(causes, exits)
+    for result in results:
+        result.job_root_cause = first
+        if len(results) > 1 and result.root_cause is not first:
+            where = next(i for i, r in enumerate(results) if r.root_cause is first)
+            result.error = (f"{result.error}\n" if result.error else "") + \
+                f"first failure of the whole job, on node {where}: {first}"
+
+
+def spawn_outcome(result: RunResult, code: Optional[int], ranks: Optional[dict[int, int]],
+                  exits: dict[int, tuple[int, float]], logs: dict[Union[int, str], list[str]],
+                  stderr: dict[Union[int, str], list[str]]) -> RunResult:
+    """What is known of an ``mp.spawn`` script's ranks, and nothing more.
+
+    The ranks are the script's children: their exit codes reach the script, not the launcher.
+    What the launcher knows: the processes it saw the script start, the lines that carry a
+    rank, mp.spawn's report of a failed rank, and the script's own exit code (0 means mp.spawn
+    returned, so every rank it started exited with 0). ``ranks`` is None where the launcher
+    cannot watch processes: then it cannot tell either whether any rank started.
+    """
+    found = failures_from_output(code or 0, logs, ranks_only=True) if code else []
+    mark_exit_aborts(found, logs, exits, stderr)
+    seen = set(ranks or {}) | {r for r in logs if isinstance(r, int)} | {
+        f.rank for f in found if f.rank is not None}
+    count = max(seen) + 1 if seen else 0
+    if ranks is None and not count:
+        result.exit_codes = {}
+        if code:
+            message, tail = stderr_cause(stderr.get("launcher", []))
+            fail(result, RankFailure(rank=None, exitcode=code, signal=signal_name(code),
+                                     message=message, traceback=tail), "spawn", logs, stderr)
+        return result
+    result.world_size, result.pids = count, ranks or {}
+    codes: dict[int, Optional[int]] = {rank: None for rank in range(count)}
+    if code == 0:
+        codes.update({rank: 0 for rank in seen})
+    codes.update({f.rank: f.exitcode for f in found if f.rank is not None})
+    result.exit_codes = codes
+    if found:
+        fail(result, root_cause(found, exits), "spawn", logs, stderr)
+    elif code != 0 or not count:
+        message, tail = stderr_cause(stderr.get("launcher", []))
+        cause = RankFailure(rank=None, exitcode=code, signal=signal_name(code),
+                            message=message, traceback=tail)
+        if not count:
+            cause.when = "before starting any rank" if code else "without starting any rank"
+            cause.hint = "" if code else NO_RANK_HINT
+        fail(result, cause, "spawn", logs, stderr)
+    return result
+
+

@@ -1,0 +1,328 @@
+"""Reading a launch's pipes in the caller's thread: rank output, events and the agent's report.
+
+Every rank writes its stdout and its stderr to pipes of its own (the subprocess paths: the
+launching process's two pipes, whose lines carry a ``[rankN]`` prefix when a rank wrote them);
+``Streams.pump`` reads them all with one selector, prints each line live with its rank (stderr
+lines on stderr), turns ``@ddplab`` event lines into progress and metrics, and notices an
+agent left waiting for workers that are already gone. Reading happens in the caller's main
+thread, so the output reaches the notebook cell also under nbval.
+
+A job's pipes are read until the job has ended (its agent reported, or its subprocess exited),
+then to what they hold and closed: a process the ranks left behind may keep a pipe open (a
+daemon in a session of its own), and the launch does not wait for it.
+
+Lesson: every notebook that launches workers (01-09); 10 for the stacks of a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import socket
+import sys
+import time
+from typing import Any, Callable, Optional, Union
+
+from .. import events as _events
+from .entry import STACK_SIGNAL
+from .jobs import Job
+
+_RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:? ?")
+# torchrun's --tee copies a rank's unfinished last line without a newline, so the next rank's
+# first line follows on the same line: "[rank0]:progress 99%[rank1]:pid 42".
+_TORCHRUN_PREFIX = re.compile(r"(?<=.)(?=\[rank\d+\]:)")
+
+
+class Streams:
+    """Read every job's pipes in the calling thread: lines, events, reports."""
+
+    def __init__(self, jobs: list[Job], view: Any,
+                 on_event: Optional[Callable[[dict[str, Any]], None]] = None) -> None:
+        self.view = view
+        self.on_event = on_event
+        self.jobs = jobs
+        self.sel = selectors.DefaultSelector()
+        self.partial: dict[int, bytes] = {}
+        self.fragments: dict[tuple[int, Optional[int]], str] = {}  # torchrun's unfinished lines
+        self.logs: dict[tuple[int, Union[int, str]], list[str]] = {}
+        self.stderr: dict[tuple[int, Union[int, str]], list[str]] = {}
+        self.events: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        for index, job in enumerate(jobs):
+            for fd, label in job.sources.items():
+                os.set_blocking(fd, False)
+                self.sel.register(fd, selectors.EVENT_READ, (index, job, label))
+            if job.report_fd is not None:
+                os.set_blocking(job.report_fd, False)
+                self.sel.register(job.report_fd, selectors.EVENT_READ, (index, job, "report"))
+        self.tick = 0.2 if any(job.engine == "spawn" for job in jobs) else 0.5
+
+    def pump(self, deadline: float) -> str:
+        """Read until every job has ended ("done") or the deadline passes ("timeout")."""
+        open_jobs = set(range(len(self.jobs)))
+        while open_jobs:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            for key, _mask in self.sel.select(timeout=min(remaining, self.tick)):
+                self._read(key.fd, *key.data)
+            self._watch()
+            for index in list(open_jobs):
+                if self.jobs[index].ended():
+                    self._finish(index)
+                    open_jobs.discard(index)
+        return "done"
+
+    def _finish(self, index: int) -> None:
+        """Read what an ended job's pipes hold, then close them (whoever else holds them)."""
+        while keys := [k for k in self.sel.get_map().values() if k.data[0] == index]:
+            for key in keys:
+                while key.fd in self.sel.get_map() and \
+                        self._read(key.fd, *self.sel.get_key(key.fd).data):
+                    pass
+                if key.fd in self.sel.get_map():  # still open: a process the ranks left holds it
+                    self._lines(key.fd, *self.sel.get_key(key.fd).data, b"")  # (ends it)
+
+    def of_job(self, index: int) -> dict[str, Any]:
+        """One job's logs, stderr lines and events (what its RunResult is built from)."""
+        def mine(table: dict[Any, Any]) -> dict[Any, Any]:
+            return {key: value for (i, key), value in table.items() if i == index}
+
+        return {"logs": mine(self.logs), "stderr": mine(self.stderr),
+                "events": mine(self.events)}
+
+    def stacks(self, running: list[list[int]], timeout: float) -> list[dict[int, str]]:
+        """Ask each rank still running for its Python stack; the dumps, job by job.
+
+        Ranks started by the helper dump every thread's stack on their stderr at SIGUSR1
+        (``faulthandler``, see ``entry``), and so do an mp.spawn script's ranks set up by
+        ``ddplab.dist`` (they said so when they connected); ranks of a torchrun subprocess
+        have no such handler and are not asked (the signal would end them).
+        """
+        asked: dict[tuple[int, int], int] = {}
+        for index, ranks in enumerate(running):
+            job = self.jobs[index]
+            if not ranks:
+                continue
+            if not getattr(self.view, "quiet", False):
+                print(f"ddplab.launch: timed out after {timeout:g} s; still running: "
+                      f"{', '.join(f'rank {r}' for r in ranks)}. Where each one is:",
+                      file=sys.stderr, flush=True)
+            for rank in ranks:
+                asked[(index, rank)] = len(self.stderr.get((index, rank), []))
+                try:
+                    os.kill(job.stack_pids[rank], STACK_SIGNAL)
+                except OSError:
+                    pass
+        end, quiet_since = time.monotonic() + 3.0, time.monotonic()
+        while asked and time.monotonic() < end and time.monotonic() - quiet_since < 0.5:
+            for key, _mask in self.sel.select(timeout=0.1):
+                if self._read(key.fd, *key.data):
+                    quiet_since = time.monotonic()
+        found: list[dict[int, str]] = [{} for _ in self.jobs]
+        for (index, rank), start in asked.items():
+            lines = self.stderr.get((index, rank), [])[start:]
+            first = next((i for i, line in enumerate(lines) if "most recent call first" in line),
+                         None)
+            found[index][rank] = "\n".join(lines[first:]) if first is not None else ""
+        return found
+
+    def _watch(self, grace: float = 3.0) -> None:
+        """End an agent whose workers are all gone but which still waits for them.
+
+        torch's elastic agent waits for a return value from every worker; a worker that left
+        through ``os._exit`` never sends one, and the agent would wait until the timeout.
+        """
+        now = time.monotonic()
+        for job in self.jobs:
+            job.watch_spawned()
+            if job.stuck or not job.workers_gone():
+                job.workers_gone_at = None
+                continue
+            job.workers_gone_at = job.workers_gone_at or now
+            if now - job.workers_gone_at > grace:
+                job.stuck = True
+                job.terminate(grace=1.0)
+
+    def drain(self) -> None:
+        """After killing the jobs, take what is left in the pipes without blocking long."""
+        end = time.monotonic() + 2.0
+        while self.sel.get_map() and time.monotonic() < end:
+            for key, _mask in self.sel.select(timeout=0.1):
+                self._read(key.fd, *key.data)
+            for index, job in enumerate(self.jobs):
+                if job.ended():
+                    self._finish(index)
+
+    def _read(self, fd: int, index: int, job: Job, label: Union[int, str]) -> bool:
+        """Read once from ``fd``; False when it had nothing to give now."""
+        if label == "accept":  # the rank socket of an mp.spawn job: a rank connects
+            try:
+                conn, _addr = socket.socket(fileno=os.dup(fd)).accept()
+            except BlockingIOError:
+                return False
+            conn.setblocking(False)
+            self.sel.register(conn.detach(), selectors.EVENT_READ, (index, job, "hello"))
+            return True
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return False
+        if label == "report":
+            job.report += chunk
+            if not chunk:
+                job.report_done = True
+                self._close(fd)
+            return bool(chunk)
+        if label == "hello":  # a rank's own connection: "rank N out|err" comes first
+            rest = self._hello(fd, index, job, chunk)
+            if rest and fd in self.sel.get_map():
+                self._lines(fd, index, job, self.sel.get_key(fd).data[2], rest)
+            return bool(chunk)
+        self._lines(fd, index, job, label, chunk)
+        return bool(chunk)
+
+    def _hello(self, fd: int, index: int, job: Job, chunk: bytes) -> bytes:
+        """Read a rank connection's first line; from then on it is that rank's stream."""
+        data = self.partial.pop(fd, b"") + chunk
+        first, newline, rest = data.partition(b"\n")
+        words = first.decode(errors="replace").split()
+        if not newline:
+            if chunk:
+                self.partial[fd] = data
+            else:
+                self._close(fd)
+            return b""
+        if len(words) >= 3 and words[0] == "rank" and words[1].isdigit():
+            self.sel.modify(fd, selectors.EVENT_READ, (index, job, int(words[1])))
+            if words[2] == "err":
+                job.err_fds.add(fd)
+            if len(words) == 4 and words[3].isdigit():  # its pid: it dumps its stack on demand
+                job.stack_pids[int(words[1])] = int(words[3])
+        else:
+            self.sel.modify(fd, selectors.EVENT_READ, (index, job, "launcher"))
+        return rest
+
+    def _lines(self, fd: int, index: int, job: Job, label: Union[int, str],
+               chunk: bytes) -> None:
+        """Print and record the whole lines ``chunk`` completes (all of them at the end)."""
+        data = self.partial.pop(fd, b"") + chunk
+        lines = data.split(b"\n")
+        if chunk:
+            self.partial[fd] = lines.pop()
+        else:
+            self._close(fd)
+            if lines and not lines[-1]:
+                lines.pop()
+        err = fd in job.err_fds
+        split = job.popen is not None and job.engine == "torchrun"
+        for raw in lines:
+            text = raw.decode("utf-8", "replace").rstrip("\r")
+            if split:
+                self._torchrun_parts(fd, index, job, label, text, err)
+            else:
+                self._line(index, job, label, text, err)
+        if not chunk:
+            for key in [k for k in self.fragments if k[0] == fd]:
+                self._line(index, job, label, self.fragments.pop(key), err)
+
+    def _torchrun_parts(self, fd: int, index: int, job: Job, label: Union[int, str],
+                        text: str, err: bool) -> None:
+        """Rebuild each rank's lines from torchrun's copy of them.
+
+        torchrun's ``--tee`` copies what a rank has written so far, each piece with the rank's
+        prefix: a line the rank had not finished yet ends without a newline, and the next
+        piece, the rest of it or another rank's line, follows on the same line. A piece that
+        did not end a line is kept until the same rank's next piece completes it.
+        """
+        parts = _TORCHRUN_PREFIX.split(text)
+        for number, part in enumerate(parts):
+            match = _RANK_PREFIX.match(part)
+            key = (fd, int(match.group(1)) if match else None)
+            if key in self.fragments:
+                part = self.fragments.pop(key) + (part[match.end():] if match else part)
+            if number < len(parts) - 1:
+                self.fragments[key] = part
+            else:
+                self._line(index, job, label, part, err)
+
+    def _close(self, fd: int) -> None:
+        self.sel.unregister(fd)
+        os.close(fd)
+
+    def close(self) -> None:
+        """Close every pipe still open and the selector itself."""
+        for key in list(self.sel.get_map().values()):
+            self._close(key.fd)
+        self.sel.close()
+
+    def _line(self, index: int, job: Job, label: Union[int, str], text: str,
+              err: bool = False) -> None:
+        source = label
+        if label == "launcher":
+            match = _RANK_PREFIX.match(text)
+            if match:
+                source, text = int(match.group(1)), text[match.end():]
+                again = _RANK_PREFIX.match(text)  # torch's own "[rankN]:" on an error's lines
+                if again and int(again.group(1)) == source:
+                    text = text[again.end():]
+        rank = job.rank_of.get(source, source)
+        text, event = split_event(text)
+        if text:  # a line, or a last line without its newline that an event line followed
+            self._print(index, job, rank, text, err)
+        if event is None:
+            return
+        if event["kind"] == "rank" and isinstance(source, int):
+            job.rank_of[source] = rank = int(event["rank"])
+            job.pids[rank] = job.stack_pids[rank] = int(event.get("pid", 0))
+            return
+        if event["kind"] == "exit":
+            job.said_exit[int(event["rank"])] = (int(event["code"]), float(event["time"]))
+            return
+        self.events.setdefault((index, int(event.get("rank", rank if isinstance(rank, int)
+                                                           else 0))), []).append(event)
+        self.view.event(event)
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def _print(self, index: int, job: Job, rank: Union[int, str], text: str, err: bool) -> None:
+        self.logs.setdefault((index, rank), []).append(text)
+        if err:
+            self.stderr.setdefault((index, rank), []).append(text)
+        prefix = f"{job.node}rank{rank}" if isinstance(rank, int) else f"{job.node}{rank}"
+        if not err:
+            self.view.line(prefix, text)
+        else:
+            show_stderr(self.view, prefix, text)
+
+
+def split_event(text: str) -> tuple[str, Optional[dict[str, Any]]]:
+    """Split a line into (output, event): an event line may follow output that had no newline.
+
+    ``print("progress 99%", end="")`` followed by an event gives one line,
+    ``progress 99%@ddplab {...}``: the output is kept as it was printed, the event taken out.
+    """
+    event = _events.parse(text)
+    if event is not None:
+        return "", event
+    at = text.rfind(_events.MARKER)
+    if at > 0:
+        event = _events.parse(text[at:])
+        if event is not None:
+            return text[:at], event
+    return text, None
+
+
+def show_stderr(view: Any, prefix: str, text: str) -> None:
+    """Print one stderr line of a rank on the caller's stderr, as the view prints stdout."""
+    if getattr(view, "quiet", False):
+        return
+    from ..widgets import in_notebook
+
+    line = f"[{prefix}] {text}"
+    bar = getattr(view, "bar", None)
+    if bar is not None and not in_notebook():
+        bar.write(line, file=sys.stderr)
+    else:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()

@@ -1,0 +1,179 @@
+"""Processes as the launcher sees them: death signals, process groups, ``/proc`` and descriptors.
+
+Every process the launcher starts dies with its parent (Linux's ``PR_SET_PDEATHSIG``), every
+launch is one process group, and descriptors are closed or made close-on-exec so that only a
+process's own stdin, stdout and stderr reach what it starts.
+
+Lesson: every notebook that launches workers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from typing import Any
+
+
+def _prctl(option: int, value: Any) -> None:
+    """Linux's ``prctl(option, value)`` for this process (no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def name_this_process(name: str) -> None:
+    """Set the name ``ps -o comm`` and ``/proc/PID/comm`` show (15 bytes at most)."""
+    _prctl(15, ctypes.c_char_p(name.encode()[:15]))  # 15 == PR_SET_NAME
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere)."""
+    _prctl(1, int(sig))  # 1 == PR_SET_PDEATHSIG
+
+
+def become_quiet_child(parent: int, keep: set[int]) -> None:
+    """In a freshly forked server child: die with ``parent``, no output, only ``keep`` open.
+
+    Every other descriptor is closed, the launcher's pipes above all: they must close when
+    the processes that own them end. SIGINT is ignored (the parent decides), SIGTERM ends it.
+    """
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(0)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, max_fd())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
+def max_fd() -> int:
+    try:
+        return int(os.sysconf("SC_OPEN_MAX"))
+    except (ValueError, OSError):
+        return 65536
+
+
+def open_fds() -> list[int]:
+    """This process's open descriptors (Linux: ``/proc/self/fd``; elsewhere 0, 1, 2)."""
+    try:
+        return sorted(int(name) for name in os.listdir("/proc/self/fd"))
+    except OSError:
+        return [0, 1, 2]
+
+
+def close_on_exec_above_stdio() -> None:
+    """Mark every descriptor but 0, 1, 2 close-on-exec: nothing else reaches a program started."""
+    for fd in open_fds():
+        if fd > 2:
+            try:
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass
+
+
+def close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write ``data`` whole, then close ``fd``."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    close_quietly(fd)
+
+
+def kill_group(pgid: int, sig: int) -> None:
+    if pgid > 1:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill_marked(name: str, value: str, spare: int = 0) -> None:
+    """SIGKILL every process whose environment holds ``name=value`` (not this one, ``spare``)."""
+    if not value:
+        return
+    mark = f"{name}={value}".encode()
+    for pid in process_table():
+        if pid in (os.getpid(), spare):
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as environ:
+                found = mark in environ.read().split(b"\0")
+        except OSError:
+            continue
+        if found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def process_table(pgid: int = 0) -> dict[int, tuple[int, int]]:
+    """Running (non-zombie) processes, of group ``pgid`` if given: pid -> (ppid, start time)."""
+    found: dict[int, tuple[int, int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if (not pgid or int(fields[2]) == pgid) and fields[0] != b"Z":
+            found[int(name)] = (int(fields[1]), int(fields[19]))
+    return found
+
+
+def group_running(pgid: int) -> bool:
+    """True while a process of group ``pgid`` runs.
+
+    A zombie does not count: an orphan of the job (multiprocessing's resource tracker, say)
+    waits as a zombie until PID 1 reaps it, which takes a second in some containers and
+    forever in others.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    if not sys.platform.startswith("linux"):
+        return True
+    return bool(process_table(pgid))
+
+
+def running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (Linux: read from /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as text:
+            return text.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,167 @@
+"""ddplab uses torch through its public API only: no patch, no private name, no switch.
+
+Read with ``ast`` over every module of the package (nothing is run): no assignment to an
+attribute of torch or of anything imported from it, no ``setattr`` on one, no private torch
+name read (``torch.cuda._is_in_bad_fork()``, the CPU-visible probe, aside), no private torch
+module imported, and nothing of ``atexit``'s private side. Then the launcher's own pieces that
+replaced the patches: its rendezvous handlers come from torch's public registry, and the
+agent's accounting of exit codes leaves every child for torch to reap.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "ddplab"
+ALLOWED = {("torch", "cuda", "_is_in_bad_fork")}
+# What the project's own check greps for before it stops.
+PATCHES = re.compile(r"_delay|_create_tcp_store_server|ProcessContext\.join *=|atexit\._|"
+                     r"\._composable|\.TCPStore *=")
+
+
+def _private(part: str) -> bool:
+    return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+
+
+def _chain(node: ast.AST) -> list[str]:
+    """``a.b.c`` as ["a", "b", "c"] ([] when the root is not a plain name)."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return [node.id, *reversed(parts)]
+    return []
+
+
+def torch_use_problems(source: str) -> list[str]:
+    """Every patch of torch and private torch name in ``source`` (one line each)."""
+    tree = ast.parse(source)
+    bound: dict[str, list[str]] = {}  # local name -> the torch path it stands for
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in ("torch", "atexit"):
+                    name = alias.asname or alias.name.split(".")[0]
+                    bound[name] = alias.name.split(".") if alias.asname else [name]
+                if alias.name.startswith("torch") and any(map(_private, alias.name.split("."))):
+                    problems.append(f"line {node.lineno}: imports {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
+            for alias in node.names:
+                path = [*node.module.split("."), alias.name]
+                bound[alias.asname or alias.name] = path
+                if any(map(_private, path)):
+                    problems.append(f"line {node.lineno}: imports {'.'.join(path)}")
+    for node in ast.walk(tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        elif isinstance(node, ast.Call) and _chain(node.func) in (["setattr"], ["delattr"]):
+            targets = [ast.Attribute(value=node.args[0], attr="?")] if node.args else []
+        for target in targets:
+            chain = _chain(target) if isinstance(target, ast.Attribute) else []
+            if chain and chain[0] in bound and bound[chain[0]][0] == "torch":
+                problems.append(f"line {node.lineno}: assigns to {'.'.join(chain)}")
+        if isinstance(node, ast.Attribute):
+            chain = _chain(node)
+            if chain and chain[0] in bound:
+                path = [*bound[chain[0]], *chain[1:]]
+                private = [p for p in path if _private(p)]
+                if private and tuple(path) not in ALLOWED and \
+                        tuple(path[:3]) not in ALLOWED:
+                    problems.append(f"line {node.lineno}: reads {'.'.join(path)}")
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                re.fullmatch(r"torch(\.\w+)*\._\w+(\.\w+)*", node.value) and \
+                node.value != "torch._dynamo":  # preloaded by name: DDP imports it anyway
+            problems.append(f"line {node.lineno}: names {node.value}")
+    return sorted(set(problems))
+
+
+def test_the_checker_finds_what_it_looks_for():
+    patched = (
+        "import atexit\n"
+        "from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic\n"
+        "import torch.multiprocessing.spawn as spawn\n"
+        "from torch.distributed._composable.fsdp import fully_shard\n"
+        "dynamic._delay = print\n"
+        "spawn.ProcessContext.join = print\n"
+        "setattr(dynamic, 'get_method_name', print)\n"
+        "atexit._clear()\n"
+        "import torch\n"
+        "torch.cuda._lazy_init()\n"
+        "ok = torch.cuda._is_in_bad_fork()\n"
+    )
+    found = "\n".join(torch_use_problems(patched))
+    for expected in ("assigns to dynamic._delay", "assigns to spawn.ProcessContext.join",
+                     "assigns to dynamic.?", "reads atexit._clear", "reads torch.cuda._lazy_init",
+                     "imports torch.distributed._composable.fsdp.fully_shard"):
+        assert expected in found, found
+    assert "_is_in_bad_fork" not in found
+
+
+def test_no_module_of_ddplab_patches_torch_or_reads_a_private_torch_name():
+    problems = {str(path.relative_to(PACKAGE)): found for path in sorted(PACKAGE.rglob("*.py"))
+                if (found := torch_use_problems(path.read_text()))}
+    assert problems == {}
+
+
+def test_the_projects_grep_finds_nothing_and_no_switch_turns_a_fix_off():
+    hits = [f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
+            for path in sorted(PACKAGE.rglob("*.py"))
+            for number, line in enumerate(path.read_text().splitlines(), 1)
+            if PATCHES.search(line) or "DDPLAB_TORCH_PATCHES" in line]
+    assert hits == []
+
+
+def test_the_rendezvous_handlers_come_from_torchs_public_registry():
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous import (
+        RendezvousParameters,
+        rendezvous_handler_registry,
+    )
+
+    from ddplab.launcher import stores
+
+    stores.register_rendezvous()
+    stores.start_store_host()
+    try:
+        stores.connect_agent()
+        handler = rendezvous_handler_registry.create_handler(RendezvousParameters(
+            backend="ddplab", endpoint="127.0.0.1:0", run_id="one", min_nodes=1, max_nodes=1))
+        info = handler.next_rendezvous()
+        assert (info.rank, info.world_size, handler.use_agent_store) == (0, 1, True)
+        port = info.bootstrap_store_info.master_port  # what the workers are told
+        info.store.set("from the agent", "seen")
+        worker = TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=10))
+        assert worker.get("one/from the agent") == b"seen"  # one store, shared
+    finally:
+        stores.close_agent_connection()
+        stores.stop_store_host()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_agents_exit_accounting_reads_every_status_and_reaps_nothing():
+    from ddplab.launcher import agent
+
+    agent._EXITS.clear()
+    exited = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed.send_signal(signal.SIGKILL)
+    for _ in range(200):
+        agent._note_exits()
+        if {exited.pid, killed.pid} <= set(agent._EXITS):
+            break
+        time.sleep(0.05)
+    assert agent._EXITS[exited.pid][0] == 3 and agent._EXITS[killed.pid][0] == -signal.SIGKILL
+    assert exited.wait(timeout=5) == 3 and killed.wait(timeout=5) == -signal.SIGKILL  # still ours
+    agent._EXITS.clear()
