@@ -211,7 +211,12 @@ def atomic_save(obj: Any, path: PathLike) -> None:
 
     Example::
 
+        import torch
+        from ddplab.checkpoint import atomic_save
+
+        model = torch.nn.Linear(4, 2)
         atomic_save(model.state_dict(), "ckpt/model.pt")   # never half a file on disk
+        assert list(torch.load("ckpt/model.pt", weights_only=True)) == ["weight", "bias"]
 
     Lesson: 05.
     """
