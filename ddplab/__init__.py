@@ -9,9 +9,9 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "check": "checks", "doctor": "env", "launch": "launcher.api",
+    "check": "lab.checks", "doctor": "env", "launch": "launcher.api",
     "launch_multinode": "launcher.api", "LaunchError": "launcher.spec",
-    "RunResult": "launcher.results", "show": "showcode", "source": "showcode",
+    "RunResult": "launcher.results", "show": "lab.showcode", "source": "lab.showcode",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

@@ -11,7 +11,7 @@ reference) both end with ``ddplab.capstone.run(sys.modules[__name__])``. The run
    --kill-epoch E`` kills rank R with SIGKILL halfway through epoch E (fault injection).
 
 While it runs it watches, without changing what the functions compute, and reports ``metric``
-events the judge (``ddplab.judges.capstone``) reads: which samples every rank read per epoch
+events the judge (``ddplab.lab.judges.capstone``) reads: which samples every rank read per epoch
 (a hash of the labels in order), the LR of every optimizer step, whether the forward passes
 ran under autocast and in which dtype, who wrote the checkpoint (Python's audit hook sees
 opens and renames; ``/proc/self/io`` counts the bytes a rank wrote), whether it was renamed

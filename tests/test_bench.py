@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from ddplab import bench
+from ddplab.lab import bench
 
 
 def test_plan_has_the_source_rows_and_reuses_ddp_x2_when_n_is_2():

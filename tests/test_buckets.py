@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import ddplab
-from ddplab.judges import metric
+from ddplab.lab.judges import metric
 
 pytestmark = pytest.mark.slow
 

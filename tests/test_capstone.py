@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import ddplab
-from ddplab import judges
-from ddplab.judges import capstone as judge13
+from ddplab.lab import judges
+from ddplab.lab.judges import capstone as judge13
 from ddplab import RunResult
 
 pytestmark = pytest.mark.slow

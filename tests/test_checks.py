@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddplab.checks import EXERCISES, check, reference_answer
+from ddplab.lab.checks import EXERCISES, check, reference_answer
 
 WRONG = {"01": 1000 / 1.16, "02": [2, 2, 1, 1], "03": (1024, 0.001), "04": (168, 0),
          "05": [3, 4, 5], "06": (torch.float32, torch.float32), "07": 2, "08": 200,
@@ -73,7 +73,7 @@ def test_the_example_in_checks_docstring_is_a_correct_answer(capsys):
     import ast
     import re
 
-    from ddplab import checks
+    from ddplab.lab import checks
 
     example = re.search(r'ddplab\.check\("03", (\(.*?\))\)', checks.check.__doc__)
     assert example, "check's docstring should show a warm-up answer to exercise 03"

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import ddplab
-from ddplab import judges, postmortem
-from ddplab.judges import metric, metrics
+from ddplab.lab import judges, postmortem
+from ddplab.lab.judges import metric, metrics
 from ddplab.launcher.results import RunResult
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""ddplab.demos.dataparallel: DataParallel by hand and the module. prefix, as lesson 02 claims."""
+"""ddplab.lab.demos.dataparallel: DataParallel by hand and the module. prefix, as lesson 02 claims."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ddplab import checkpoint, models
-from ddplab.demos import dataparallel
-from ddplab.showcode import source
+from ddplab.lab.demos import dataparallel
+from ddplab.lab.showcode import source
 
 
 def _cnn(name: str = "cnn") -> torch.nn.Module:
@@ -67,4 +67,4 @@ def test_a_repair_that_leaves_the_prefix_is_not_counted_as_a_fix():
 
 def test_sections_of_the_by_hand_code_can_be_shown():
     for name in ("scatter", "replicate", "parallel_apply", "gather", "reduce"):
-        assert source("ddplab/demos/dataparallel.py", name).strip()
+        assert source("ddplab/lab/demos/dataparallel.py", name).strip()

@@ -1,11 +1,11 @@
-"""ddplab.demos.precision: what lesson 06 shows about float16, bfloat16 and the GradScaler."""
+"""ddplab.lab.demos.precision: what lesson 06 shows about float16, bfloat16 and the GradScaler."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ddplab.demos import precision
+from ddplab.lab.demos import precision
 
 
 def test_autocast_on_cpu_computes_in_bf16_and_keeps_fp32_weights():

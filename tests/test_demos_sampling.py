@@ -1,10 +1,10 @@
-"""ddplab.demos.sampling: the facts lesson 04 states about DistributedSampler are true."""
+"""ddplab.lab.demos.sampling: the facts lesson 04 states about DistributedSampler are true."""
 
 from __future__ import annotations
 
 import pytest
 
-from ddplab.demos import error_of, sampling
+from ddplab.lab.demos import error_of, sampling
 
 
 @pytest.mark.parametrize("length,world", [(10, 3), (12, 4), (7, 8), (1347, 2)])

@@ -1,4 +1,4 @@
-"""ddplab.demos.saving: what lesson 05 shows about checkpoint files is true."""
+"""ddplab.lab.demos.saving: what lesson 05 shows about checkpoint files is true."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-from ddplab.demos import error_of, saving
+from ddplab.lab.demos import error_of, saving
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_a_gpu_tagged_file_needs_map_location(state_file, tmp_path):
 def test_pickled_module_is_refused_by_weights_only_and_breaks_on_rename(tmp_path, state_file):
     path = tmp_path / "module.pt"
     torch.save(saving.TinyNet(), path)
-    assert "ddplab.demos.saving.TinyNet" in saving.pickled_globals(path)
+    assert "ddplab.lab.demos.saving.TinyNet" in saving.pickled_globals(path)
     assert not any("TinyNet" in g for g in saving.pickled_globals(state_file))
     error = error_of(lambda: torch.load(path, weights_only=True))
     assert isinstance(error, pickle.UnpicklingError)

@@ -1,4 +1,4 @@
-"""ddplab.demos.spawning: mp.spawn of a function from a cell fails (lesson 03), leaving nothing."""
+"""ddplab.lab.demos.spawning: mp.spawn of a function from a cell fails (lesson 03), leaving nothing."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import textwrap
 
 import pytest
 
-from ddplab.demos import dataparallel, spawning
+from ddplab.lab.demos import dataparallel, spawning
 
 
 def _spawn_script(body: str) -> str:
     return textwrap.dedent("""
-        from ddplab.demos import spawning
+        from ddplab.lab.demos import spawning
 
         def hello(rank, world_size):
             print("hello from", rank)

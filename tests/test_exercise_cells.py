@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ddplab import judges
+from ddplab.lab import judges
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import ddplab
-from ddplab import judges
+from ddplab.lab import judges
 from ddplab.launcher.results import RunResult
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import ddplab
-from ddplab import judges
+from ddplab.lab import judges
 from ddplab.launcher.results import RunResult
 
 pytestmark = pytest.mark.slow

@@ -77,7 +77,7 @@ def test_the_two_terminal_commands_form_one_job():
     import subprocess
     import sys
 
-    from ddplab import slurm
+    from ddplab.lab import slurm
 
     commands = slurm.node_commands(TARGET, ["--init-method", "env://"],
                                    endpoint=f"127.0.0.1:{free_port()}")

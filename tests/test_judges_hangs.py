@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from ddplab import RunResult, check
-from ddplab.judges import hangs
+from ddplab.lab.judges import hangs
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT = ROOT / "tests" / "solutions" / "checkpoint.py"

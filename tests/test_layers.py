@@ -23,10 +23,8 @@ SEAM = {"events", "env", "versions"}
 # Module (or subpackage: every module in it) -> side.
 SIDES = {
     # kernel side: the notebook's and the CLI's process
-    "__main__": "kernel", "cli": "kernel", "launcher": "kernel", "widgets": "kernel",
-    "plots": "kernel", "showcode": "kernel", "checks": "kernel", "judges": "kernel",
-    "course": "kernel", "bench": "kernel", "slurm": "kernel", "cmdlines": "kernel",
-    "postmortem": "kernel", "timeline": "kernel", "demos": "kernel",
+    # the launcher, and lab/: what only notebooks call (widgets, plots, checks, judges, demos, ...)
+    "__main__": "kernel", "cli": "kernel", "launcher": "kernel", "lab": "kernel",
     "workspace": "kernel",
     # worker side: runs in each rank
     "workers": "worker", "train": "worker", "data": "worker", "models": "worker",
@@ -156,7 +154,7 @@ def test_the_reader_sees_what_the_rule_sees() -> None:
     """The import reader itself: it finds the imports these modules are known to have."""
     assert imported("workers.train") >= {"train", "data", "dist", "models", "checkpoint"}
     assert "events" in imported("launcher.output")  # `from .. import events as _events`
-    assert "launcher.api" in imported("bench")  # `from .launcher.api import launch`
+    assert "launcher.api" in imported("lab.bench")  # `from ..launcher.api import launch`
     assert imported("dist") == set() and imported("checkpoint") == set()
-    assert imported("demos.saving") == {"demos", "demos.dataparallel"}
-    assert "demos.sampling" in imported("widgets")  # imported inside a function
+    assert imported("lab.demos.saving") == {"lab.demos", "lab.demos.dataparallel"}
+    assert "lab.demos.sampling" in imported("lab.widgets")  # imported inside a function

@@ -237,7 +237,7 @@ def verdicts(*cells: str) -> list[bool]:
     (["import ddplab\nrun = ddplab.launch('w.py', 2)\nassert run.ok"], [True]),
     (["import ddplab\nrun = ddplab.launch('w.py', 2)", "s = run.summary\nassert s['x'] > 0"],
      [True]),
-    (["from ddplab.demos import dataparallel\n"
+    (["from ddplab.lab.demos import dataparallel\n"
       "assert dataparallel.scatter_sizes(32, 4) == [8, 8, 8, 8]"], [True]),
     (["import ddplab\nr = ddplab.launch('w')", "assert r.ok and 2 > 1"], [True, False]),
     (["import m\nrows = []\nfor x in m.items():\n    rows.append(x)\nassert rows"], [True]),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ddplab.course import is_stripped, strip
+from ddplab.lab.course import is_stripped, strip
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED = ["01_single_gpu", "02_data_parallel", "03_ddp_spawn", "04_sampler_set_epoch",

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ddplab
-from ddplab.showcode import source
+from ddplab.lab.showcode import source
 from ddplab.workers import plain_ddp
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from ddplab import plots  # noqa: E402
+from ddplab.lab import plots  # noqa: E402
 
 HISTORY = [{"epoch": e, "loss": 1.0 / e, "accuracy": 0.5 + 0.1 * e, "epoch_time": t}
            for e, t in zip(range(1, 5), (3.0, 1.0, 1.2, 0.8))]

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddplab import check, launch, timeline
-from ddplab.judges import skeleton_path
+from ddplab import check, launch
+from ddplab.lab import timeline
+from ddplab.lab.judges import skeleton_path
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ddplab import showcode as ddshow
+from ddplab.lab import showcode as ddshow
 
 
 def test_section_is_cut_and_dedented():

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from ddplab import slurm
+from ddplab.lab import slurm
 
 
 def test_default_render_is_the_template_unchanged():

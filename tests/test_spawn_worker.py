@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import ddplab
-from ddplab.showcode import source
+from ddplab.lab.showcode import source
 from ddplab.workers import spawn_ddp
 
 pytestmark = pytest.mark.slow

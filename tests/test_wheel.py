@@ -97,7 +97,7 @@ def test_the_installed_wheel_runs_the_course_from_ddplab_init(installed):
 
 
 def test_postmortem_reads_the_lessons_workers_also_inside_site_packages(tmp_path):
-    from ddplab import postmortem
+    from ddplab.lab import postmortem
 
     worker = tmp_path / "lib" / "python3.11" / "site-packages" / "ddplab" / "workers" / "desync.py"
     worker.parent.mkdir(parents=True)

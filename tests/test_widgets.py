@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from ddplab import widgets  # noqa: E402
+from ddplab.lab import widgets  # noqa: E402
 
 
 @pytest.mark.parametrize("drop_last", [False, True])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import ddplab
-from ddplab import cmdlines, slurm
+from ddplab.lab import cmdlines, slurm
 from ddplab.env import free_port
 from ddplab.workers import legacy_args
 

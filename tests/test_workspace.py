@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ddplab import cli, judges, plots, workspace
+from ddplab import cli, workspace
+from ddplab.lab import judges, plots
 
 ROOT = Path(__file__).resolve().parent.parent
 

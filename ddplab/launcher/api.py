@@ -162,7 +162,7 @@ def launch_multinode(
 def _start_jobs(specs: list[LaunchSpec], quiet: bool, live: bool) -> tuple[list[Job], Any]:
     """Check every spec, then start them all; on any error end what already started."""
     prepared = [_prepare(spec.check()) for spec in specs]
-    from ..widgets import LiveView
+    from ..lab.widgets import LiveView
 
     view = LiveView(quiet=quiet, live=live)
     jobs: list[Job] = []

@@ -317,7 +317,7 @@ def show_stderr(view: Any, prefix: str, text: str) -> None:
     """Print one stderr line of a rank on the caller's stderr, as the view prints stdout."""
     if getattr(view, "quiet", False):
         return
-    from ..widgets import in_notebook
+    from ..lab.widgets import in_notebook
 
     line = f"[{prefix}] {text}"
     bar = getattr(view, "bar", None)

@@ -1,6 +1,6 @@
 """Number formats and mixed precision up close: what autocast computes in, why fp16 needs a scaler.
 
-Kernel side (see ``ddplab.demos``). Layers a few numbers wide, run on the CPU in the notebook's
+Kernel side (see ``ddplab.lab.demos``). Layers a few numbers wide, run on the CPU in the notebook's
 own process, so every fact about float16, bfloat16 and the GradScaler is shown on any machine
 (the worker side's own AMP decisions are in ``ddplab.amp``)::
 

@@ -62,7 +62,7 @@ def load_all() -> dict[str, CodingExercise]:
 def skeleton_path(key: str) -> Path:
     """The learner's file of exercise ``key`` (what its notebook launches), in the course folder
     of the working directory (``ddplab.workspace.exercises_dir``)."""
-    from ..workspace import exercises_dir
+    from ...workspace import exercises_dir
 
     return exercises_dir() / load_all()[key].skeleton
 
@@ -83,7 +83,7 @@ def run_failed(result: Any) -> Optional[str]:
     """A hint when the run itself failed (every judge starts with this), else None.
 
     A timeout is explained from the ranks' stacks when the launcher kept them (see
-    :mod:`ddplab.judges.hangs`): which rank waits in which collective, at which line.
+    :mod:`ddplab.lab.judges.hangs`): which rank waits in which collective, at which line.
     """
     from .hangs import run_failed as explain
 

@@ -1,6 +1,6 @@
 """Spawn from a notebook cell: what ``torch.multiprocessing.spawn`` does with a cell's function.
 
-Kernel side (see ``ddplab.demos``). ``spawn_from_notebook`` really calls ``mp.spawn`` on a
+Kernel side (see ``ddplab.lab.demos``). ``spawn_from_notebook`` really calls ``mp.spawn`` on a
 function defined in a notebook cell, captures what the children print on stderr (the
 unpickling error: ``Can't get attribute 'hello' on <module '__main__'>``), and ends every child,
 so the cell always finishes::

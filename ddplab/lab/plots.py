@@ -19,7 +19,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from .workspace import results_dir
+from ..workspace import results_dir
 History = Sequence[Mapping[str, Any]]
 
 

@@ -1,6 +1,6 @@
 """DataParallel by hand: how a batch is cut, what one step computes, the ``module.`` prefix.
 
-Kernel side (see ``ddplab.demos``). Every "GPU" here is a copy of the model on the CPU, so any
+Kernel side (see ``ddplab.lab.demos``). Every "GPU" here is a copy of the model on the CPU, so any
 machine shows what ``nn.DataParallel`` does in one training step:
 
 - ``scatter_sizes``: how DataParallel cuts a batch over the GPUs (``Tensor.chunk``).
@@ -14,7 +14,7 @@ The models come from the notebook (``ddplab.models.build_model``: the kernel sid
 the worker side)::
 
     from ddplab import checkpoint, models
-    from ddplab.demos import dataparallel
+    from ddplab.lab.demos import dataparallel
 
     run = dataparallel.dp_by_hand(models.build_model("cnn_bn"), "cnn_bn", devices=2)
     demo = dataparallel.module_prefix_demo(lambda: models.build_model("cnn"),

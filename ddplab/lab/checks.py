@@ -70,7 +70,7 @@ def check(key: str, answer: Any) -> Verdict:
     """Check a learner's answer to exercise ``key``; print why it is wrong, if it is.
 
     ``answer`` is either a value (the quick warm-up questions) or the ``RunResult`` of a
-    launched exercise file (the coding exercises, judged by ``ddplab.judges`` on what the run
+    launched exercise file (the coding exercises, judged by ``ddplab.lab.judges`` on what the run
     did), or a dict of named ``RunResult``s for an exercise made of several launches (13).
 
     Example::
@@ -100,7 +100,7 @@ def check(key: str, answer: Any) -> Verdict:
 
 
 def _check_run(key: str, result: Any) -> Verdict:
-    """Judge a coding exercise by what the learner's run(s) did (see ``ddplab.judges``).
+    """Judge a coding exercise by what the learner's run(s) did (see ``ddplab.lab.judges``).
 
     A single run that failed is refused here; a set of runs goes to the judge whole (one of
     them may be meant to fail, as the capstone's killed run is).
@@ -200,7 +200,7 @@ def _compare_06(answer: Any, expected: Any) -> Optional[str]:
     want_out, want_weight = (_dtype_name(v) for v in expected)
     if out != want_out:
         return ("inside torch.autocast on the CPU, a linear layer computes in autocast's dtype; "
-                "check ddplab.demos.precision.autocast_facts().")
+                "check ddplab.lab.demos.precision.autocast_facts().")
     if weight != want_weight:
         return ("autocast casts copies of the weights for the computation; the parameters "
                 "themselves (and the optimizer's updates) keep their own dtype.")
@@ -338,7 +338,7 @@ def _compare_02(answer: Any, expected: Any) -> Optional[str]:
     if sum(sizes) != sum(expected):
         return "the chunks together hold the whole batch of 6 samples."
     return ("DataParallel cuts the batch with Tensor.chunk(4): chunks of ceil(6 / 4) samples "
-            "until the batch runs out; try ddplab.demos.dataparallel.scatter_sizes(6, 4).")
+            "until the batch runs out; try ddplab.lab.demos.dataparallel.scatter_sizes(6, 4).")
 
 
 @exercise("02", "nn.DataParallel on 4 GPUs receives a batch of 6 samples. How many samples does "

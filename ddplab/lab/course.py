@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .workspace import find_course
+from ..workspace import find_course
 
 KEEP_METADATA = {"kernelspec", "language_info"}
 

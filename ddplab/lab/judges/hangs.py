@@ -35,7 +35,7 @@ _WAITS = (
     ("torch/autograd/", "backward() (DDP's gradient all-reduce)"),
     ("torch/nn/parallel/distributed.py", "DDP's forward (its buffer broadcast)"),
 )
-_PACKAGE = Path(__file__).resolve().parents[1]
+_PACKAGE = Path(__file__).resolve().parents[2]
 _REPOSITORY = _PACKAGE.parent
 
 

@@ -36,7 +36,7 @@ def show_plan_once() -> Optional[str]:
     """
     if _PLAN_SHOWN or not in_notebook():
         return None
-    from . import env
+    from .. import env
 
     try:
         line = f"ddplab: the course runs {env.course_plan(env.probe())}"

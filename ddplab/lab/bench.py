@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from . import env as _env
-from .launcher.api import launch
+from .. import env as _env
+from ..launcher.api import launch
 
 TRAIN = "ddplab.workers.train"
 RING = "ddplab.workers.ring_allreduce"

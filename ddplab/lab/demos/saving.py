@@ -1,6 +1,6 @@
 """Checkpoint files up close: what they hold, where their tensors land, what breaks them.
 
-Kernel side (see ``ddplab.demos``). Small files written and read in the notebook's own process,
+Kernel side (see ``ddplab.lab.demos``). Small files written and read in the notebook's own process,
 to show what the worker-side ``ddplab.checkpoint`` guards against::
 
     torch.save(TinyNet().state_dict(), "tiny.pt")
@@ -30,8 +30,8 @@ from typing import Any, Iterator, Optional, Union
 import torch
 from torch import nn
 
-from ddplab.demos import error_of
-from ddplab.demos.dataparallel import Wrapper
+from ddplab.lab.demos import error_of
+from ddplab.lab.demos.dataparallel import Wrapper
 
 PathLike = Union[str, "os.PathLike[str]"]
 

@@ -22,7 +22,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Optional, Union
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def source(obj: Union[str, Path, Any], section: Optional[str] = None) -> str:
@@ -104,7 +104,7 @@ def side_by_side(files: dict[str, Union[str, Path]], sections: list[str]) -> str
 
 
 def _find(name: Union[str, Path]) -> Path:
-    from .workspace import find_course
+    from ..workspace import find_course
 
     candidate = Path(name)
     course = find_course()  # the learner's exercises/ when the notebooks run from a course folder

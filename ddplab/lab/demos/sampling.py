@@ -1,6 +1,6 @@
 """DistributedSampler in pictures: which indices each rank reads, what padding repeats.
 
-Kernel side (see ``ddplab.demos``). Every function builds real ``DistributedSampler``s with
+Kernel side (see ``ddplab.lab.demos``). Every function builds real ``DistributedSampler``s with
 explicit ``num_replicas`` and ``rank`` (so no process group is needed) and returns plain lists
 a notebook prints, draws and asserts on::
 
@@ -8,7 +8,7 @@ a notebook prints, draws and asserts on::
     padding(10, 3)                                       # 12 read, 2 of them repeats
     epoch_orders(10, 3, epochs=3, set_epoch=False)       # the same order every epoch
 
-``ddplab.widgets.sampler_explorer`` draws the same facts live.
+``ddplab.lab.widgets.sampler_explorer`` draws the same facts live.
 
 Lesson: 04.
 """

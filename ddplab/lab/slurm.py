@@ -3,10 +3,10 @@
 ``ddplab/templates/slurm.sbatch`` is a complete batch script that can be submitted unchanged
 (2 nodes x 4 GPUs); ``render`` returns it with other values filled in::
 
-    from ddplab import slurm
+    from ddplab.lab import slurm
     print(slurm.render(nodes=4, gpus_per_node=8, target_args=["--epochs", "10"]))
 
-    python -m ddplab.slurm --nodes 4 --gpus-per-node 8 -- --epochs 10 > job.sbatch
+    python -m ddplab.lab.slurm --nodes 4 --gpus-per-node 8 -- --epochs 10 > job.sbatch
     sbatch job.sbatch
 
 ``node_commands`` gives what to type on each machine when there is no scheduler.
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-TEMPLATE = Path(__file__).resolve().parent / "templates" / "slurm.sbatch"
+TEMPLATE = Path(__file__).resolve().parents[1] / "templates" / "slurm.sbatch"
 DEFAULT_PORT = 29500
 
 
@@ -37,7 +37,7 @@ def _substitute(text: str, pattern: str, value: str, count: int = 1) -> str:
     new, found = re.subn(pattern, lambda m: m.group(1) + value + m.group(3), text, flags=re.M)
     if found < count:
         raise ValueError(f"the SLURM template no longer contains {pattern!r}: restore "
-                         f"{TEMPLATE} from git, or update ddplab/slurm.py to match it.")
+                         f"{TEMPLATE} from git, or update ddplab/lab/slurm.py to match it.")
     return new
 
 
@@ -159,11 +159,11 @@ def node_commands(
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m ddplab.slurm [--nodes N ...] [-- TARGET_ARGS...]``: print the batch script."""
+    """``python -m ddplab.lab.slurm [--nodes N ...] [-- TARGET_ARGS...]``: print the batch script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
     argv, target_args = argv[:split], argv[split + 1:]
-    p = argparse.ArgumentParser(prog="python -m ddplab.slurm", description=render.__doc__
+    p = argparse.ArgumentParser(prog="python -m ddplab.lab.slurm", description=render.__doc__
                                 .split("\n")[0])
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--gpus-per-node", type=int, default=4)
