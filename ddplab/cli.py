@@ -189,7 +189,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``python -m ddplab`` and the ``ddplab`` script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("course", "bench"):  # their own parsers take the options
-        return int(importlib.import_module(f"ddplab.{argv[0]}").main(argv[1:]) or 0)
+        return int(importlib.import_module(f"ddplab.lab.{argv[0]}").main(argv[1:]) or 0)
     ns = _parser().parse_args(argv)
     if ns.command == "doctor":
         from .env import doctor

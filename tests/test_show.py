@@ -32,7 +32,7 @@ def test_package_names_stay_functions_after_submodule_imports():
 
     import ddplab
 
-    for module in ("launcher", "launcher.api", "launcher.results", "showcode", "checks", "env"):
+    for module in ("launcher", "launcher.api", "launcher.results", "lab.showcode", "lab.checks", "env"):
         importlib.import_module(f"ddplab.{module}")
     assert callable(ddplab.launch) and callable(ddplab.show) and callable(ddplab.check)
     assert ddplab.RunResult.__name__ == "RunResult"

@@ -78,7 +78,7 @@ def test_the_installed_wheel_runs_the_course_from_ddplab_init(installed):
     assert {str(p.relative_to(course)) for p in course.glob("*/*")} == shipped
 
     # From the notebooks' folder: the learner's exercises, results beside the notebooks.
-    probe = ("import ddplab; from ddplab import judges, plots, showcode; "
+    probe = ("import ddplab; from ddplab.lab import judges, plots, showcode; "
              "print(ddplab.__file__); print(judges.skeleton_path('03')); "
              "print(plots.save_result('probe', {'ok': 1})); "
              "print(len(showcode.source('exercises/pipeline_forward.py', 'exercise')) > 0)")
