@@ -154,7 +154,9 @@ def test_resume_is_exact_and_works_on_another_world_size(reference: Run, tmp_pat
     stopped = run_train(2, *TINY, "--checkpoint-dir", "ckpt", "--stop-after-epoch", "2",
                         cwd=tmp_path)
     assert not stopped.ok and stopped.summary is None, stopped.output[-3000:]
-    assert set(stopped.exit_codes.values()) == {train.STOP_EXIT_CODE}  # the injected fault
+    # The injected fault, on every rank whose code is known: a rank that left at the same moment
+    # as its peer may have been reaped by torch's agent before ddplab read its status (None).
+    assert set(stopped.exit_codes.values()) - {None} == {train.STOP_EXIT_CODE}
     assert [e["epoch"] for e in stopped.events if e["kind"] == "epoch"] == [1, 2]
     saved = torch.load(tmp_path / "ckpt" / "checkpoint.pt", weights_only=True)
     assert saved["epoch"] == 2
