@@ -94,31 +94,33 @@ def _host_stores(listener: socket.socket) -> None:
                 continue
             try:
                 host, port, timeout = pickle.loads(msg)
-                agents[conn].append(TCPStore(host, port, None, True, timeout,
-                                             **_listen(host, port)))
+                port, options = _listen(host, port)
+                agents[conn].append(TCPStore(host, port, None, True, timeout, **options))
                 conn.sendall(f"ok {agents[conn][-1].port}".encode())  # (no other reference)
             except Exception as exc:  # noqa: BLE001  (told to the agent, which raises it)
                 conn.sendall(f"{type(exc).__name__}: {exc}".encode())
 
 
-def _listen(host: str, port: int) -> dict[str, Any]:
-    """Options that make a loopback store listen on 127.0.0.1 only.
+def _listen(host: str, port: int) -> tuple[int, dict[str, Any]]:
+    """The port and the options that make a loopback store listen on 127.0.0.1 only.
 
     torch's TCPStore server binds every interface whatever host it is given; handed a socket
     already bound to the loopback address (``master_listen_fd``, which it takes over), it
-    listens there alone. libuv's store takes such a socket from torch 2.7 on.
+    listens there alone. It must be told that socket's port (torch 2.6 checks they agree, so
+    port 0 becomes the port the socket got). libuv's store takes such a socket from 2.7 on.
     """
     if not host.startswith("127.") and host != "localhost":
-        return {}
+        return port, {}
     import torch
 
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", port))
     listener.listen(128)
+    port = listener.getsockname()[1]
     options: dict[str, Any] = {"master_listen_fd": listener.detach()}
     if _release(torch.__version__) < (2, 7):
         options["use_libuv"] = False
-    return options
+    return port, options
 
 
 def _release(version: str) -> tuple[int, int]:
