@@ -6,7 +6,8 @@ Run it: ``python tests/scripts/spawn_plain.py [--fail-rank R] [--abort-at-exit R
 The parent prints its arguments and where rank 0 will listen, then spawns as many processes as
 ``DDPLAB_NPROCS`` says (2 without it); each joins the group, all-reduces its rank + 1 and
 prints the sum on a plain line (no rank prefix). ``--fail-rank R``: rank R leaves with exit
-code 3 instead. ``--abort-at-exit R``: rank R finishes, then aborts while its interpreter exits
+code 3 before joining the group. ``--abort-at-exit R``: rank R finishes, then aborts while its
+interpreter exits
 (an atexit handler calls C++'s std::terminate: "terminate called without an active exception").
 ``--sleep S``: every rank sleeps S seconds after joining the group (a job to time out).
 """
@@ -28,11 +29,12 @@ def worker(rank: int, world_size: int, fail_rank: int, backend: str, abort_rank:
     if rank == abort_rank:
         libstdcxx = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
         atexit.register(libstdcxx._ZSt9terminatev)
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
-    time.sleep(sleep)
-    if rank == fail_rank:
+    if rank == fail_rank:  # before joining: its peers wait at the rendezvous, not in a
+        # collective whose broken connection would fail them too, racing it for mp.spawn's report
         print(f"rank {rank} leaves with exit code 3", flush=True)
         sys.exit(3)
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    time.sleep(sleep)
     total = torch.tensor([float(rank + 1)])
     dist.all_reduce(total)
     print(f"a rank's sum: {total.item():.0f}", flush=True)
