@@ -7,8 +7,8 @@ The parent prints its arguments and where rank 0 will listen, then spawns as man
 ``DDPLAB_NPROCS`` says (2 without it); each joins the group, all-reduces its rank + 1 and
 prints the sum on a plain line (no rank prefix). ``--fail-rank R``: rank R leaves with exit
 code 3 before joining the group. ``--abort-at-exit R``: rank R finishes, then aborts while its
-interpreter exits
-(an atexit handler calls C++'s std::terminate: "terminate called without an active exception").
+interpreter exits (an atexit handler calls C++'s std::terminate: "terminate called without an
+active exception").
 ``--sleep S``: every rank sleeps S seconds after joining the group (a job to time out).
 """
 import argparse
