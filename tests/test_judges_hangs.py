@@ -18,7 +18,7 @@ CHECKPOINT = ROOT / "tests" / "solutions" / "checkpoint.py"
 SITE = "/home/learner/.venv/lib/python3.11/site-packages"
 TAIL = f"""  File "<frozen runpy>", line 88 in _run_code
   File "<frozen runpy>", line 291 in run_path
-  File "{ROOT}/ddplab/agent.py", line 183 in _run_target
+  File "{ROOT}/ddplab/launcher/entry.py", line 58 in run_target
   File "{SITE}/torch/distributed/elastic/multiprocessing/api.py", line 706 in _wrap
   File "/usr/lib/python3.11/multiprocessing/process.py", line 108 in run
   File "<frozen runpy>", line 198 in _run_module_as_main
