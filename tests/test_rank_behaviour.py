@@ -31,8 +31,11 @@ def children_of(result) -> list[int]:
             if line.startswith("child ")]
 
 
+@pytest.mark.parametrize("path", ["fork", "warm"])
 @pytest.mark.parametrize("mode", ["session", "background", "fork"])
-def test_a_launch_ends_when_its_ranks_end_whatever_they_left_running(mode):
+def test_a_launch_ends_when_its_ranks_end_whatever_they_left_running(mode, path, monkeypatch):
+    if path == "warm":
+        monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
     result = launch(LEAVES, 2, args=[mode, "120"], quiet=True, timeout=90)
     children = children_of(result)
     try:
@@ -92,20 +95,59 @@ def test_after_a_timeout_the_result_keeps_what_it_knew_and_names_where_each_rank
     assert not wait_gone(list(result.pids.values()), 10)
 
 
-def test_ranks_of_a_torchrun_subprocess_are_not_asked_for_a_stack(monkeypatch):
+def test_ranks_of_a_cold_torchrun_subprocess_are_not_asked_for_a_stack(monkeypatch):
     """They have no handler for the signal, which would end them: their timeout says less."""
     monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+    monkeypatch.setenv("DDPLAB_SPARES", "off")
     result = launch(LEAVES, 1, args=["hold", "30"], quiet=True, timeout=6)
     assert result.status == "timeout" and result.stacks == {}
     assert result.exit_codes == {0: None}
 
 
-def test_the_callers_death_takes_every_rank_and_every_child_of_a_rank_with_it():
-    """SIGKILL of the caller (a notebook kernel killed): its helper, the agent, the ranks, and
-    what the ranks started, in their group or in a session of their own, all end."""
+def test_ranks_in_warm_processes_give_their_stack_on_a_timeout(monkeypatch):
+    monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+    result = launch(LEAVES, 2, args=["hold", "30"], quiet=True, timeout=8)
+    try:
+        assert result.status == "timeout" and result.still_running == [0, 1], result.error
+        for rank in (0, 1):
+            assert 'leaves_children.py", line 36' in result.stacks[rank], result.stacks[rank]
+        assert result.exit_codes == {0: None, 1: None}
+        # the ranks and what they started in their group ended with the job
+        assert not wait_gone(list(result.pids.values()) + children_of(result)[1::2], 10)
+    finally:
+        for pid in children_of(result):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def marked(mark: str) -> list[int]:
+    """The processes whose environment holds ``mark`` (``NAME=value``)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as environ:
+                    if mark.encode() in environ.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.parametrize("path", ["fork", "warm"])
+def test_the_callers_death_takes_every_rank_and_every_child_of_a_rank_with_it(path):
+    """SIGKILL of the caller (a notebook kernel killed): its helper (or its warm processes,
+    idle or running a rank), the agent, the ranks, and what the ranks started, in their group
+    or in a session of their own, all end."""
+    mark = f"DDPLAB_TEST_MARK={os.getpid()}-{path}"
+    env = {**os.environ, mark.split("=")[0]: mark.split("=")[1]}
+    if path == "warm":
+        env["DDPLAB_LAUNCH_PATH"] = "subprocess"
     caller = subprocess.Popen([sys.executable, str(SCRIPTS / "caller.py"), LEAVES, "hold", "300"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True)
+                              start_new_session=True, env=env)
     pids: list[int] = []
     seen = ""
     try:
@@ -120,6 +162,7 @@ def test_the_callers_death_takes_every_rank_and_every_child_of_a_rank_with_it():
         caller.send_signal(signal.SIGKILL)
         caller.wait()
         assert not wait_gone(pids, 20), seen
+        assert not wait_gone(marked(mark), 10), seen  # nothing it started, idle or busy
     finally:
         caller.kill()
         for pid in pids:

@@ -11,8 +11,10 @@ the torchrun environment set: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...). I
 - runs the target as ``python`` would (``run_target``) and leaves as ``python`` would: the
   script's ``atexit`` handlers run, and cycles are collected.
 
+``run_spare_rank`` does the same in a warm process that torchrun's stub handed its rank to
+(``spares``): there the rank's stdio is already in place, and it leaves as ``python`` leaves.
 ``python -m ddplab.launcher.entry TARGET [ARGS...]`` runs the same ``run_target`` for ranks that
-a torchrun subprocess starts (``local_rank_arg`` on the subprocess path).
+a cold torchrun subprocess starts (``local_rank_arg`` with ``DDPLAB_SPARES=off``).
 
 Lesson: every notebook that launches workers; 10 for the stacks of a hang.
 """
@@ -83,14 +85,7 @@ def run_rank(target: str, args: list[str], rank_fds: list[int], threads: int,
     from .stores import close_agent_connection
 
     close_agent_connection()
-    close_on_exec_above_stdio()
-    stat = os.fstat(1)
-    _Rank.pipe = (stat.st_dev, stat.st_ino)
-    sys.stdout.reconfigure(line_buffering=True)
-    sys.stderr.reconfigure(line_buffering=True)
-    _say({"kind": "rank", "rank": int(os.environ["RANK"]), "local_rank": local_rank,
-          "pid": os.getpid()})
-    faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
+    _announce()
     _like_a_fresh_process(threads)
     code: Any = 0
     try:
@@ -108,6 +103,52 @@ def run_rank(target: str, args: list[str], rank_fds: list[int], threads: int,
         _finish_like_an_interpreter()
         _say({"kind": "exit", "rank": int(os.environ["RANK"]), "code": code,
               "time": time.time()})
+
+
+def _announce() -> None:
+    """Line-buffered stdio, the ``rank`` event (rank and pid), the stack dump on SIGUSR1."""
+    close_on_exec_above_stdio()
+    stat = os.fstat(1)
+    _Rank.pipe = (stat.st_dev, stat.st_ino)
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    _say({"kind": "rank", "rank": int(os.environ["RANK"]),
+          "local_rank": int(os.environ["LOCAL_RANK"]), "pid": os.getpid()})
+    faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
+
+
+def run_spare_rank(target: str, args: list[str]) -> None:
+    """Run one rank in a warm process whose stdio and environment are the rank's (``spares``).
+
+    Torch was imported before the environment was the rank's: what torch reads at import is
+    read again (threads, ``TORCH_DISTRIBUTED_DEBUG``), as for a forked rank. The rank leaves
+    as a forked one does (the script's exit handlers, a collection, then ``os._exit``: the
+    teardown of the modules preloaded for it would cost half a second), with the code
+    ``python script.py`` would give: an uncaught exception prints the script's part of the
+    traceback and exits 1; an uncaught KeyboardInterrupt ends it by SIGINT.
+    """
+    _announce()
+    _like_a_fresh_process(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
+    code: Any = 0
+    try:
+        run_target(target, args)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, (int, type(None))):
+            print(exc.code, file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        _print_user_traceback(exc)
+        code = -int(signal.SIGINT)
+    except BaseException as exc:  # noqa: BLE001  (as python does: print it, exit 1)
+        code = 1
+        _print_user_traceback(exc)
+    _finish_like_an_interpreter()
+    _say({"kind": "exit", "rank": int(os.environ["RANK"]), "code": code, "time": time.time()})
+    _flush()
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code & 0xFF)
 
 
 def _like_a_fresh_process(threads: int) -> None:

@@ -1,9 +1,11 @@
-"""The launch as a subprocess: a plain ``python -m torch.distributed.run``, or an mp.spawn script.
+"""The launch as a subprocess: torchrun (``torch.distributed.run``), or an mp.spawn script.
 
 Used for engine "spawn" always, and for engine "torchrun" where the helper cannot fork workers
 (not Linux, ``DDPLAB_LAUNCH_PATH=subprocess``, or CUDA initialised in the helper), said once.
-The subprocess leads a session of its own and dies with the caller (torchrun, told by SIGTERM,
-ends its workers first).
+There torchrun and its ranks run in warm processes that imported torch ahead of time (see
+``spares``); with ``DDPLAB_SPARES=off``, or without UNIX sockets, torchrun is a cold
+``python -m torch.distributed.run``. Either way torchrun leads a session of its own and dies
+with the caller (told by SIGTERM, it ends its workers first).
 
 Lesson: every notebook that launches workers; 03 for engine "spawn".
 """
@@ -15,9 +17,10 @@ import signal
 import socket
 import subprocess
 import sys
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
-from .jobs import Job
+from . import spares
+from .jobs import PRELOAD_TRAINING, Job
 from .procs import set_parent_death_signal
 
 _NOTICE_SHOWN: set[str] = set()
@@ -25,18 +28,40 @@ _NOTICE_SHOWN: set[str] = set()
 
 def subprocess_path(why: str, target: str, args: list[str], nprocs: int,
                     job_env: dict[str, str], cwd: str, nnodes: int, node_rank: int,
-                    endpoint: str, run_id: str, max_restarts: int = 0, **_fast_only: Any
-                    ) -> tuple[Callable[..., Job], dict[str, Any]]:
-    """The same launch as a plain torchrun subprocess; say why once per session."""
+                    endpoint: str, run_id: str, max_restarts: int = 0, preload: bool = True,
+                    **_fast_only: Any) -> tuple[Callable[..., Job], dict[str, Any]]:
+    """The same launch through torchrun in warm processes (or a cold torchrun); say why once."""
+    warm = spares.mode()
     if "subprocess" not in _NOTICE_SHOWN:
         _NOTICE_SHOWN.add("subprocess")
-        print(f"ddplab: launching through a torchrun subprocess (slower): {why}.",
-              file=sys.stderr)
-    if job_env.get("DDPLAB_LOCAL_RANK_ARG"):  # torchrun has no such option: ddplab's entry
+        how = "torchrun in warm processes" if warm != "off" else \
+            "torchrun in a cold subprocess (slower)"
+        print(f"ddplab: launching through {how}: {why}.", file=sys.stderr)
+    if job_env.get("DDPLAB_LOCAL_RANK_ARG") and warm == "off":  # (the stub handles it)
         target, args = "ddplab.launcher.entry", [target, *args]
-    cmd = torchrun_cmd(target, args, nprocs, nnodes, node_rank, endpoint, run_id, max_restarts)
-    return popen_job, dict(cmd=cmd, job_env=job_env, cwd=cwd, world_size=nprocs * nnodes,
-                           engine="torchrun")
+    if warm == "off":
+        cmd = torchrun_cmd(target, args, nprocs, nnodes, node_rank, endpoint, run_id,
+                           max_restarts)
+        return popen_job, dict(cmd=cmd, job_env=job_env, cwd=cwd, world_size=nprocs * nnodes,
+                               engine="torchrun")
+    options, extra_env = torchrun_options(nprocs, nnodes, node_rank, endpoint, run_id,
+                                          max_restarts)
+    token = os.urandom(8).hex()
+    return spare_job, dict(
+        args=[*options, spares.STUB, target, *args], world_size=nprocs * nnodes, cwd=cwd,
+        job_env={**job_env, **extra_env, spares.JOB_TOKEN: token}, nprocs=nprocs,
+        preload=list(PRELOAD_TRAINING) if preload else [], keep_warm=warm == "warm",
+        token=token)
+
+
+def spare_job(args: list[str], job_env: dict[str, str], cwd: str, world_size: int,
+              nprocs: int, preload: list[str], keep_warm: bool, token: str) -> Job:
+    """Start ``torchrun ARGS`` in a warm process (``spares``); its ranks take warm ones too."""
+    from .jobs import child_env
+
+    proc = spares.Pool.get(child_env(os.environ)).torchrun(args, job_env, cwd, nprocs,
+                                                           preload, keep_warm)
+    return _popen_as_job(proc, world_size, "torchrun", None, spare_job=token)
 
 
 def _torchrun_child() -> None:
@@ -65,6 +90,11 @@ def popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int
         stderr=subprocess.PIPE, start_new_session=True,
         preexec_fn=_torchrun_child if engine == "torchrun" else set_parent_death_signal,
     )
+    return _popen_as_job(proc, world_size, engine, channel)
+
+
+def _popen_as_job(proc: subprocess.Popen, world_size: int, engine: str,
+                  channel: Optional[socket.socket], spare_job: str = "") -> Job:
     out = os.dup(proc.stdout.fileno())  # the launcher owns and closes these copies
     err = os.dup(proc.stderr.fileno())
     proc.stdout.close()
@@ -73,41 +103,54 @@ def popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int
     if channel is not None:
         sources[channel.detach()] = "accept"
     return Job(world_size=world_size, engine=engine, pgid=proc.pid, popen=proc,
-               sources=sources, err_fds={err})
+               sources=sources, err_fds={err}, spare_job=spare_job)
 
 
-def torchrun_cmd(target: str, args: list[str], nprocs: int, nnodes: int, node_rank: int,
-                  endpoint: str, run_id: str, max_restarts: int = 0) -> list[str]:
-    """The torchrun command line for the installed torch (``python -m ddplab.launcher.fallback``,
-    which is ``python -m torch.distributed.run`` writing each line whole, see ``main``).
+def torchrun_options(nprocs: int, nnodes: int, node_rank: int, endpoint: str, run_id: str,
+                     max_restarts: int = 0) -> tuple[list[str], dict[str, str]]:
+    """torchrun's options for this launch, and the environment they need.
 
-    Every output line gets a ``[rankN]:`` prefix (``--tee 3`` and a prefix template). torchrun
-    takes the template as ``--log-line-prefix-template`` since torch 2.14; older releases (2.6
-    to 2.13) read it from ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` only, so there the command
-    starts with ``env`` setting that variable. The version comes from the package metadata:
-    torch is not imported here.
+    torchrun looks at its workers every 20 ms (its default, 100 ms, is a tenth of a second
+    added to every launch). Every output line gets a ``[rankN]:`` prefix (``--tee 3`` and a
+    prefix template). torchrun takes the template as ``--log-line-prefix-template`` since
+    torch 2.14; older releases (2.6 to 2.13) read it from ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` only. The version comes
+    from the package metadata: torch is not imported here.
     """
     import re
-    import shutil
     from importlib.metadata import version
 
     template = "[rank${rank}]:"
     release = tuple(int(x) for x in re.findall(r"\d+", version("torch"))[:2])
-    cmd = [sys.executable, "-m", "ddplab.launcher.fallback", "--nnodes", str(nnodes),
-           "--nproc-per-node", str(nprocs), "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts", str(max_restarts),
-           "--tee", "3"]
+    options = ["--nnodes", str(nnodes), "--nproc-per-node", str(nprocs), "--rdzv-backend",
+               "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts",
+               str(max_restarts), "--tee", "3", "--monitor-interval", "0.02"]
+    env: dict[str, str] = {}
     if release >= (2, 14):
-        cmd += ["--log-line-prefix-template", template]
+        options += ["--log-line-prefix-template", template]
     else:
-        cmd = [shutil.which("env") or "/usr/bin/env",
-               f"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE={template}", *cmd]
+        env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = template
     if nnodes > 1:
-        cmd += ["--node-rank", str(node_rank)]
+        options += ["--node-rank", str(node_rank)]
     else:  # the only node hosts the store (torch would guess from the hostname)
-        cmd += ["--rdzv-conf", "is_host=1"]
+        options += ["--rdzv-conf", "is_host=1"]
     if endpoint.startswith("127."):
-        cmd += ["--local-addr", "127.0.0.1"]
+        options += ["--local-addr", "127.0.0.1"]
+    return options, env
+
+
+def torchrun_cmd(target: str, args: list[str], nprocs: int, nnodes: int, node_rank: int,
+                  endpoint: str, run_id: str, max_restarts: int = 0) -> list[str]:
+    """The cold torchrun command line for the installed torch (``python -m
+    ddplab.launcher.fallback``, which is ``python -m torch.distributed.run`` writing each line
+    whole, see ``main``); on torch before 2.14 it starts with ``env`` setting the prefix
+    template (see ``torchrun_options``)."""
+    import shutil
+
+    options, env = torchrun_options(nprocs, nnodes, node_rank, endpoint, run_id, max_restarts)
+    cmd = [sys.executable, "-m", "ddplab.launcher.fallback", *options]
+    if env:
+        cmd = [shutil.which("env") or "/usr/bin/env",
+               *(f"{name}={value}" for name, value in env.items()), *cmd]
     return cmd + (["-m", target] if not os.path.isabs(target) else [target]) + args
 
 

@@ -58,6 +58,7 @@ class Job:
     _not_ranks: set[int] = field(default_factory=set)
     _forks: set[int] = field(default_factory=set)
     _watched_at: float = 0.0
+    spare_job: str = ""  # a launch in warm processes: its ranks are ended when it is reaped
 
     def ended(self) -> bool:
         """True once the agent has reported (every rank exited) or the subprocess exited."""
@@ -165,6 +166,12 @@ class Job:
                 self.popen.wait()
         if self.alive():
             self.terminate(grace=1.0)
+        if self.spare_job:
+            from .spares import Pool
+
+            pool = Pool.current()
+            if pool is not None:
+                pool.end_job(self.spare_job)
 
 
 def child_env(base: Any, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
