@@ -250,7 +250,8 @@ def prefix_output(rank: int) -> None:
 def _streams_of_its_own(rank: int) -> bool:
     """Give this rank a stdout and a stderr of its own, from ddplab's launcher, if it offers.
 
-    ``DDPLAB_RANK_SOCKET`` names a socket where each rank connects once per stream and says
+    ``DDPLAB_RANK_SOCKET`` names a socket (``@name``: Linux's abstract namespace; else a
+    path) where each rank connects once per stream and says
     whose stream it is: its lines, however long, then never mix with another rank's (ranks
     writing to one shared pipe cut into each other's lines longer than 4 KiB). The rank then
     dumps its Python stack at SIGUSR1, as the launcher's torchrun ranks do.
@@ -258,13 +259,15 @@ def _streams_of_its_own(rank: int) -> bool:
     import socket
     import sys
 
-    name = os.environ.get("DDPLAB_RANK_SOCKET", "")
-    if not name or not hasattr(socket, "AF_UNIX"):
+    address = os.environ.get("DDPLAB_RANK_SOCKET", "")
+    if not address or not hasattr(socket, "AF_UNIX"):
         return False
+    if address.startswith("@"):  # Linux's abstract namespace
+        address = "\0" + address[1:]
     for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
         try:
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            conn.connect("\0" + name)
+            conn.connect(address)
             conn.sendall(f"rank {rank} {'out' if fd == 1 else 'err'} {os.getpid()}\n".encode())
         except OSError:
             return False

@@ -222,14 +222,20 @@ def test_a_directory_without_main_is_refused_with_what_to_do(tmp_path):
         launch(tmp_path / "plain_dir", 2)
 
 
-@pytest.mark.parametrize("engine", ["torchrun", "subprocess", "spawn"])
+@pytest.mark.parametrize("engine", ["torchrun", "subprocess", "spawn", "spawn-not-linux"])
 def test_every_ranks_long_lines_arrive_whole_and_attributed_under_every_engine(
         engine, monkeypatch):
     """Both engines, and the torchrun subprocess (the path off Linux), whose ``--tee`` copies
     a line a rank has not finished yet (``print`` writes the text, then the newline) in
-    pieces, from one thread per rank."""
+    pieces, from one thread per rank. Off Linux the spawn engine's ranks connect to a socket
+    with a path (there is no abstract namespace)."""
     if engine == "subprocess":
         monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+    if engine == "spawn-not-linux":
+        from ddplab.launcher import fallback
+
+        monkeypatch.setattr(fallback.sys, "platform", "darwin")
+        engine = "spawn"
     sys.path.insert(0, str(SCRIPTS))
     try:
         from long_lines import LINES, line

@@ -79,18 +79,37 @@ def popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int
     attributed: ranks writing to one shared pipe cut into each other's long lines.
     """
     channel = None
-    if engine == "spawn":
-        channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        name = f"ddplab-ranks-{os.getpid()}-{os.urandom(8).hex()}"
-        channel.bind("\0" + name)
-        channel.listen(128)
-        job_env = {**job_env, "DDPLAB_RANK_SOCKET": name}
+    if engine == "spawn" and hasattr(socket, "AF_UNIX"):
+        channel, address = _rank_channel()
+        job_env = {**job_env, "DDPLAB_RANK_SOCKET": address}
     proc = subprocess.Popen(
         cmd, cwd=cwd, env=job_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, start_new_session=True,
-        preexec_fn=_torchrun_child if engine == "torchrun" else set_parent_death_signal,
+        preexec_fn=(_torchrun_child if engine == "torchrun" else set_parent_death_signal)
+        if sys.platform.startswith("linux") else None,
     )
     return _popen_as_job(proc, world_size, engine, channel)
+
+
+def _rank_channel() -> tuple[socket.socket, str]:
+    """A listening UNIX socket for an mp.spawn script's ranks, and its address as
+    ``DDPLAB_RANK_SOCKET`` says it: ``@name`` in Linux's abstract namespace (nothing on disk),
+    elsewhere a path in a private temporary folder (removed at exit)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if sys.platform.startswith("linux"):
+        address = f"@ddplab-ranks-{os.getpid()}-{os.urandom(8).hex()}"
+        channel.bind("\0" + address[1:])
+    else:
+        folder = tempfile.mkdtemp(prefix="ddplab-ranks-")
+        atexit.register(shutil.rmtree, folder, True)
+        address = os.path.join(folder, "ranks")
+        channel.bind(address)
+    channel.listen(128)
+    return channel, address
 
 
 def _popen_as_job(proc: subprocess.Popen, world_size: int, engine: str,

@@ -4,8 +4,10 @@ Where workers cannot be forked from the preloaded helper (macOS, ``DDPLAB_LAUNCH
 on Linux, CUDA initialised in the helper), a launch is torchrun as a subprocess, and each of its
 processes would be a fresh ``python`` importing torch: seconds per launch. Instead the launcher
 keeps *spares*: processes started by exec (never forked), that have imported torch (and the
-training stack) ahead of time and wait for work. Each serves one launch, then ends; the pool
-starts fresh ones in the background.
+training stack) ahead of time and wait for work. Each serves one launch, then ends; when the
+launch has ended, the pool starts fresh ones in the background (so that their imports never
+slow a running launch). A spare can start work once torch is imported; it preloads the training
+stack while it waits, and stops preloading when work comes.
 
 - One spare becomes the launch's torchrun: it calls ``torch.distributed.run.main`` with the
   command line a cold launch would run; its stdout and stderr are the pipes the launcher reads,
@@ -41,6 +43,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -105,8 +108,9 @@ class Spare:
             stderr=subprocess.PIPE, start_new_session=True, cwd=home,
             env={**env, "DDPLAB_SPARE_PRELOAD": ",".join(preload)})
         theirs.close()
-        self.ready = False
-        self.watched = False  # the broker listens for its "ready"
+        self.usable = False  # it has imported torch ("R"): it can start work at once
+        self.ready = False  # it has imported everything it preloads ("W")
+        self.watched = False  # the broker listens for its "R" and "W"
         self.preload = preload
         self.stub: Optional[socket.socket] = None
         self.job = ""
@@ -192,13 +196,9 @@ class Pool:
         return request["spare"].proc
 
     def _take(self) -> Spare:
-        """An idle spare for new work (a ready one first), started now if there is none."""
-        for spare in self.idle:
-            if spare.ready and spare.preload == self.preload and spare.proc.poll() is None:
-                break
-        else:
-            spare = next((s for s in self.idle if s.preload == self.preload
-                          and s.proc.poll() is None), None) or self._new()
+        """An idle spare for new work (the most warmed first), started now if there is none."""
+        alive = [s for s in self.idle if s.preload == self.preload and s.proc.poll() is None]
+        spare = max(alive, key=lambda s: (s.ready, s.usable), default=None) or self._new()
         self.idle.remove(spare)
         return spare
 
@@ -218,7 +218,8 @@ class Pool:
         self._start(self.warm - waiting)
 
     def end_job(self, token: str, grace: float = 2.0) -> None:
-        """End every rank of launch ``token`` still running (its job is being reaped)."""
+        """End every rank of launch ``token`` still running (its job is being reaped), then
+        start the spares that replace the used ones: their imports never slow a launch."""
         with self.cond:
             mine = [s for s in self.ranks.values() if s.job == token]
         for spare in mine:
@@ -226,6 +227,8 @@ class Pool:
         with self.cond:
             self.cond.wait_for(lambda: not any(s.job == token for s in self.ranks.values()),
                                timeout=grace)
+            if not self.closed:
+                self._refill()
 
     def wait_ready(self, timeout: float = 120.0) -> bool:
         """Wait until every idle spare has imported what it preloads (for benchmarks)."""
@@ -283,12 +286,14 @@ class Pool:
                         continue
                     waiting.append((conn, job, fds))
                 elif kind == "ready":
-                    self.sel.unregister(key.fileobj)
-                    spare.watched = False
+                    said = key.fileobj.recv(1)
+                    if said != b"R":
+                        self.sel.unregister(key.fileobj)
+                        spare.watched = False
                     with self.cond:
-                        if key.fileobj.recv(1) == b"R":
-                            spare.ready = True
-                        elif spare in self.idle:  # it died while importing
+                        spare.usable = spare.usable or said in (b"R", b"W")
+                        spare.ready = said == b"W"
+                        if not said and spare in self.idle:  # it died while importing
                             self.idle.remove(spare)
                             spare.drop_pipes()
                         self.cond.notify_all()
@@ -336,7 +341,6 @@ class Pool:
             spare.job = str(job.get("env", {}).get(JOB_TOKEN, ""))
             spare.stub = conn
             self.ranks[spare.proc.pid] = spare
-            self._refill()
         spare.drop_pipes()
         try:
             spare.send({"role": "rank", **job}, fds)
@@ -403,11 +407,14 @@ def main() -> None:
     os.set_inheritable(watch, False)
     threading.Thread(target=_die_with_caller, args=(watch,), daemon=True).start()
     extra = [name for name in os.environ.pop("DDPLAB_SPARE_PRELOAD", "").split(",") if name]
-    preload(PRELOAD + tuple(extra))
-    try:
-        ctl.sendall(b"R")
-    except OSError:  # already given work, without waiting for this
-        pass
+    preload(PRELOAD)
+    _say(ctl, b"R")  # torch is in: it can be torchrun, or a rank that imports the rest itself
+    for name in extra:
+        if select.select([ctl], [], [], 0)[0]:
+            break  # work came before the training stack was in: stop preloading
+        preload([name])
+    else:
+        _say(ctl, b"W")
     job, fds = _receive(ctl, 3)
     ctl.close()
     if job is None:
@@ -424,6 +431,13 @@ def main() -> None:
             os.dup2(fd, target)
             os.close(fd)
         run_spare_rank(job["target"], job["args"])
+
+
+def _say(ctl: socket.socket, what: bytes) -> None:
+    try:
+        ctl.sendall(what)
+    except OSError:  # the broker gave it work without waiting for this, and closed its end
+        pass
 
 
 def _run_torchrun(args: list[str]) -> None:
