@@ -142,10 +142,33 @@ def problems(facts: dict[str, Any]) -> list[tuple[str, str]]:
         found.append((f"/dev/shm holds only {shm // 2**20} MiB: DataLoader workers may crash",
                       "run docker with --shm-size=2g or use --loader tensor (no workers)"))
     found += p2p_problems(facts)
-    if facts["start_method"] != "fork":
-        found.append(("fork is unavailable: launches start slower (subprocess path)",
-                      "nothing to fix; on Linux launches are near-free"))
+    path = facts.get("launch_path") or launch_path()
+    if path.startswith("warm"):
+        found.append((f"launches cannot fork workers here: {path}",
+                      "nothing to fix, every lesson runs; on Linux (or WSL 2) a launch forks "
+                      "its workers and takes a tenth of a second"))
+    elif path.startswith("cold"):
+        found.append((f"launches cannot fork workers here: {path}",
+                      "unset DDPLAB_SPARES (warm processes make a launch about a second)"
+                      if os.environ.get("DDPLAB_SPARES") else
+                      "nothing to fix, every lesson runs, slower; WSL 2 runs the fast path"))
     return found
+
+
+def launch_path() -> str:
+    """How ``ddplab.launch`` starts workers here, by the launcher's own rule (one line).
+
+    Lesson: the hardware cell of every notebook (``doctor`` prints it).
+    """
+    from .launcher import spares
+    from .launcher.jobs import fast_path_unavailable
+
+    why = fast_path_unavailable()
+    if why is None:
+        return "fork from a helper that imported torch once (about 0.1 s a launch)"
+    if spares.mode() != "off":
+        return f"warm processes, no fork ({why}): about 1 s a launch"
+    return f"cold torchrun subprocess ({why}): seconds a launch"
 
 
 def course_plan(facts: dict[str, Any]) -> str:
@@ -218,6 +241,7 @@ def doctor(quiet: bool = False) -> Report:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
     })
     facts["plan"] = course_plan(facts)
+    facts["launch_path"] = launch_path()
     facts["problems"] = [{"problem": p, "fix": f} for p, f in problems(facts)]
     if not quiet:
         print(format_report(facts))
@@ -241,6 +265,7 @@ def format_report(facts: dict[str, Any]) -> str:
         ("free port", facts["free_port"]),
         ("/dev/shm", f"{shm // 2**20} MiB" if shm else "absent"),
         ("start method", facts["start_method"]),
+        ("launches", facts.get("launch_path") or launch_path()),
         ("OMP_NUM_THREADS", facts["omp_num_threads"]),
     ]
     lines = [f"{name:<20} {value}" for name, value in rows]

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import ddplab
 from ddplab import env as ddenv
 
@@ -46,6 +48,31 @@ def test_problems_name_their_fix(monkeypatch):
     facts.update(gpu_count=2, shm_bytes=2**32)
     monkeypatch.delenv("DDPLAB_BACKEND")
     assert [p for p, _ in ddenv.problems(facts)] == ["GPUs present but nccl is unavailable"]
+
+
+@pytest.mark.parametrize("setting, expected", [
+    ({}, "fork from a helper"),
+    ({"DDPLAB_LAUNCH_PATH": "subprocess"}, "warm processes, no fork"),
+    ({"DDPLAB_LAUNCH_PATH": "subprocess", "DDPLAB_SPARES": "off"}, "cold torchrun subprocess"),
+])
+def test_doctor_says_how_launches_start_here(monkeypatch, setting, expected):
+    """The same rule as the launcher's: the doctor's row, and a problem with its fix off the
+    fork path (``DDPLAB_SPARES=off`` is the learner's own setting: the fix is to unset it)."""
+    for name in ("DDPLAB_LAUNCH_PATH", "DDPLAB_SPARES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in setting.items():
+        monkeypatch.setenv(name, value)
+    assert ddenv.launch_path().startswith(expected)
+    facts = {"backends": {"gloo": True}, "gpu_count": 0, "shm_bytes": 2**32,
+             "start_method": "fork"}
+    found = dict(ddenv.problems(facts))
+    about = {p: fix for p, fix in found.items() if p.startswith("launches cannot fork")}
+    if not setting:
+        assert about == {}
+    else:
+        assert len(about) == 1 and "DDPLAB_LAUNCH_PATH=subprocess" in next(iter(about))
+        fix = next(iter(about.values()))
+        assert ("unset DDPLAB_SPARES" in fix) == ("DDPLAB_SPARES" in setting)
 
 
 FAKE_GPUS = str(Path(__file__).parent / "scripts" / "fake_gpus.py")
