@@ -134,6 +134,7 @@ class Pool:
     _lock = threading.Lock()
 
     def __init__(self, env: dict[str, str]) -> None:
+        self.pid = os.getpid()
         self.env = env
         self.home = tempfile.mkdtemp(prefix="ddplab-spares-")  # 0700: only this user connects
         self.address = os.path.join(self.home, "broker")
@@ -160,8 +161,10 @@ class Pool:
 
     @classmethod
     def get(cls, env: dict[str, str]) -> "Pool":
+        """The calling process's pool (a forked child of the caller gets one of its own)."""
         with cls._lock:
-            if cls._current is None or cls._current.closed:
+            pool = cls._current
+            if pool is None or pool.closed or pool.pid != os.getpid():
                 cls._current = cls(env)
             return cls._current
 
@@ -213,8 +216,13 @@ class Pool:
             self._new()
 
     def _refill(self) -> None:
-        """Start spares until ``warm`` of them wait with the current preload."""
-        waiting = sum(1 for s in self.idle if s.preload == self.preload)
+        """Start spares until ``warm`` of them wait with the current preload; end the idle
+        ones that preload something else (the broker forgets them when they are gone)."""
+        for spare in self.idle:
+            if spare.preload != self.preload:
+                kill_group(spare.proc.pid, signal.SIGKILL)
+        waiting = sum(1 for s in self.idle
+                      if s.preload == self.preload and s.proc.poll() is None)
         self._start(self.warm - waiting)
 
     def end_job(self, token: str, grace: float = 2.0) -> None:
@@ -233,12 +241,13 @@ class Pool:
     def wait_ready(self, timeout: float = 120.0) -> bool:
         """Wait until every idle spare has imported what it preloads (for benchmarks)."""
         with self.cond:
-            return self.cond.wait_for(lambda: all(s.ready for s in self.idle), timeout=timeout)
+            return self.cond.wait_for(lambda: all(s.ready for s in self.idle
+                                                  if s.preload == self.preload), timeout=timeout)
 
     def close(self) -> None:
         """End every spare and the broker (at the caller's exit)."""
         with self.cond:
-            if self.closed:
+            if self.closed or os.getpid() != self.pid:  # (not in a forked child of the caller)
                 return
             self.closed = True
             spares = [*self.idle, *self.ranks.values()]
@@ -265,55 +274,67 @@ class Pool:
     def _broker(self) -> None:
         waiting: deque[tuple[socket.socket, dict[str, Any], list[int]]] = deque()
         while not self.closed:
-            with self.cond:
-                for spare in self.idle:  # watch the new spares' "ready"
-                    if not spare.watched and not spare.ready:
-                        spare.watched = True
-                        self.sel.register(spare.ctl, selectors.EVENT_READ, ("ready", spare))
-            for key, _mask in self.sel.select(timeout=1.0):
-                kind, spare = key.data
-                if kind == "wake":
-                    os.read(self.wake_r, 4096)
-                elif kind == "listen":
-                    conn, _addr = self.listener.accept()
-                    conn.settimeout(10)
-                    try:
-                        job, fds = _receive(conn, 3)
-                    except (OSError, ValueError):
-                        job, fds = None, []
-                    if job is None or len(fds) != 3:
-                        conn.close()
-                        continue
-                    waiting.append((conn, job, fds))
-                elif kind == "ready":
-                    said = key.fileobj.recv(1)
-                    if said != b"R":
-                        self.sel.unregister(key.fileobj)
-                        spare.watched = False
-                    with self.cond:
-                        spare.usable = spare.usable or said in (b"R", b"W")
-                        spare.ready = said == b"W"
-                        if not said and spare in self.idle:  # it died while importing
-                            self.idle.remove(spare)
-                            spare.drop_pipes()
-                        self.cond.notify_all()
-                elif kind == "stub":  # torchrun killed the stub: end its rank
-                    if not key.fileobj.recv(1):
-                        self.sel.unregister(key.fileobj)
-                        kill_group(spare.proc.pid, signal.SIGKILL)
-            while self.requests:
-                self._lead(self.requests.popleft())
-            while waiting:
-                self._pair(*waiting.popleft())
-            while self.ended:
-                self._finish(*self.ended.popleft())
+            try:
+                self._serve(waiting)
+            except Exception as exc:  # noqa: BLE001  (a broker that dies hangs every launch)
+                print(f"ddplab: the warm processes' broker: {type(exc).__name__}: {exc}",
+                      file=sys.stderr)
         for conn, _job, fds in waiting:
             conn.close()
             for fd in fds:
                 os.close(fd)
 
+    def _serve(self, waiting: deque[tuple[socket.socket, dict[str, Any], list[int]]]) -> None:
+        """One round of the broker: read what came, then lead, pair and finish."""
+        with self.cond:
+            for spare in self.idle:  # watch the new spares' "R", "W" and end
+                if not spare.watched:
+                    spare.watched = True
+                    self.sel.register(spare.ctl, selectors.EVENT_READ, ("ready", spare))
+        for key, _mask in self.sel.select(timeout=1.0):
+            kind, spare = key.data
+            if kind == "wake":
+                os.read(self.wake_r, 4096)
+            elif kind == "listen":
+                conn, _addr = self.listener.accept()
+                conn.settimeout(10)
+                try:
+                    job, fds = _receive(conn, 3)
+                except (OSError, ValueError):
+                    job, fds = None, []
+                if job is None or len(fds) != 3:
+                    conn.close()
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                waiting.append((conn, job, fds))
+            elif kind == "ready":  # "R", "W", or its end (killed, or it failed to start)
+                said = key.fileobj.recv(1)
+                with self.cond:
+                    spare.usable = spare.usable or said in (b"R", b"W")
+                    spare.ready = spare.ready or said == b"W"
+                    if not said:
+                        self.sel.unregister(key.fileobj)
+                        spare.watched = False
+                        spare.ctl.close()
+                        if spare in self.idle:
+                            self.idle.remove(spare)
+                        spare.drop_pipes()
+                        threading.Thread(target=self._wait, args=(spare,), daemon=True).start()
+                    self.cond.notify_all()
+            elif kind == "stub":  # torchrun killed the stub: end its rank
+                if not key.fileobj.recv(1):
+                    self.sel.unregister(key.fileobj)
+                    kill_group(spare.proc.pid, signal.SIGKILL)
+        while self.requests:
+            self._lead(self.requests.popleft())
+        while waiting:
+            self._pair(*waiting.popleft())
+        while self.ended:
+            self._finish(*self.ended.popleft())
+
     def _claim(self) -> Spare:
-        """Take an idle spare for work; from now on nobody listens for its "ready"."""
+        """Take an idle spare for work; from now on the broker no longer watches it idle."""
         with self.cond:
             spare = self._take()
         if spare.watched:
@@ -391,8 +412,8 @@ def _die_with_caller(watch: int) -> None:
                 break
         except InterruptedError:
             continue
-        except OSError:
-            break
+        except OSError:  # the rank closed the descriptor: it can no longer be watched
+            return
     kill_marked(JOB_TOKEN, os.environ.get(JOB_TOKEN, ""))
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
