@@ -277,3 +277,20 @@ def test_an_mp_spawn_scripts_ranks_also_show_where_they_waited():
     assert result.exit_codes == {0: None, 1: None}
     assert 'spawn_hang.py", line 17' in result.stacks[0]  # time.sleep(600)
     assert 'spawn_hang.py", line 18' in result.stacks[1]  # dist.barrier()
+
+
+@pytest.mark.parametrize("path", ["fork", "warm"])
+def test_a_ranks_pythonpath_is_the_jobs_as_in_a_fresh_python(tmp_path, monkeypatch, path):
+    """The processes that run the ranks started before the job's environment was set; the
+    job's PYTHONPATH still reaches ``sys.path``, ahead of what was there."""
+    if path == "warm":
+        monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "job_only_module.py").write_text("WHERE = 'lib'\n")
+    script = tmp_path / "uses_lib.py"
+    script.write_text("import os, job_only_module\n"
+                      "print('found', job_only_module.WHERE, os.environ['RANK'])\n")
+    paths = os.pathsep.join([str(tmp_path / "lib"), os.environ.get("PYTHONPATH", "")])
+    result = launch(str(script), 2, env={"PYTHONPATH": paths}, quiet=True, timeout=120)
+    assert result.ok, result.error
+    assert [result.log(rank) for rank in (0, 1)] == ["found lib 0", "found lib 1"]

@@ -50,9 +50,17 @@ def rank_argv(target: str, args: list[str]) -> list[str]:
 
 
 def run_target(target: str, args: list[str]) -> None:
-    """Run a script path (file, directory or zip with ``__main__.py``) or a module name."""
+    """Run a script path (file, directory or zip with ``__main__.py``) or a module name.
+
+    The process started before the rank's environment was set (a fork of the helper, or a
+    warm process): the job's ``PYTHONPATH`` entries are put on ``sys.path`` as a fresh
+    ``python`` would have put them.
+    """
     import runpy
 
+    for entry in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+        if entry and entry not in sys.path:
+            sys.path.insert(0, entry)
     sys.argv = rank_argv(target, args)
     if os.path.isabs(target):
         if os.path.isfile(target) and not zipfile.is_zipfile(target):

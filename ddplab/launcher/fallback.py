@@ -57,10 +57,7 @@ def subprocess_path(why: str, target: str, args: list[str], nprocs: int,
 def spare_job(args: list[str], job_env: dict[str, str], cwd: str, world_size: int,
               nprocs: int, preload: list[str], keep_warm: bool, token: str) -> Job:
     """Start ``torchrun ARGS`` in a warm process (``spares``); its ranks take warm ones too."""
-    from .jobs import child_env
-
-    proc = spares.Pool.get(child_env(os.environ)).torchrun(args, job_env, cwd, nprocs,
-                                                           preload, keep_warm)
+    proc = spares.Pool.get().torchrun(args, job_env, cwd, nprocs, preload, keep_warm)
     return _popen_as_job(proc, world_size, "torchrun", None, spare_job=token)
 
 

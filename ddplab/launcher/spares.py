@@ -133,9 +133,8 @@ class Pool:
     _current: Optional["Pool"] = None
     _lock = threading.Lock()
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self) -> None:
         self.pid = os.getpid()
-        self.env = env
         self.home = tempfile.mkdtemp(prefix="ddplab-spares-")  # 0700: only this user connects
         self.address = os.path.join(self.home, "broker")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -160,12 +159,12 @@ class Pool:
         atexit.register(self.close)
 
     @classmethod
-    def get(cls, env: dict[str, str]) -> "Pool":
+    def get(cls) -> "Pool":
         """The calling process's pool (a forked child of the caller gets one of its own)."""
         with cls._lock:
             pool = cls._current
             if pool is None or pool.closed or pool.pid != os.getpid():
-                cls._current = cls(env)
+                cls._current = cls()
             return cls._current
 
     @classmethod
@@ -206,7 +205,10 @@ class Pool:
         return spare
 
     def _new(self) -> Spare:
-        spare = Spare(self.env, self.watch_r, self.home, self.preload)
+        from .jobs import child_env
+
+        # the caller's environment now (what a process reads as it starts: PYTHONPATH, ...)
+        spare = Spare(child_env(os.environ), self.watch_r, self.home, self.preload)
         self.idle.append(spare)
         self._wake()
         return spare
