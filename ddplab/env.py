@@ -155,18 +155,40 @@ def problems(facts: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
+def no_fork_reason() -> Optional[str]:
+    """Why launches cannot fork their workers from a preloaded helper here (None: they can).
+
+    The launcher's rule (``ddplab.launcher.jobs``); at run time it adds one more reason, CUDA
+    initialised in the helper.
+    """
+    if os.environ.get("DDPLAB_LAUNCH_PATH", "") == "subprocess":
+        return "DDPLAB_LAUNCH_PATH=subprocess asks for it"
+    if not sys.platform.startswith("linux") or not hasattr(os, "waitid"):
+        return (f"fast launches fork workers from a helper process, which needs Linux "
+                f"(this is {sys.platform})")
+    return None
+
+
+def spares_mode() -> str:
+    """Launches that cannot fork: ``warm`` (default), ``once`` or ``off`` (``DDPLAB_SPARES``);
+    ``off`` where warm processes cannot work (no UNIX sockets passing descriptors)."""
+    wanted = os.environ.get("DDPLAB_SPARES", "warm").strip().lower() or "warm"
+    if wanted in ("0", "off", "no", "false"):
+        return "off"
+    if not hasattr(socket, "AF_UNIX") or not hasattr(socket, "send_fds") or os.name != "posix":
+        return "off"
+    return "once" if wanted == "once" else "warm"
+
+
 def launch_path() -> str:
     """How ``ddplab.launch`` starts workers here, by the launcher's own rule (one line).
 
     Lesson: the hardware cell of every notebook (``doctor`` prints it).
     """
-    from .launcher import spares
-    from .launcher.jobs import fast_path_unavailable
-
-    why = fast_path_unavailable()
+    why = no_fork_reason()
     if why is None:
         return "fork from a helper that imported torch once (about 0.1 s a launch)"
-    if spares.mode() != "off":
+    if spares_mode() != "off":
         return f"warm processes, no fork ({why}): about 1 s a launch"
     return f"cold torchrun subprocess ({why}): seconds a launch"
 

@@ -273,9 +273,10 @@ def test_subprocess_path_matches(monkeypatch):
 
 
 def test_without_fork_the_launch_goes_through_torchrun_and_says_why_once(monkeypatch, capsys):
+    from ddplab import env
     from ddplab.launcher import fallback, jobs
 
-    monkeypatch.setattr(jobs.sys, "platform", "win32")
+    monkeypatch.setattr(env.sys, "platform", "win32")
     monkeypatch.setattr(fallback, "_NOTICE_SHOWN", set())
     assert "needs Linux" in jobs.fast_path_unavailable()
     first = launch(PLAIN, 2, quiet=True)

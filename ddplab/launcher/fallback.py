@@ -20,8 +20,9 @@ import sys
 from typing import Any, Callable, Optional, Union
 
 from . import spares
+from ..env import spares_mode
 from .jobs import PRELOAD_TRAINING, Job
-from .procs import set_parent_death_signal
+from .procs import set_parent_death_signal, whole_lines
 
 _NOTICE_SHOWN: set[str] = set()
 
@@ -31,7 +32,7 @@ def subprocess_path(why: str, target: str, args: list[str], nprocs: int,
                     endpoint: str, run_id: str, max_restarts: int = 0, preload: bool = True,
                     **_fast_only: Any) -> tuple[Callable[..., Job], dict[str, Any]]:
     """The same launch through torchrun in warm processes (or a cold torchrun); say why once."""
-    warm = spares.mode()
+    warm = spares_mode()
     if "subprocess" not in _NOTICE_SHOWN:
         _NOTICE_SHOWN.add("subprocess")
         how = "torchrun in warm processes" if warm != "off" else \
@@ -58,7 +59,9 @@ def spare_job(args: list[str], job_env: dict[str, str], cwd: str, world_size: in
               nprocs: int, preload: list[str], keep_warm: bool, token: str) -> Job:
     """Start ``torchrun ARGS`` in a warm process (``spares``); its ranks take warm ones too."""
     proc = spares.Pool.get().torchrun(args, job_env, cwd, nprocs, preload, keep_warm)
-    return _popen_as_job(proc, world_size, "torchrun", None, spare_job=token)
+    job = _popen_as_job(proc, world_size, "torchrun", None)
+    job.on_reap = lambda: spares.Pool.get().end_job(token)
+    return job
 
 
 def _torchrun_child() -> None:
@@ -110,7 +113,7 @@ def _rank_channel() -> tuple[socket.socket, str]:
 
 
 def _popen_as_job(proc: subprocess.Popen, world_size: int, engine: str,
-                  channel: Optional[socket.socket], spare_job: str = "") -> Job:
+                  channel: Optional[socket.socket]) -> Job:
     out = os.dup(proc.stdout.fileno())  # the launcher owns and closes these copies
     err = os.dup(proc.stderr.fileno())
     proc.stdout.close()
@@ -119,7 +122,7 @@ def _popen_as_job(proc: subprocess.Popen, world_size: int, engine: str,
     if channel is not None:
         sources[channel.detach()] = "accept"
     return Job(world_size=world_size, engine=engine, pgid=proc.pid, popen=proc,
-               sources=sources, err_fds={err}, spare_job=spare_job)
+               sources=sources, err_fds={err})
 
 
 def torchrun_options(nprocs: int, nnodes: int, node_rank: int, endpoint: str, run_id: str,
@@ -178,13 +181,9 @@ def main() -> None:
     threads' long lines can cut into each other. Here stdout and stderr are line-buffered
     streams whose writes hold a lock, so each copied line reaches the launcher whole.
     """
-    import io
     import runpy
 
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        raw = io.FileIO(fd, "w", closefd=False)
-        setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(raw), line_buffering=True,
-                                            errors="backslashreplace"))
+    whole_lines()
     sys.argv = ["torchrun", *sys.argv[1:]]
     runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
 

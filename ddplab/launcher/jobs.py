@@ -15,12 +15,12 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
+from ..env import no_fork_reason
 from .helper import Helper
 from .procs import cmdline, group_running, kill_group, process_table, running
 from .stores import HELPER_TOKEN
@@ -58,7 +58,7 @@ class Job:
     _not_ranks: set[int] = field(default_factory=set)
     _forks: set[int] = field(default_factory=set)
     _watched_at: float = 0.0
-    spare_job: str = ""  # a launch in warm processes: its ranks are ended when it is reaped
+    on_reap: Optional[Callable[[], None]] = None  # (warm processes: end the job's ranks)
 
     def ended(self) -> bool:
         """True once the agent has reported (every rank exited) or the subprocess exited."""
@@ -166,12 +166,8 @@ class Job:
                 self.popen.wait()
         if self.alive():
             self.terminate(grace=1.0)
-        if self.spare_job:
-            from .spares import Pool
-
-            pool = Pool.current()
-            if pool is not None:
-                pool.end_job(self.spare_job)
+        if self.on_reap is not None:
+            self.on_reap()
 
 
 def child_env(base: Any, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
@@ -199,14 +195,10 @@ def fast_path_unavailable() -> Optional[str]:
 
     The helper is a fresh interpreter (started by exec, never forked from the caller), so a
     caller that has already initialised CUDA does not matter; what matters is CUDA in the
-    helper itself, which the helper checks before every fork.
+    helper itself, which the helper checks before every fork. The rest of the rule is the
+    doctor's too (``env.no_fork_reason``).
     """
-    if os.environ.get("DDPLAB_LAUNCH_PATH", "") == "subprocess":
-        return "DDPLAB_LAUNCH_PATH=subprocess asks for it"
-    if not sys.platform.startswith("linux") or not hasattr(os, "waitid"):
-        return f"fast launches fork workers from a helper process, which needs Linux " \
-               f"(this is {sys.platform})"
-    return _REFUSED[0] if _REFUSED else None
+    return no_fork_reason() or (_REFUSED[0] if _REFUSED else None)
 
 
 def start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str], cwd: str,

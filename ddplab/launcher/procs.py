@@ -177,3 +177,14 @@ def cmdline(pid: int) -> str:
             return text.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def whole_lines() -> None:
+    """Make stdout and stderr line-buffered streams whose writes hold a lock: lines that
+    several threads copy (torchrun's ``--tee``, one thread per rank) then arrive whole."""
+    import io
+
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        raw = io.FileIO(fd, "w", closefd=False)
+        setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(raw), line_buffering=True,
+                                            errors="backslashreplace"))

@@ -53,25 +53,14 @@ import subprocess
 import sys
 import tempfile
 import threading
-import uuid
 from collections import deque
 from typing import Any, Optional
 
-from .procs import kill_group, kill_marked
+from .procs import kill_group, kill_marked, whole_lines
 
 STUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stub.py")
 JOB_TOKEN = "DDPLAB_SPARE_JOB"  # in the job's environment: which launch a rank belongs to
 MAX_WARM = 9  # idle spares kept at most (each holds torch in memory, ~0.3-0.6 GB)
-
-
-def mode() -> str:
-    """``warm``, ``once`` or ``off`` (``DDPLAB_SPARES``), ``off`` where they cannot work."""
-    wanted = os.environ.get("DDPLAB_SPARES", "warm").strip().lower() or "warm"
-    if wanted in ("0", "off", "no", "false"):
-        return "off"
-    if not hasattr(socket, "AF_UNIX") or not hasattr(socket, "send_fds") or os.name != "posix":
-        return "off"
-    return "once" if wanted == "once" else "warm"
 
 
 def _frame(message: dict[str, Any]) -> bytes:
@@ -465,13 +454,9 @@ def _say(ctl: socket.socket, what: bytes) -> None:
 
 def _run_torchrun(args: list[str]) -> None:
     """Be ``torchrun ARGS``, each line it copies written whole (as ``fallback.main``)."""
-    import io
-
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        raw = io.FileIO(fd, "w", closefd=False)
-        setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(raw), line_buffering=True,
-                                            errors="backslashreplace"))
     import logging
+
+    whole_lines()
 
     from torch.distributed.run import main as torchrun
 
