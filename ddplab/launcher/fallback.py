@@ -58,9 +58,10 @@ def subprocess_path(why: str, target: str, args: list[str], nprocs: int,
 def spare_job(args: list[str], job_env: dict[str, str], cwd: str, world_size: int,
               nprocs: int, preload: list[str], keep_warm: bool, token: str) -> Job:
     """Start ``torchrun ARGS`` in a warm process (``spares``); its ranks take warm ones too."""
-    proc = spares.Pool.get().torchrun(args, job_env, cwd, nprocs, preload, keep_warm)
+    pool = spares.Pool.get()
+    proc = pool.torchrun(args, job_env, cwd, nprocs, preload, keep_warm)
     job = _popen_as_job(proc, world_size, "torchrun", None)
-    job.on_reap = lambda: spares.Pool.get().end_job(token)
+    job.on_reap = lambda: pool.end_job(token)
     return job
 
 
