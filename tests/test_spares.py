@@ -180,6 +180,36 @@ def test_a_killed_stub_takes_its_rank_down_and_torchrun_reports_it(monkeypatch, 
                 pass
 
 
+def test_an_interrupted_warm_launch_ends_torchrun_and_every_rank(monkeypatch, tmp_path):
+    """A Jupyter interrupt: the spares lead sessions of their own, out of reach of the
+    kernel's SIGINT; the launch ends them itself, then raises the interrupt again."""
+    leaders = torchrun_pids(monkeypatch)
+
+    def interrupt_once_both_hold() -> None:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not all(
+                (tmp_path / f"held-{rank}").exists() for rank in (0, 1)):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    interrupter = threading.Thread(target=interrupt_once_both_hold)
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt) as caught:
+        launch(RANK, 2, args=["hold"], cwd=tmp_path, quiet=True, timeout=60)
+    interrupter.join()
+    held = [int((tmp_path / f"held-{rank}").read_text()) for rank in (0, 1)]
+    try:
+        assert caught.value.result.status == "interrupted"
+        assert sorted(caught.value.result.pids.values()) == sorted(held)
+        assert not wait_gone([*leaders, *held], 10)
+    finally:
+        for pid in held:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def test_once_starts_what_the_launch_needs_and_leaves_no_spare(monkeypatch):
     old = spares.Pool.current()
     if old is not None:
