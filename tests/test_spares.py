@@ -112,6 +112,14 @@ def test_an_uncaught_exception_exits_1_with_the_scripts_traceback():
     assert "spares.py" not in trace and "entry.py" not in trace and "runpy" not in trace
 
 
+def test_a_negative_exit_code_is_an_exit_status_not_a_signal():
+    """sys.exit(-1) is exit status 255 under python, and under the fork path."""
+    result = launch(RANK, 2, args=["minus1"], quiet=True, timeout=120)
+    assert result.status == "failed"
+    assert result.root_cause.rank == 1 and result.root_cause.exitcode == 255
+    assert result.root_cause.signal is None and "rank 1 exited with code 255" in result.error
+
+
 def test_a_rank_sees_the_jobs_environment_directory_and_arguments_not_the_spares(
         monkeypatch, tmp_path):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -2,7 +2,8 @@
 
 report: print one JSON line of what the rank sees (environment, directory, argv, stdin,
 torch's threads). hold: write its pid to held-RANK in the working directory, then sleep.
-raise | kill | segv | interrupt: rank 1 ends that way, rank 0 exits 0 (no process group).
+raise | kill | segv | interrupt | minus1 (sys.exit(-1)): rank 1 ends that way, rank 0 exits 0
+(no process group).
 """
 import json
 import os
@@ -36,3 +37,5 @@ elif rank == 1:
         os.kill(os.getpid(), signal.SIGSEGV)
     if mode == "interrupt":
         raise KeyboardInterrupt
+    if mode == "minus1":
+        sys.exit(-1)
