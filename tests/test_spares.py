@@ -67,6 +67,33 @@ def spare_children() -> list[int]:
     return found
 
 
+def when_held(folder: Path, ranks: list[int], action) -> threading.Thread:
+    """Call ``action`` in a thread once ``ranks`` of a ``hold`` launch in ``folder`` hold."""
+    def wait_then_act() -> None:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not all(
+                (folder / f"held-{rank}").exists() for rank in ranks):
+            time.sleep(0.05)
+        action()
+
+    thread = threading.Thread(target=wait_then_act)
+    thread.start()
+    return thread
+
+
+def held_pids(folder: Path) -> list[int]:
+    """The pids of ranks 0 and 1 of a ``hold`` launch in ``folder``."""
+    return [int((folder / f"held-{rank}").read_text()) for rank in (0, 1)]
+
+
+def kill_quietly(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def test_a_warm_launch_runs_in_processes_started_before_it_and_they_are_replaced(monkeypatch):
     first = launch(PLAIN, 2, quiet=True, timeout=120)  # starts the spares (or finds them)
     assert first.ok, first.error
@@ -154,9 +181,6 @@ def test_a_killed_stub_takes_its_rank_down_and_torchrun_reports_it(monkeypatch, 
     killed: list[int] = []
 
     def kill_stub_of_rank_1() -> None:
-        end = time.monotonic() + 60
-        while time.monotonic() < end and not (tmp_path / "held-1").exists():
-            time.sleep(0.05)
         for entry in os.listdir("/proc"):
             try:
                 command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
@@ -168,12 +192,11 @@ def test_a_killed_stub_takes_its_rank_down_and_torchrun_reports_it(monkeypatch, 
                 os.kill(int(entry), signal.SIGKILL)
                 killed.append(int(entry))
 
-    killer = threading.Thread(target=kill_stub_of_rank_1)
-    killer.start()
+    killer = when_held(tmp_path, [1], kill_stub_of_rank_1)
     result = launch(RANK, 2, args=["hold"], env={"DDPLAB_TEST_MARK": mark}, cwd=tmp_path,
                     quiet=True, timeout=60)
     killer.join()
-    held = [int((tmp_path / f"held-{rank}").read_text()) for rank in (0, 1)]
+    held = held_pids(tmp_path)
     try:
         assert len(killed) == 1, "no stub of rank 1 found"
         assert result.status == "failed", result.error  # torchrun noticed, no timeout
@@ -181,41 +204,24 @@ def test_a_killed_stub_takes_its_rank_down_and_torchrun_reports_it(monkeypatch, 
         assert held == [result.pids[0], result.pids[1]]
         assert not wait_gone(held, 10)  # the rank of the killed stub, and the other one
     finally:
-        for pid in held:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_quietly(held)
 
 
 def test_an_interrupted_warm_launch_ends_torchrun_and_every_rank(monkeypatch, tmp_path):
     """A Jupyter interrupt: the spares lead sessions of their own, out of reach of the
     kernel's SIGINT; the launch ends them itself, then raises the interrupt again."""
     leaders = torchrun_pids(monkeypatch)
-
-    def interrupt_once_both_hold() -> None:
-        end = time.monotonic() + 60
-        while time.monotonic() < end and not all(
-                (tmp_path / f"held-{rank}").exists() for rank in (0, 1)):
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    interrupter = threading.Thread(target=interrupt_once_both_hold)
-    interrupter.start()
+    interrupter = when_held(tmp_path, [0, 1], lambda: os.kill(os.getpid(), signal.SIGINT))
     with pytest.raises(KeyboardInterrupt) as caught:
         launch(RANK, 2, args=["hold"], cwd=tmp_path, quiet=True, timeout=60)
     interrupter.join()
-    held = [int((tmp_path / f"held-{rank}").read_text()) for rank in (0, 1)]
+    held = held_pids(tmp_path)
     try:
         assert caught.value.result.status == "interrupted"
         assert sorted(caught.value.result.pids.values()) == sorted(held)
         assert not wait_gone([*leaders, *held], 10)
     finally:
-        for pid in held:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_quietly(held)
 
 
 def test_once_starts_what_the_launch_needs_and_leaves_no_spare(monkeypatch):
