@@ -138,24 +138,25 @@ def run_spare_rank(target: str, args: list[str]) -> None:
     _announce()
     _like_a_fresh_process(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
     code: Any = 0
+    interrupted = False
     try:
         run_target(target, args)
-    except SystemExit as exc:
+    except SystemExit as exc:  # sys.exit(-1) is exit status 255, as in python, not a signal
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, (int, type(None))):
             print(exc.code, file=sys.stderr)
     except KeyboardInterrupt as exc:
         _print_user_traceback(exc)
-        code = -int(signal.SIGINT)
+        code, interrupted = -int(signal.SIGINT), True
     except BaseException as exc:  # noqa: BLE001  (as python does: print it, exit 1)
         code = 1
         _print_user_traceback(exc)
     _finish_like_an_interpreter()
     _say({"kind": "exit", "rank": int(os.environ["RANK"]), "code": code, "time": time.time()})
     _flush()
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     os._exit(code & 0xFF)
 
 

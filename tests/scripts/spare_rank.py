@@ -1,0 +1,41 @@
+"""A rank for the warm-process tests (test_spares): what it sees, or how rank 1 ends.
+
+report: print one JSON line of what the rank sees (environment, directory, argv, stdin,
+torch's threads). hold: write its pid to held-RANK in the working directory, then sleep.
+raise | kill | segv | interrupt | minus1 (sys.exit(-1)): rank 1 ends that way, rank 0 exits 0
+(no process group).
+"""
+import json
+import os
+import signal
+import sys
+import time
+
+mode = sys.argv[1]
+rank = int(os.environ["RANK"])
+if mode == "report":
+    import torch
+
+    print(json.dumps({
+        "env": {name: os.environ.get(name) for name in (
+            "MY_VAR", "DDPLAB_TEST_LATE", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", "DDPLAB_SPARE_PRELOAD")},
+        "cwd": os.getcwd(), "argv": sys.argv, "name": __name__, "path0": sys.path[0],
+        "stdin": sys.stdin.read(), "threads": torch.get_num_threads(), "pid": os.getpid(),
+    }), flush=True)
+elif mode == "hold":
+    with open(f"held-{rank}.tmp", "w") as out:
+        out.write(str(os.getpid()))
+    os.rename(f"held-{rank}.tmp", f"held-{rank}")
+    time.sleep(600)
+elif rank == 1:
+    if mode == "raise":
+        raise ValueError("rank 1 fails on purpose")
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if mode == "interrupt":
+        raise KeyboardInterrupt
+    if mode == "minus1":
+        sys.exit(-1)
