@@ -22,11 +22,12 @@ import pytest
 from test_launch import PLAIN, alive, wait_gone
 
 from ddplab import launch
+from ddplab.env import spares_mode
 from ddplab.launcher import fallback, spares
 
 SCRIPTS = Path(__file__).parent / "scripts"
 RANK = str(SCRIPTS / "spare_rank.py")
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or spares.mode() == "off",
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or spares_mode() == "off",
                                 reason="reads /proc; needs UNIX sockets")
 
 
@@ -139,6 +140,14 @@ def test_an_uncaught_exception_exits_1_with_the_scripts_traceback():
     assert "spares.py" not in trace and "entry.py" not in trace and "runpy" not in trace
 
 
+def test_a_rank_that_ended_before_the_failure_keeps_its_exit_code(tmp_path):
+    """torchrun's report names only the failed rank; a warm rank says how its script ended,
+    so the rank that had already exited 0 is not left unknown (as on the fork path)."""
+    result = launch(RANK, 2, args=["after0"], cwd=tmp_path, quiet=True, timeout=120)
+    assert result.status == "failed" and result.root_cause.rank == 1, result.error
+    assert result.exit_codes == {0: 0, 1: 1}
+
+
 def test_a_negative_exit_code_is_an_exit_status_not_a_signal():
     """sys.exit(-1) is exit status 255 under python, and under the fork path."""
     result = launch(RANK, 2, args=["minus1"], quiet=True, timeout=120)
@@ -192,7 +201,7 @@ def test_a_killed_stub_takes_its_rank_down_and_torchrun_reports_it(monkeypatch, 
                 os.kill(int(entry), signal.SIGKILL)
                 killed.append(int(entry))
 
-    killer = when_held(tmp_path, [1], kill_stub_of_rank_1)
+    killer = when_held(tmp_path, [0, 1], kill_stub_of_rank_1)
     result = launch(RANK, 2, args=["hold"], env={"DDPLAB_TEST_MARK": mark}, cwd=tmp_path,
                     quiet=True, timeout=60)
     killer.join()

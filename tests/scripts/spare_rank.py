@@ -3,7 +3,8 @@
 report: print one JSON line of what the rank sees (environment, directory, argv, stdin,
 torch's threads). hold: write its pid to held-RANK in the working directory, then sleep.
 raise | kill | segv | interrupt | minus1 (sys.exit(-1)): rank 1 ends that way, rank 0 exits 0
-(no process group).
+(no process group). after0: rank 0 writes its pid to pid-0 in the working directory and exits
+0; rank 1 waits until that process is gone, then raises.
 """
 import json
 import os
@@ -28,6 +29,23 @@ elif mode == "hold":
         out.write(str(os.getpid()))
     os.rename(f"held-{rank}.tmp", f"held-{rank}")
     time.sleep(600)
+elif mode == "after0":
+    if rank == 0:
+        with open("pid-0.tmp", "w") as out:
+            out.write(str(os.getpid()))
+        os.rename("pid-0.tmp", "pid-0")
+        sys.exit(0)
+    while not os.path.exists("pid-0"):
+        time.sleep(0.02)
+    with open("pid-0") as pid_file:
+        first = int(pid_file.read())
+    while True:
+        try:
+            os.kill(first, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.02)
+    raise ValueError("rank 1 fails after rank 0 ended")
 elif rank == 1:
     if mode == "raise":
         raise ValueError("rank 1 fails on purpose")
