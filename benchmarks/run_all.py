@@ -128,7 +128,8 @@ def table(data: dict[str, Any]) -> list[str]:
 
 
 def spread(data: dict[str, Any], name: str) -> Optional[str]:
-    """Run by run, the ratio of ``name`` to the baseline run beside it, and how many met.
+    """Run by run, the ratio of ``name`` to the baseline run beside it (or its value, for an
+    absolute target), and how many met.
 
     A median that is met by a hair and runs that scatter widely around it tell a different
     story than the median alone.
@@ -138,8 +139,13 @@ def spread(data: dict[str, Any], name: str) -> Optional[str]:
     if spec is None or not base or len(samples.get(name, [])) != len(samples.get(base, [1])):
         return None
     target = normalise_target(spec, data.get("higher_is_better", False))
-    if target["on"] != "ratio":
-        return None
+    if target["on"] != "ratio":  # an absolute figure: each run against it
+        values = sorted(samples[name])
+        met = sum((v <= target["limit"]) if target["direction"] == "max"
+                  else (v >= target["limit"]) for v in values)
+        unit = data.get("unit", "s")
+        return (f"{name}, run by run: {fmt(values[0], unit)} to {fmt(values[-1], unit)}; "
+                f"{met} of {len(values)} runs met the target.")
     ratios = sorted(c / b for c, b in zip(samples[name], samples[base]) if b)
     met = sum((r <= target["limit"]) if target["direction"] == "max" else (r >= target["limit"])
               for r in ratios)
