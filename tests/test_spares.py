@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -299,3 +300,22 @@ def test_the_stub_run_by_hand_says_what_it_is_for(tmp_path):
                           env={**env, "DDPLAB_SPARES_SOCKET": nobody}, timeout=60)
     assert lost.returncode != 0
     assert f"the launcher's warm processes cannot be reached at {nobody}" in lost.stderr
+
+
+def test_a_long_temporary_folder_still_gives_a_socket_path_that_fits(tmp_path, monkeypatch):
+    """macOS's per-user TMPDIR is long, and a UNIX socket's path has at most 104 bytes there:
+    the broker's socket goes to /tmp then, and the warm processes are still reached."""
+    import tempfile
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    pool = spares.Pool()
+    try:
+        assert len(pool.address) < 104 and os.path.exists(pool.address)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(pool.address)  # the broker listens there
+        conn.close()
+    finally:
+        pool.close()
+    assert not os.path.exists(pool.home)

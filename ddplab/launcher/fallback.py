@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Union
 from . import spares
 from ..env import spares_mode
 from .jobs import PRELOAD_TRAINING, Job
-from .procs import set_parent_death_signal, whole_lines
+from .procs import set_parent_death_signal, socket_folder, whole_lines
 
 _NOTICE_SHOWN: set[str] = set()
 
@@ -98,14 +98,13 @@ def _rank_channel() -> tuple[socket.socket, str]:
     elsewhere a path in a private temporary folder (removed at exit)."""
     import atexit
     import shutil
-    import tempfile
 
     channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     if sys.platform.startswith("linux"):
         address = f"@ddplab-ranks-{os.getpid()}-{os.urandom(8).hex()}"
         channel.bind("\0" + address[1:])
     else:
-        folder = tempfile.mkdtemp(prefix="ddplab-ranks-")
+        folder = socket_folder("ddplab-ranks-")
         atexit.register(shutil.rmtree, folder, True)
         address = os.path.join(folder, "ranks")
         channel.bind(address)

@@ -188,3 +188,16 @@ def whole_lines() -> None:
         raw = io.FileIO(fd, "w", closefd=False)
         setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(raw), line_buffering=True,
                                             errors="backslashreplace"))
+
+
+def socket_folder(prefix: str) -> str:
+    """A new private (0700) temporary folder for UNIX sockets: in the usual temporary folder,
+    or in /tmp where that one's path is too long for a socket's (104 bytes on macOS, whose
+    per-user TMPDIR is long, 108 on Linux)."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix=prefix)
+    if len(folder) > 80 and os.path.isdir("/tmp"):
+        os.rmdir(folder)
+        folder = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    return folder

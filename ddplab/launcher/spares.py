@@ -51,12 +51,11 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 from collections import deque
 from typing import Any, Optional
 
-from .procs import kill_group, kill_marked, whole_lines
+from .procs import kill_group, kill_marked, socket_folder, whole_lines
 
 STUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stub.py")
 JOB_TOKEN = "DDPLAB_SPARE_JOB"  # in the job's environment: which launch a rank belongs to
@@ -124,7 +123,7 @@ class Pool:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.home = tempfile.mkdtemp(prefix="ddplab-spares-")  # 0700: only this user connects
+        self.home = socket_folder("ddplab-spares-")  # 0700: only this user connects
         self.address = os.path.join(self.home, "broker")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(self.address)
