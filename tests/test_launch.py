@@ -24,6 +24,22 @@ PLAIN = str(SCRIPTS / "plain.py")
 FAULTY = str(SCRIPTS / "faulty.py")
 
 
+def processes():
+    """Every live process as ``(pid, ppid, argv, environ)``, argv and environ as lists of
+    bytes (read from /proc; processes that end meanwhile are skipped)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if stat[0] != "Z":
+            yield int(entry), int(stat[1]), argv, environ
+
+
 def alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     try:

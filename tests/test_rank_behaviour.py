@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_launch import alive, wait_gone
+from test_launch import alive, processes, wait_gone
 
 from ddplab import LaunchError, launch
 from ddplab.launcher.spec import MAX_NPROCS
@@ -124,16 +124,7 @@ def test_ranks_in_warm_processes_give_their_stack_on_a_timeout(monkeypatch):
 
 def marked(mark: str) -> list[int]:
     """The processes whose environment holds ``mark`` (``NAME=value``)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as environ:
-                    if mark.encode() in environ.read().split(b"\0"):
-                        found.append(int(entry))
-            except OSError:
-                pass
-    return found
+    return [pid for pid, _ppid, _argv, environ in processes() if mark.encode() in environ]
 
 
 @pytest.mark.parametrize("path", ["fork", "warm"])

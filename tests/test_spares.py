@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_launch import PLAIN, alive, wait_gone
+from test_launch import PLAIN, processes, wait_gone
 
 from ddplab import launch
 from ddplab.env import spares_mode
@@ -54,19 +54,8 @@ def torchrun_pids(monkeypatch) -> list[int]:
 
 def spare_children() -> list[int]:
     """This process's children that are spares (idle, or running a rank or a torchrun)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() \
-                and b"ddplab.launcher.spares" in command and alive(int(entry)):
-            found.append(int(entry))
-    return found
+    return [pid for pid, ppid, argv, _environ in processes()
+            if ppid == os.getpid() and b"ddplab.launcher.spares" in argv]
 
 
 def when_held(folder: Path, ranks: list[int], action) -> threading.Thread:
@@ -191,16 +180,11 @@ def test_a_killed_stub_takes_its_rank_down_and_torchrun_reports_it(monkeypatch, 
     killed: list[int] = []
 
     def kill_stub_of_rank_1() -> None:
-        for entry in os.listdir("/proc"):
-            try:
-                command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
+        for pid, _ppid, command, environ in processes():
             if spares.STUB.encode() in command and b"RANK=1" in environ \
                     and f"DDPLAB_TEST_MARK={mark}".encode() in environ:
-                os.kill(int(entry), signal.SIGKILL)
-                killed.append(int(entry))
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
 
     killer = when_held(tmp_path, [0, 1], kill_stub_of_rank_1)
     result = launch(RANK, 2, args=["hold"], env={"DDPLAB_TEST_MARK": mark}, cwd=tmp_path,

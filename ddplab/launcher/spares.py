@@ -335,9 +335,8 @@ class Pool:
     def _lead(self, request: dict[str, Any]) -> None:
         """Make a spare the torchrun of a launch; the caller reads its pipes from now on."""
         spare = self._claim()
-        message = {key: value for key, value in request.items()}
         try:
-            spare.send(message, [])
+            spare.send(request, [])
         except OSError:
             pass  # it died: the caller sees torchrun exit at once
         spare.ctl.close()
