@@ -8,8 +8,8 @@ export MPLBACKEND ?= Agg
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 NB_TIMEOUT ?= 600
 
-.PHONY: setup lock lab test test-unit test-soak test-notebooks course bench strip test-browser test-compat \
-	test-newest test-gpu clean
+.PHONY: setup lock lab test test-fast test-unit test-soak test-notebooks course bench strip \
+	test-browser test-compat test-newest test-gpu clean
 
 LOCK   := requirements/lock.txt
 UV     := uv==0.13.9
@@ -40,19 +40,37 @@ lab: setup
 	MPLBACKEND=module://matplotlib_inline.backend_inline \
 	$(BIN)/jupyter lab --notebook-dir=notebooks --ip=127.0.0.1 $(ROOT_FLAG)
 
-test: setup test-unit test-notebooks
+# pytest-xdist spreads whole files over XDIST workers (a file's tests run in order, in one
+# worker); notebooks are listed first so the longest files start first. PYTEST_EXIT turns
+# pytest's exit status 5 (nothing collected) into a failure that says so.
+XDIST ?= -n 3 --dist loadfile
+NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=$(NB_TIMEOUT)
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
+PYTEST_EXIT = s=$$?; [ $$s -ne 5 ] || echo "make $@: pytest collected no tests: a failure here" >&2; exit $$s
+
+# Everything CI runs before its optional steps: every unit test and every notebook, one run.
+test: setup
+	$(PYTEST) $(XDIST) -m "not soak" --durations=15 $(NBVAL) notebooks tests \
+		--ignore=tests/browser || { $(PYTEST_EXIT); }
+
+# For contributors, under 90 s: the unit tests that start no process (not marked slow or
+# launch), then one smoke launch per engine (tests/test_smoke.py).
+test-fast: setup
+	$(PYTEST) $(XDIST) -m "not slow and not launch and not soak" tests --ignore=tests/browser \
+		|| { $(PYTEST_EXIT); }
+	$(PYTEST) tests/test_smoke.py || { $(PYTEST_EXIT); }
 
 test-unit: setup
-	$(BIN)/python -m pytest -q -m "not soak" --durations=10 tests --ignore=tests/browser
+	$(PYTEST) $(XDIST) -m "not soak" --durations=10 tests --ignore=tests/browser \
+		|| { $(PYTEST_EXIT); }
 
 # The same launches many times in a row (30 of the spawn worker, 30 of the training worker:
 # none may abort at exit). About 5 minutes; .ci/run runs it after make test.
 test-soak: setup
-	$(BIN)/python -m pytest -q -m soak tests --ignore=tests/browser
+	$(PYTEST) -m soak tests --ignore=tests/browser || { $(PYTEST_EXIT); }
 
 test-notebooks: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
-		--nbval-cell-timeout=$(NB_TIMEOUT) notebooks
+	$(PYTEST) $(XDIST) $(NBVAL) notebooks || { $(PYTEST_EXIT); }
 
 # The course in JupyterLab, driven by headless Chromium (Debian's chromium; never a browser
 # download). Installs what it needs first; screenshots go to build/browser/.

@@ -2,8 +2,9 @@
 
 These two modules are the ones learners copy into their own scripts, so each ``::`` block of
 their docstrings (module, functions, classes) is a whole script: it is written to a file and run
-as plain ``python`` (a world of one) and under ``torchrun --nproc-per-node 2``, each in an
-empty folder. The examples assert what they claim, so running them checks them.
+under ``torchrun --nproc-per-node 2`` in an empty folder. Each path runs once: every example
+under torchrun, and the two module examples (which use every helper a plain script needs) also as
+plain ``python``, a world of one. The examples assert what they claim, so running them checks them.
 """
 
 from __future__ import annotations
@@ -80,18 +81,25 @@ def _start(script: str, folder: Path, nprocs: int) -> subprocess.Popen:
                             start_new_session=True)  # killpg ends torchrun's ranks too
 
 
+RUNS = [(name, script, 2) for name, script in EXAMPLES] + [
+    (name, script, 1) for name, script in EXAMPLES if name.endswith(".<module>#0")]
+
+
+def test_both_module_examples_also_run_as_plain_python():
+    assert sorted(name for name, _, nprocs in RUNS if nprocs == 1) == [
+        "checkpoint.<module>#0", "dist.<module>#0"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name,script", EXAMPLES, ids=[name for name, _ in EXAMPLES])
-def test_example_runs_as_plain_python_and_under_torchrun(name, script, tmp_path):
-    runs = {nprocs: _start(script, tmp_path / f"nprocs{nprocs}", nprocs) for nprocs in (1, 2)}
+@pytest.mark.parametrize("name,script,nprocs", RUNS,
+                         ids=[f"{name}-{nprocs}" for name, _, nprocs in RUNS])
+def test_example_runs_as_written(name, script, nprocs, tmp_path):
+    run = _start(script, tmp_path / f"nprocs{nprocs}", nprocs)
     try:
-        outputs = {nprocs: run.communicate(timeout=240) for nprocs, run in runs.items()}
+        out, err = run.communicate(timeout=240)  # a safety net: a run takes seconds
     finally:
-        for run in runs.values():
-            if run.poll() is None:
-                os.killpg(run.pid, signal.SIGKILL)
-                run.wait()
-    for nprocs, run in runs.items():
-        out, err = outputs[nprocs]
-        assert run.returncode == 0, (
-            f"{name} failed on {nprocs} process(es):\n{script}\n{out[-2000:]}\n{err[-3000:]}")
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert run.returncode == 0, (
+        f"{name} failed on {nprocs} process(es):\n{script}\n{out[-2000:]}\n{err[-3000:]}")
