@@ -48,10 +48,12 @@ NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=$(NB_TIMEOUT)
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 PYTEST_EXIT = s=$$?; [ $$s -ne 5 ] || echo "make $@: pytest collected no tests: a failure here" >&2; exit $$s
 
-# Everything CI runs before its optional steps: every unit test and every notebook, one run.
+# Everything CI runs before its optional steps: every unit test and every notebook in one
+# parallel run, then the few tests that need the whole machine (marked serial), alone.
 test: setup
-	$(PYTEST) $(XDIST) -m "not soak" --durations=15 $(NBVAL) notebooks tests \
+	$(PYTEST) $(XDIST) -m "not soak and not serial" --durations=15 $(NBVAL) notebooks tests \
 		--ignore=tests/browser || { $(PYTEST_EXIT); }
+	$(PYTEST) -m "serial and not soak" tests --ignore=tests/browser || { $(PYTEST_EXIT); }
 
 # For contributors, under 90 s: the unit tests that start no process (not marked slow or
 # launch), then one smoke launch per engine (tests/test_smoke.py).
@@ -61,8 +63,9 @@ test-fast: setup
 	$(PYTEST) tests/test_smoke.py || { $(PYTEST_EXIT); }
 
 test-unit: setup
-	$(PYTEST) $(XDIST) -m "not soak" --durations=10 tests --ignore=tests/browser \
+	$(PYTEST) $(XDIST) -m "not soak and not serial" --durations=10 tests --ignore=tests/browser \
 		|| { $(PYTEST_EXIT); }
+	$(PYTEST) -m "serial and not soak" tests --ignore=tests/browser || { $(PYTEST_EXIT); }
 
 # The same launches many times in a row (30 of the spawn worker, 30 of the training worker:
 # none may abort at exit). About 5 minutes; .ci/run runs it after make test.

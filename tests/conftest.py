@@ -1,5 +1,6 @@
-"""What sorts the suite for ``make test-fast``: tests that start processes carry the ``launch``
-mark (or ``slow``), and ``make test-fast`` runs the others.
+"""What sorts the suite: tests that start processes carry the ``launch`` mark (or ``slow``), and
+``make test-fast`` runs the others; tests that need the whole machine carry ``serial``, and
+``make test`` runs them alone after its parallel run.
 
 A file whose tests start processes (a launch, torchrun, mp.spawn, a Python subprocess) is marked
 whole by naming it in ``LAUNCHING``, or by ``pytestmark = pytest.mark.launch`` in the file. Under
@@ -18,7 +19,7 @@ import pytest
 #: Tests that start processes, as paths below tests/: a whole file, or ``file::test``.
 LAUNCHING = {
     "gpu/test_run.py", "test_barrier_demo.py", "test_buckets.py", "test_capstone.py",
-    "test_check.py", "test_cli.py", "test_collectives.py", "test_comm_hooks.py",
+    "test_cli.py", "test_collectives.py", "test_comm_hooks.py",
     "test_compile_ddp.py", "test_cuda_clean.py", "test_debugging.py", "test_demos_spawning.py",
     "test_dist.py", "test_distributed_checkpoint.py", "test_docstring_examples.py",
     "test_env.py", "test_exercise_variants.py", "test_exercises_06_08.py",
@@ -34,6 +35,11 @@ LAUNCHING = {
     "test_public_torch_api.py::"
     "test_the_agents_exit_accounting_reads_every_status_and_reaps_nothing",
 }
+#: Tests that need the whole machine: ``make test`` runs them after the parallel run, alone.
+SERIAL = {
+    "test_rank_behaviour.py::"
+    "test_nprocs_above_the_limit_is_refused_before_anything_starts_and_up_to_it_works",
+}
 TESTS = Path(__file__).resolve().parent
 
 
@@ -45,6 +51,8 @@ def pytest_collection_modifyitems(config, items):
         name = path.relative_to(TESTS).as_posix()
         if name in LAUNCHING or f"{name}::{item.originalname}" in LAUNCHING:
             item.add_marker(pytest.mark.launch)
+        if f"{name}::{item.originalname}" in SERIAL:
+            item.add_marker(pytest.mark.serial)
 
 
 def _fast_run(config) -> bool:

@@ -13,8 +13,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FAST = "not slow and not launch and not soak"
 
-pytestmark = pytest.mark.launch
-
 PROBE = '''
 import subprocess, sys
 
@@ -32,6 +30,18 @@ def _pytest(folder: Path, *options: str) -> subprocess.CompletedProcess:
                           cwd=folder, capture_output=True, text=True, timeout=120)
 
 
+def test_every_test_the_conftest_names_exists():
+    import conftest
+
+    for entry in sorted(conftest.LAUNCHING | conftest.SERIAL):
+        path, _, test = entry.partition("::")
+        assert (ROOT / "tests" / path).is_file(), f"tests/conftest.py names {path}: no such file"
+        if test:
+            assert f"def {test}(" in (ROOT / "tests" / path).read_text(), (
+                f"tests/conftest.py names {entry}: no such test (renamed?)")
+
+
+@pytest.mark.launch
 def test_the_fast_set_fails_a_test_that_starts_python_and_says_how_to_mark_it(tmp_path):
     shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_probe.py").write_text(PROBE)
@@ -58,6 +68,7 @@ def _ci(tmp_path: Path, fails: str = "", **budget: str) -> tuple[int, list[str]]
     return done.returncode, done.stdout.strip().splitlines()
 
 
+@pytest.mark.launch
 def test_ci_names_every_step_it_ran_in_its_last_line(tmp_path):
     code, lines = _ci(tmp_path)
     assert code == 0
@@ -70,6 +81,7 @@ def test_ci_names_every_step_it_ran_in_its_last_line(tmp_path):
         assert step in lines[-1]
 
 
+@pytest.mark.launch
 def test_ci_fails_with_the_failed_step_and_says_what_it_skipped(tmp_path):
     code, lines = _ci(tmp_path, fails="test-browser")
     assert code == 3
@@ -78,6 +90,7 @@ def test_ci_fails_with_the_failed_step_and_says_what_it_skipped(tmp_path):
     assert "make test-soak skipped (an earlier step failed)" in lines[-1]
 
 
+@pytest.mark.launch
 def test_ci_says_which_steps_the_budget_left_out(tmp_path):
     code, lines = _ci(tmp_path, DDPLAB_CI_BUDGET="10", DDPLAB_CI_COMPAT_BUDGET="10")
     assert code == 0
@@ -85,6 +98,7 @@ def test_ci_says_which_steps_the_budget_left_out(tmp_path):
     assert lines[-1].count("skipped (") == 4 and "budget used" in lines[-1]
 
 
+@pytest.mark.launch
 def test_a_failing_make_test_fails_ci(tmp_path):
     code, lines = _ci(tmp_path, fails="test")
     assert code == 3 and "make test FAILED (exit 3)" in lines[-1]
