@@ -173,6 +173,25 @@ FIND_UNUSED_COST = Words(
                   "extra traversal of the autograd graph every iteration"),),
 )
 
+#: Python's unpickling error in a process that receives a function by name from a ``__main__``
+#: it cannot import (``mp.spawn`` of a function defined in a notebook cell). The type,
+#: AttributeError, is what ddplab relies on; the words only show which line it is.
+UNPICKLABLE_MAIN = Words(
+    "function from __main__", "a child could not import a function defined in __main__",
+    re.compile(r"Can't get attribute '\w+' on <module '__main__'"),
+    (("Python 3.10-3.13", "AttributeError: Can't get attribute 'hello' on <module '__main__' "
+                          "(built-in)>"),),
+)
+
+#: argparse's refusal of an option the script does not define (a script written for
+#: torchrun given ``--local-rank`` by torch.distributed.launch, lesson 07).
+UNRECOGNIZED_ARGUMENTS = Words(
+    "unrecognized arguments", "a script's argparse refused an option it does not define",
+    re.compile(r"error: unrecognized arguments: (?P<arguments>.*)"),
+    (("Python 3.10-3.14", "train.py: error: unrecognized arguments: --local-rank=1"),),
+)
+
 #: Every pattern of this module (the tests walk it).
 ALL = (PEER_LOST, NCCL_WITHOUT_GPU, TORCHRUN_VARIABLES_MISSING, COLLECTIVE_TIMEOUT,
-       DETAIL_MISMATCH, UNUSED_PARAMETERS, FIND_UNUSED_COST)
+       DETAIL_MISMATCH, UNUSED_PARAMETERS, FIND_UNUSED_COST, UNPICKLABLE_MAIN,
+       UNRECOGNIZED_ARGUMENTS)

@@ -112,6 +112,12 @@ def timed_out(failure: Any) -> bool:
     return bool(torch_words.COLLECTIVE_TIMEOUT.search(failure.message + "\n" + failure.traceback))
 
 
+def unused_parameters(result: Any, rank: int) -> set[str]:
+    """The parameters DDP reported as getting no gradient on ``rank`` (needs
+    ``TORCH_DISTRIBUTED_DEBUG=INFO`` or ``DETAIL``), or an empty set."""
+    return torch_words.unused_parameters(result.logs.get(rank, [])).get(rank, set())
+
+
 def survivors(pids: Iterable[int]) -> list[int]:
     """The processes among ``pids`` that are still running (zombies count as gone).
 
