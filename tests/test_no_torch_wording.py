@@ -104,12 +104,6 @@ SCRIPT_WORDS = {w for path in SCRIPTS for w in re.findall(r"[A-Za-z_][A-Za-z_]+"
                                                            path.read_text())}
 
 
-def pieces(literal: str) -> list[str]:
-    """The fixed words of a literal: what is left between numbers and quoted names."""
-    return [p.strip() for p in re.split(r"\d+|'[^']*'|\"[^\"]*\"|\{[^}]*\}", literal)
-            if len(p.strip()) >= 3]
-
-
 def asserted(tree: ast.AST) -> tuple[set[str], set[int]]:
     """The names an ``assert`` reads, directly or through assignments, and the ids of the
     calls whose values reach one (so a search whose lines are only printed is not read)."""
@@ -270,11 +264,34 @@ def test_the_reader_catches_the_patterns_it_is_for_and_spares_ddplabs_words(code
     assert bool(offences("example", code, own)) == caught, offences("example", code, own)
 
 
-def test_ddplab_keeps_torchs_words_in_torch_words_only():
-    """Outside the pattern file (and docstrings), no ddplab string is a seen line's phrase."""
-    for words in torch_words.ALL:
-        for _, line in words.seen:
-            assert not words.search(DDPLAB.replace("\0", "\n").split("\n")[0] or ""), words.name
-    long_enough = [s for s in DDPLAB.split("\0") if len(s) >= 20 and " " in s]
-    copied = sorted({s for s in long_enough if any(s in line for line in SEEN)})
-    assert not copied, f"torch's words outside ddplab/torch_words.py: {copied}"
+def copies_of_seen_words(texts: list[str]) -> list[str]:
+    """The phrases or patterns among ``texts`` that match a line torch_words records."""
+    copied = []
+    for text in texts:
+        if len(text) < 12 or " " not in text:
+            continue
+        try:
+            pattern = re.compile(text)
+        except re.error:
+            pattern = re.compile(re.escape(text))
+        if any(len(m.group(0)) >= 10 for line in SEEN for m in pattern.finditer(line)):
+            copied.append(text)
+    return copied
+
+
+def test_ddplab_keeps_others_words_in_torch_words_only():
+    """Outside the pattern file (and docstrings) no ddplab string, plain or a regular
+    expression, matches a line torch_words records: the patterns are not copied elsewhere."""
+    assert copies_of_seen_words(["a different sentence", "Timed out waiting \\d+ms"]) == [
+        "Timed out waiting \\d+ms"]
+    copied = set(copies_of_seen_words(DDPLAB.split("\0")))
+    assert copied <= set(PENDING_COPIES), \
+        f"torch's or Python's words outside ddplab/torch_words.py: {copied - set(PENDING_COPIES)}"
+    assert copied == set(PENDING_COPIES), \
+        f"strike these from PENDING_COPIES: {set(PENDING_COPIES) - copied}"
+
+
+# Left to the change that owns the file (issue 25); each must still be there.
+PENDING_COPIES = {
+    "Can't get attribute": "ddplab/lab/demos/spawning.py, SpawnAttempt.message",
+}
