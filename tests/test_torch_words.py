@@ -157,6 +157,30 @@ def test_nccl_without_a_gpu_is_recognised_on_this_torch():
         done.stderr, "spawn") != ""
 
 
+# One process each: what the launcher's hints and the lesson-03/07 demos meet.
+SMALL_FAULTS = {
+    "torchrun's variables missing": (torch_words.TORCHRUN_VARIABLES_MISSING, {
+        "RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None, "MASTER_ADDR": None,
+        "MASTER_PORT": None},
+        "import torch.distributed as dist\ndist.init_process_group('gloo')\n"),
+    "function from __main__": (torch_words.UNPICKLABLE_MAIN, {},
+                               "import pickle\npickle.loads(b'c__main__\\nhello\\n.')\n"),
+    "unrecognized arguments": (torch_words.UNRECOGNIZED_ARGUMENTS, {},
+                               "import argparse\n"
+                               "argparse.ArgumentParser().parse_args(['--local-rank=1'])\n"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(SMALL_FAULTS))
+def test_one_process_faults_are_recognised_on_this_python_and_torch(fault):
+    words, unset, code = SMALL_FAULTS[fault]
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode != 0, done.stdout
+    assert words.search(done.stderr), done.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_ddp_timeout_and_lost_peer_are_recognised_on_this_torch(tmp_path):
     result = run_job(tmp_path, "faults", "INFO")
