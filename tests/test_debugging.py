@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import ddplab
+from ddplab import torch_words
 from ddplab.lab import judges, postmortem
 from ddplab.lab.judges import metric, metrics
 from ddplab.launcher.results import RunResult
@@ -19,6 +20,10 @@ from ddplab.launcher.results import RunResult
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "tests" / "solutions"
 DESYNC, FAULTS = "ddplab.workers.desync", "ddplab.workers.faults"
+# A short process-group timeout only where the fault is a collective that waits for a peer that
+# never comes (the timeout is how it ends). A run that must succeed, or fails without waiting,
+# keeps the workers' default (300 s): on a loaded machine a rank may reach a collective
+# seconds after the other, and a correct run must not fail for it.
 PG_TIMEOUT = ["--pg-timeout", "3"]
 DETAIL = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
 
@@ -29,7 +34,7 @@ def run(target, *args, env=None, **options) -> RunResult:
 
 
 def mismatch_report(result: RunResult, rank: int) -> dict[int, str]:
-    lines = postmortem.error_lines(result, rank, "Detected mismatch")
+    lines = postmortem.mismatch_lines(result, rank)
     assert lines, f"rank {rank} reported no mismatch:\n{result.log(rank)[-2000:]}"
     return postmortem.fingerprints(lines[0])
 
@@ -45,7 +50,7 @@ PYTHON_TRACEBACK = [
     '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", '
     'line 3913, in all_reduce',
     "    work.wait()",
-    "RuntimeError: Timed out waiting 3000ms for recv operation to complete",
+    "RuntimeError: the error of this stack",
 ]
 FAULTHANDLER_DUMP = [
     "Fatal Python error: Aborted",
@@ -81,19 +86,12 @@ def test_stopped_at_reads_the_last_stack_of_a_rank_and_its_code(tmp_path):
 
 
 def test_fingerprints_name_each_ranks_collective():
-    message = ("RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running "
-               "collective: CollectiveFingerPrint(SequenceNumber=1, OpType=ALLGATHER, "
-               "TensorShape=[50], TensorDtypes=Long, TensorDeviceTypes=TensorOptions(dtype=float "
-               "(default), device=cpu)), but Rank 0 is running collective: CollectiveFingerPrint("
-               "SequenceNumber=1, OpType=ALLGATHER, TensorShape=[51], TensorDtypes=Long, "
-               "TensorDeviceTypes=TensorOptions(dtype=float (default), device=cpu))).Collectives "
-               "differ in the following aspects:   Tensor Tensor shapes: 50vs 51")
-    assert postmortem.fingerprints(message) == {1: "ALLGATHER [50] Long",
-                                                0: "ALLGATHER [51] Long"}
-    barrier = ("Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=0OpType=BARRIER)"
-               ", but Rank 0 is running collective: CollectiveFingerPrint(SequenceNumber=0OpType="
-               "GATHER).Collectives differ")
+    """On the DETAIL reports ddplab.torch_words was written from (the wording is read there)."""
+    first, barrier = (line for _, line in torch_words.DETAIL_MISMATCH.seen)
+    assert postmortem.fingerprints(first) == {0: "BROADCAST [1] Float",
+                                              1: "ALLREDUCE [2] Double"}
     assert postmortem.fingerprints(barrier) == {1: "BARRIER", 0: "GATHER"}
+    assert postmortem.fingerprints("RuntimeError: a different error") == {}
 
 
 def test_survivors_sees_running_processes_only():
@@ -113,7 +111,7 @@ def test_survivors_sees_running_processes_only():
 
 @pytest.mark.slow
 def test_desync_reference_passes_the_detail_checks():
-    result = run(DESYNC, *PG_TIMEOUT, env=DETAIL)
+    result = run(DESYNC, env=DETAIL)
     assert result.ok, result.error
     shards = metric(result, "shard")
     assert shards == {0: 51, 1: 50}
@@ -133,7 +131,7 @@ def test_one_rank_collective_hangs_until_the_launcher_ends_it_and_nothing_surviv
 @pytest.mark.slow
 def test_one_rank_collective_with_a_pg_timeout_names_where_each_rank_waited():
     result = run(DESYNC, "--fault", "one_rank", *PG_TIMEOUT)
-    assert result.status == "failed" and "Timed out" in result.root_cause.message
+    assert result.status == "failed" and postmortem.timed_out(result.root_cause), result.error
     assert "all_reduce(total)" in postmortem.stopped_at(result, 0, "desync.py").code
     assert "all_gather" in postmortem.stopped_at(result, 1, "desync.py").code
     assert postmortem.survivors(result.pids.values()) == []
@@ -141,19 +139,21 @@ def test_one_rank_collective_with_a_pg_timeout_names_where_each_rank_waited():
 
 @pytest.mark.slow
 def test_one_rank_collective_under_detail_fails_at_once_naming_both_collectives():
-    result = run(DESYNC, "--fault", "one_rank", *PG_TIMEOUT, env=DETAIL)
+    result = run(DESYNC, "--fault", "one_rank", env=DETAIL)
     assert not result.ok
     seen = mismatch_report(result, 0)
     assert seen[0].startswith("ALLREDUCE") and seen[1].startswith("ALLGATHER")
 
 
 @pytest.mark.slow
-def test_shape_mismatch_aborts_inside_gloo_and_detail_names_the_shapes():
-    plain = run(DESYNC, "--fault", "shape", *PG_TIMEOUT)
-    assert not plain.ok and plain.root_cause.signal == "SIGABRT"
+def test_shape_mismatch_fails_inside_the_all_gather_and_detail_names_the_shapes():
+    # How gloo fails (an abort on torch 2.6-2.14, perhaps an exception later) is torch's
+    # business; ddplab's is to name the rank and the line, from a traceback or a stack dump.
+    plain = run(DESYNC, "--fault", "shape")
+    assert plain.status == "failed" and plain.root_cause.rank in (0, 1), plain.error
     assert "all_gather(gathered" in postmortem.stopped_at(plain, plain.root_cause.rank,
                                                           "desync.py").code
-    detail = run(DESYNC, "--fault", "shape", *PG_TIMEOUT, env=DETAIL)
+    detail = run(DESYNC, "--fault", "shape", env=DETAIL)
     assert not detail.ok
     assert mismatch_report(detail, 0) == {0: "ALLGATHER [51] Long", 1: "ALLGATHER [50] Long"}
 
@@ -161,8 +161,8 @@ def test_shape_mismatch_aborts_inside_gloo_and_detail_names_the_shapes():
 @pytest.mark.slow
 def test_order_mismatch_times_out_plain_and_detail_names_both_orders():
     plain = run(DESYNC, "--fault", "order", *PG_TIMEOUT)
-    assert plain.status == "failed" and "Timed out" in plain.root_cause.message
-    detail = run(DESYNC, "--fault", "order", *PG_TIMEOUT, env=DETAIL)
+    assert plain.status == "failed" and postmortem.timed_out(plain.root_cause), plain.error
+    detail = run(DESYNC, "--fault", "order", env=DETAIL)
     seen = mismatch_report(detail, 1)
     assert seen[0].startswith("BROADCAST") and seen[1].startswith("ALLREDUCE")
 
@@ -171,24 +171,24 @@ def test_order_mismatch_times_out_plain_and_detail_names_both_orders():
 
 @pytest.mark.slow
 def test_uneven_inputs_hang_in_the_extra_backward():
-    # Both ranks wait the same 3 s, rank 0 from earlier on. On a loaded machine rank 1's
-    # timeout may still fire first, and the launcher then stops rank 0 before its own error
-    # is printed (exit code -15 or unknown, no traceback): run it again in that case only.
-    for _attempt in range(3):
-        result = run(FAULTS, "--fault", "uneven", *PG_TIMEOUT)
-        stopped = postmortem.stopped_at(result, 0, "faults.py") is None and \
-            result.exit_codes.get(0) in (-15, None)
-        if not stopped:
-            break
-    assert result.status == "failed"
+    # The hang is the fault: no process-group timeout (two equal ones race, and the rank that
+    # loses is stopped before it can say where it was); the launch's timeout ends the job and
+    # every rank's stack says where it waited. 45 s: time for two ranks to train 3 and 2
+    # steps of a small CNN on a loaded machine; the events checked first prove they got there.
+    result = run(FAULTS, "--fault", "uneven", timeout=45)
+    assert result.status == "timeout" and sorted(result.still_running) == [0, 1], result.error
     assert metric(result, "batches") == {0: 3, 1: 2}
     assert metric(result, "steps") == {1: 2}  # rank 0 never finished its loop
-    assert "backward()" in postmortem.stopped_at(result, 0, "faults.py").code
+    waited = {rank: [f for f in postmortem.user_frames(result.stacks[rank].splitlines())
+                     if f.path.endswith("faults.py")][-1] for rank in (0, 1)}
+    assert "backward()" in waited[0].code, waited
+    assert "barrier()" in waited[1].code, waited
+    assert postmortem.survivors(result.pids.values()) == []
 
 
 @pytest.mark.slow
 def test_join_lets_uneven_ranks_finish_with_the_same_weights():
-    result = run(FAULTS, "--fault", "uneven", "--join", *PG_TIMEOUT)
+    result = run(FAULTS, "--fault", "uneven", "--join")
     assert result.ok, result.error
     assert metric(result, "steps") == metric(result, "batches") == {0: 3, 1: 2}
     assert metric(result, "samples") == {0: 95, 1: 64}  # three files and two
@@ -199,7 +199,7 @@ def test_join_lets_uneven_ranks_finish_with_the_same_weights():
 @pytest.mark.parametrize("drop_last, samples", [(False, 80), (True, 79)])
 def test_distributed_sampler_gives_every_rank_the_same_number_of_batches(drop_last, samples):
     extra = ["--drop-last"] if drop_last else []
-    result = run(FAULTS, "--fault", "uneven", "--sampler", *extra, *PG_TIMEOUT)
+    result = run(FAULTS, "--fault", "uneven", "--sampler", *extra)
     assert result.ok, result.error
     assert metric(result, "batches") == metric(result, "steps") == {0: 3, 1: 3}
     assert metric(result, "samples") == {0: samples, 1: samples}  # 159 padded or trimmed
@@ -207,19 +207,17 @@ def test_distributed_sampler_gives_every_rank_the_same_number_of_batches(drop_la
 
 @pytest.mark.slow
 def test_unused_parameters_fail_at_the_next_step_and_info_names_them():
-    result = run(FAULTS, "--fault", "unused", *PG_TIMEOUT,
-                 env={"TORCH_DISTRIBUTED_DEBUG": "INFO"})
-    assert not result.ok
-    assert result.root_cause.rank in (0, 1) and result.root_cause.message
-    names = postmortem.error_lines(result, result.root_cause.rank, "aux.weight")
-    assert any("aux.weight" in line and "aux.bias" in line for line in names)
+    result = run(FAULTS, "--fault", "unused", env={"TORCH_DISTRIBUTED_DEBUG": "INFO"})
+    assert result.status == "failed" and result.root_cause.rank in (0, 1), result.error
+    rank = result.root_cause.rank
+    assert torch_words.unused_parameters(result.logs[rank]) == {rank: {"aux.weight", "aux.bias"}}
     assert metric(result, "steps") == {}
 
 
 @pytest.mark.slow
 def test_find_unused_and_static_graph_both_fix_the_unused_branch_with_the_same_weights():
-    found = run(FAULTS, "--fault", "unused", "--find-unused", *PG_TIMEOUT)
-    static = run(FAULTS, "--fault", "unused", "--static-graph", *PG_TIMEOUT)
+    found = run(FAULTS, "--fault", "unused", "--find-unused")
+    static = run(FAULTS, "--fault", "unused", "--static-graph")
     assert found.ok and static.ok, (found.error, static.error)
     sums = {*metric(found, "checksum").values(), *metric(static, "checksum").values()}
     assert len(sums) == 1
@@ -227,16 +225,16 @@ def test_find_unused_and_static_graph_both_fix_the_unused_branch_with_the_same_w
 
 @pytest.mark.slow
 def test_find_unused_without_unused_parameters_warns_about_its_cost():
-    result = run(FAULTS, "--find-unused", *PG_TIMEOUT)
+    result = run(FAULTS, "--find-unused")
     assert result.ok, result.error
-    assert postmortem.error_lines(result, 0, "find_unused_parameters")
+    assert all(torch_words.FIND_UNUSED_COST.lines(result.logs[rank]) for rank in (0, 1))
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
                     <= (2, 6), reason="DDP builds on the DETAIL wrapper on torch 2.6")
 def test_faults_refuses_detail_with_a_message_instead_of_a_segfault():
-    result = run(FAULTS, *PG_TIMEOUT, env=DETAIL)
+    result = run(FAULTS, env=DETAIL)
     assert not result.ok and result.root_cause.signal is None
     assert "TORCH_DISTRIBUTED_DEBUG=INFO" in result.root_cause.message
 
@@ -280,7 +278,7 @@ def test_untouched_skeleton_times_out_and_the_hint_points_at_join():
 
 @pytest.mark.slow
 def test_solution_is_judged_right():
-    result = run(SOLUTIONS / "uneven_join.py", *PG_TIMEOUT)
+    result = run(SOLUTIONS / "uneven_join.py")
     assert ddplab.check("10", result), result.error
 
 
@@ -292,7 +290,7 @@ def test_dropping_the_extra_batches_is_judged_wrong(tmp_path):
     assert shortcut != text
     script = tmp_path / "uneven_join.py"
     script.write_text(shortcut)
-    verdict = ddplab.check("10", run(script, *PG_TIMEOUT))
+    verdict = ddplab.check("10", run(script))
     assert not verdict and "rank 0 took 4 optimizer steps but has 5 batches" in verdict.message
 
 

@@ -28,9 +28,8 @@ def test_a_gpu_tagged_file_needs_map_location(state_file, tmp_path):
     assert saving.saved_locations(state_file) == {"cpu": 4}
     assert saving.saved_locations(gpu) == {"cuda:1": 4}
     assert saving.tensor_devices(gpu, "cpu") == {"cpu": 4}
-    if not torch.cuda.is_available():
-        error = error_of(lambda: saving.tensor_devices(gpu))
-        assert isinstance(error, RuntimeError) and "map_location" in str(error)
+    if not torch.cuda.is_available():  # the same file, without map_location: no cuda:1 here
+        assert isinstance(error_of(lambda: saving.tensor_devices(gpu)), RuntimeError)
 
 
 def test_pickled_module_is_refused_by_weights_only_and_breaks_on_rename(tmp_path, state_file):
@@ -40,9 +39,10 @@ def test_pickled_module_is_refused_by_weights_only_and_breaks_on_rename(tmp_path
     assert not any("TinyNet" in g for g in saving.pickled_globals(state_file))
     error = error_of(lambda: torch.load(path, weights_only=True))
     assert isinstance(error, pickle.UnpicklingError)
-    error = saving.load_without_class(path)
-    assert isinstance(error, AttributeError) and "TinyNet" in str(error)
+    assert isinstance(saving.load_without_class(path), AttributeError)
     assert hasattr(saving, "TinyNet")  # restored afterwards
+    # and with the class back, the same file loads: the missing class was the cause
+    assert isinstance(torch.load(path, weights_only=False), saving.TinyNet)
 
 
 def test_truncated_file_does_not_load(state_file, tmp_path):

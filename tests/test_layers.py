@@ -1,7 +1,8 @@
 """Two sides, one seam: which side every ddplab module is on, and what it may import.
 
 The rule ("two sides, one seam", README's layout): the kernel side runs in the notebook or
-the CLI, the worker side in each rank; ``events`` and ``env`` are the seam both sides speak.
+the CLI, the worker side in each rank; ``events`` and ``env`` are the seam both sides speak,
+with ``versions`` and ``torch_words`` (torch's message patterns, stdlib only) beside them.
 Inside the package the kernel side never imports the worker side and the other way round
 (notebooks may call both), worker-side layers point downwards only, and nothing imports in a
 cycle. Imports are read with ``ast`` (those inside functions count too), so nothing is run.
@@ -18,7 +19,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ddplab"
 
-SEAM = {"events", "env", "versions"}
+SEAM = {"events", "env", "versions", "torch_words"}
 
 # Module (or subpackage: every module in it) -> side.
 SIDES = {
@@ -31,13 +32,13 @@ SIDES = {
     "checkpoint": "worker", "dist": "worker", "amp": "worker", "schedule": "worker",
     "pinning": "worker", "capstone": "worker", "sharded": "worker", "loops": "worker",
     # the seam
-    "events": "seam", "env": "seam", "versions": "seam",
+    "events": "seam", "env": "seam", "versions": "seam", "torch_words": "seam",
 }
 
 # Worker-side layers, bottom first: a module imports only modules of a lower layer.
 # (dist and checkpoint import no ddplab module at all: students copy them alone.)
 LAYERS = [
-    {"versions"},
+    {"versions", "torch_words"},
     {"events", "env"},
     {"dist", "checkpoint", "amp", "schedule", "models", "sharded"},
     {"data", "pinning"},
@@ -158,3 +159,16 @@ def test_the_reader_sees_what_the_rule_sees() -> None:
     assert imported("dist") == set() and imported("checkpoint") == set()
     assert imported("lab.demos.saving") == {"lab.demos", "lab.demos.dataparallel"}
     assert "lab.demos.sampling" in imported("lab.widgets")  # imported inside a function
+
+
+def test_torch_words_is_stdlib_only() -> None:
+    """Both sides import the pattern module, so it imports nothing but the standard library."""
+    import sys
+
+    tree = ast.parse(MODULES["torch_words"].read_text())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+             for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree)
+              if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    assert names and names <= set(sys.stdlib_module_names), names - set(sys.stdlib_module_names)
+    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree))

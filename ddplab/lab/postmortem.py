@@ -23,12 +23,11 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
+from .. import torch_words
+
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
 _LIBRARY = re.compile(r"site-packages|dist-packages|<frozen|/lib/python\d|ddplab/launcher/")
 _WORKER_SCRIPT = re.compile(r"[/\\]ddplab[/\\]workers[/\\]")  # the lessons' scripts, even installed
-_FINGERPRINT = re.compile(
-    r"Rank (?P<rank>\d+) is running collective: CollectiveFingerPrint\((?P<body>.*?)\)"
-    r"(?:, but|\.Collectives)")
 
 
 @dataclass(frozen=True)
@@ -96,17 +95,27 @@ def fingerprints(message: str) -> dict[int, str]:
 
     ``"Detected mismatch between collectives on ranks. Rank 0 is running collective:
     CollectiveFingerPrint(SequenceNumber=1, OpType=ALLGATHER, TensorShape=[51], ...), but
-    Rank 1 is running ..."`` becomes ``{0: "ALLGATHER [51] Long", 1: "ALLGATHER [50] Long"}``.
+    Rank 1 is running ..."`` becomes ``{0: "ALLGATHER [51] Long", 1: "ALLGATHER [50] Long"}``
+    (the wording is read by ``ddplab.torch_words``).
     """
-    found: dict[int, str] = {}
-    for match in _FINGERPRINT.finditer(message):
-        body = match["body"]
-        op = re.search(r"OpType=(\w+)", body)
-        shape = re.search(r"TensorShape=(\[[^\]]*\])", body)
-        dtype = re.search(r"TensorDtypes=(\w+)", body)
-        found[int(match["rank"])] = " ".join(
-            m.group(1) for m in (op, shape, dtype) if m is not None)
-    return found
+    return {rank: " ".join(fields[key] for key in ("op", "shape", "dtype") if key in fields)
+            for rank, fields in torch_words.fingerprints(message).items()}
+
+
+def mismatch_lines(result: Any, rank: int) -> list[str]:
+    """``rank``'s lines that report a DETAIL mismatch (each names every rank's collective)."""
+    return torch_words.DETAIL_MISMATCH.lines(result.logs.get(rank, []))
+
+
+def timed_out(failure: Any) -> bool:
+    """True when a ``RankFailure`` is a collective that waited past the group's timeout."""
+    return bool(torch_words.COLLECTIVE_TIMEOUT.search(failure.message + "\n" + failure.traceback))
+
+
+def unused_parameters(result: Any, rank: int) -> set[str]:
+    """The parameters DDP reported as getting no gradient on ``rank`` (needs
+    ``TORCH_DISTRIBUTED_DEBUG=INFO`` or ``DETAIL``), or an empty set."""
+    return torch_words.unused_parameters(result.logs.get(rank, [])).get(rank, set())
 
 
 def survivors(pids: Iterable[int]) -> list[int]:

@@ -13,12 +13,10 @@ import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Union
 
+from .. import torch_words
+
 # Errors a healthy rank reports when a peer died first: never the root cause.
-_SECONDARY = re.compile(
-    r"Connection closed by peer|Connection reset by peer|ECONNRESET|Broken pipe|"
-    r"SignalException|Socket Timeout|terminated by the launcher",
-    re.IGNORECASE,
-)
+_SECONDARY = torch_words.PEER_LOST.pattern
 
 
 @dataclass
@@ -287,20 +285,12 @@ def stderr_cause(lines: list[str]) -> tuple[str, str]:
 
 # Failures whose fix ddplab knows: (pattern in the output, engines it applies to, what to do).
 _HINTS = (
-    (re.compile(r"environment variable (RANK|WORLD_SIZE|LOCAL_RANK) expected, but not set|"
-                r"KeyError: '(RANK|WORLD_SIZE|LOCAL_RANK)'"), ("spawn",),
+    (torch_words.TORCHRUN_VARIABLES_MISSING.pattern, ("spawn",),
      "this is a torchrun-style script: it reads RANK and WORLD_SIZE, which torchrun sets for "
      "every process it starts. Launch it with engine='torchrun' (the default; CLI: --engine "
      "torchrun). engine='spawn' is for scripts that call torch.multiprocessing.spawn "
      "themselves."),
-    # Known messages, and the fault's class for wordings to come: an error line that names
-    # nccl beside a GPU, CUDA or device ("nccl2 requires at least one CUDA device", torch 2.15).
-    (re.compile(r"ProcessGroupNCCL is only supported with GPUs|no GPUs found|"
-                r"Found no NVIDIA driver|No CUDA GPUs are available|"
-                r"Torch not compiled with CUDA enabled|CUDA driver initialization failed|"
-                r"invalid device ordinal|NCCL is not available|NCCL error|"
-                r"(?i:\bnccl\w*\b.*\b(gpus?|cuda|devices?)\b|\b(gpus?|cuda)\b.*\bnccl)"),
-     ("spawn", "torchrun"),
+    (torch_words.NCCL_WITHOUT_GPU.pattern, ("spawn", "torchrun"),
      "the script uses the nccl backend or CUDA devices, and this machine has no usable GPU "
      "(python -m ddplab doctor says what it has). On CPU use the gloo backend: "
      "backend = 'nccl' if torch.cuda.is_available() else 'gloo' (ddplab.dist.setup() picks it "
