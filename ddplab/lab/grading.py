@@ -46,7 +46,6 @@ from xml.etree import ElementTree
 
 #: Marks every process of one graded exercise (its environment), to end what it leaves.
 MARK = "DDPLAB_CHECK_MARK"
-GPUS = "DDPLAB_CHECK_GPUS"
 #: Lines of each rank's output the launcher keeps in memory while grading (the tail).
 KEEP_LINES = 2000
 #: Seconds a launch may take beyond its own timeout (starting the launcher, the stack dump,
@@ -64,23 +63,24 @@ class Launch:
     skeleton: str  # exercises/<skeleton>
     sizes: tuple[int, ...]  # world sizes judged, in order; the notebook's first
     args: tuple[str, ...] = ()
-    backend: Optional[str] = None  # None: nccl when every rank has a GPU, else gloo
+    backend: Optional[str] = None  # None: nccl when every rank has a GPU, else gloo (auto)
     timeout: float = 60.0
+    training: bool = False  # imports ddplab's training stack: the launcher preloads it
 
 
 #: Exercise -> launch. The sizes beyond the notebook's are for ``check``: a solution written
 #: for two ranks fails at four. 06 (a precision per device) and 11 (a two-stage pipeline) do
 #: not depend on the world size; 08's ring is judged at the notebook's 4 and at 2.
 LAUNCHES = {spec.key: spec for spec in (
-    Launch("03", "ddp_wrap.py", (2, 4)),
+    Launch("03", "ddp_wrap.py", (2, 4), training=True),
     Launch("03b", "accumulate.py", (2, 4)),
-    Launch("04", "sampler.py", (2, 4)),
-    Launch("05", "checkpoint.py", (2, 4)),
-    Launch("06", "amp.py", (2,)),
+    Launch("04", "sampler.py", (2, 4), training=True),
+    Launch("05", "checkpoint.py", (2, 4), training=True),
+    Launch("06", "amp.py", (2,), training=True),
     Launch("08", "collective.py", (4, 2)),
     Launch("10", "uneven_join.py", (2, 4), ("--pg-timeout", "3"), backend="gloo"),
     Launch("11", "pipeline_forward.py", (2,)),
-    Launch("13", "capstone.py", (2,), ("--dataset", "digits"), timeout=300.0),
+    Launch("13", "capstone.py", (2,), ("--dataset", "digits"), timeout=300.0, training=True),
 )}
 #: The capstone's three launches (notebook 13): unbroken, killed on rank 1 after epoch 3, and
 #: resumed from the killed run's checkpoint. While a function is still empty, one launch.
@@ -133,22 +133,6 @@ class Outcome:
     sizes: list[int] = field(default_factory=list)
 
 
-def _backend(spec: Launch, size: int) -> Optional[str]:
-    """The notebooks' choice: nccl (auto) when every rank has a GPU, else gloo."""
-    if spec.backend is not None:
-        return spec.backend
-    return None if _gpus() >= size else "gloo"
-
-
-def _gpus() -> int:
-    """The GPUs here, probed once (in a subprocess) and handed to each exercise's process."""
-    if GPUS not in os.environ:
-        from ..env import gpu_count
-
-        os.environ[GPUS] = str(gpu_count())
-    return int(os.environ[GPUS])
-
-
 def judge_here(key: str, timeout: Optional[float] = None) -> Outcome:
     """Launch exercise ``key`` from the course folder above the working directory (a
     notebook's kernel runs in ``notebooks/``), as its notebook does, and judge it.
@@ -181,7 +165,7 @@ def _launch(target: str, size: int, spec: Launch, timeout: float, args: Sequence
             ) -> Any:
     from ..launcher.api import launch
 
-    return launch(target, size, args=[*spec.args, *args], backend=_backend(spec, size),
+    return launch(target, size, args=[*spec.args, *args], backend=spec.backend,
                   timeout=timeout, quiet=True, live=False)
 
 
@@ -262,9 +246,9 @@ def run_exercise(key: str, course: Path, work: Path, timeout: Optional[float] = 
     cmd = [sys.executable, "-m", "ddplab.lab.grading", key, str(verdict)]
     if timeout:
         cmd.append(str(timeout))
-    _gpus()
     child_env = {**os.environ, **(env or {}), MARK: mark,
-                 "DDPLAB_KEEP_LINES": str(KEEP_LINES), "DDPLAB_PRELOAD_TRAINING": "1",
+                 "DDPLAB_KEEP_LINES": str(KEEP_LINES),
+                 "DDPLAB_PRELOAD_TRAINING": "1" if spec.training else "0",
                  "DDPLAB_RESULTS": str(course / "results")}
     child_env.setdefault("DDPLAB_SPARES", "once")
     start = time.monotonic()
