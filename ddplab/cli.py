@@ -268,8 +268,8 @@ def _check(ns: argparse.Namespace) -> int:
         return _usage("--jobs takes a number of submissions at once, 1 or more")
     if ns.timeout is not None and not 0 < ns.timeout < float("inf"):
         return _usage("--timeout takes a number of seconds above 0, e.g. --timeout 60")
-    if not ns.submissions and (ns.json or ns.junit or ns.jobs != 1):
-        return _usage("--json, --junit and --jobs grade a class: add --submissions ROOT")
+    if not ns.submissions and ns.jobs != 1:
+        return _usage("--jobs grades several submissions at once: add --submissions ROOT")
     selected = list(dict.fromkeys(selected))
     if ns.submissions:
         return _grade_class(Path(ns.submissions), selected, ns)
@@ -285,7 +285,8 @@ def _check(ns: argparse.Namespace) -> int:
                           f"shipped skeleton: edit one, or name one (ddplab check 04); "
                           f"exercises: {known}")
     outcomes = grading.check_course(course, selected, ns.timeout)
-    return 0 if all(o.correct for o in outcomes) else 1
+    return _reports([grading.Submission(course.name, outcomes, sum(o.seconds for o in outcomes))],
+                    selected, ns)
 
 
 def _grade_class(root: Any, selected: list[str], ns: argparse.Namespace) -> int:
@@ -294,7 +295,9 @@ def _grade_class(root: Any, selected: list[str], ns: argparse.Namespace) -> int:
 
     from .lab import grading
 
-    if not root.is_dir() or not grading.submissions(root):
+    if not root.is_dir():
+        return _usage(f"{root} is not a folder: give the folder that holds the submissions")
+    if not grading.submissions(root):
         return _usage(f"{root} holds no submissions: give a folder with one sub-folder (or "
                       ".zip) per submission")
     if not selected:
@@ -308,6 +311,13 @@ def _grade_class(root: Any, selected: list[str], ns: argparse.Namespace) -> int:
               f"{os.cpu_count()} at once", file=sys.stderr)
     results = grading.grade_all(root, selected, ns.jobs, ns.timeout, progress=sys.stderr)
     print(grading.table(results, selected))
+    return _reports(results, selected, ns)
+
+
+def _reports(results: list[Any], selected: list[str], ns: argparse.Namespace) -> int:
+    """Write ``--json`` and ``--junit``; the exit status: 0 only when every exercise passed."""
+    from .lab import grading
+
     if ns.json:
         with open(ns.json, "w") as out:
             json.dump(grading.to_json(results, selected), out, indent=1)
