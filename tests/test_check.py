@@ -292,3 +292,18 @@ def test_an_unchanged_course_asks_for_an_exercise(tmp_path):
     assert ddplab("init", str(tmp_path / "course"), timeout=60).returncode == 0
     done = ddplab("check", str(tmp_path / "course"), timeout=60)
     assert done.returncode == 2 and "ddplab check 04" in done.stderr, done.stderr
+
+
+def test_the_classroom_workflow_grades_every_exercise():
+    yaml = pytest.importorskip("yaml")
+    workflow = yaml.safe_load((NOTEBOOKS.parent / "examples" / "github-classroom.yml").read_text())
+    steps = workflow["jobs"]["run-autograding-tests"]["steps"]
+    graders = {s["id"]: s["with"]["command"] for s in steps
+               if s.get("uses", "").startswith("classroom-resources/autograding-command-grader")}
+    assert {command.split()[4] for command in graders.values()} == set(grading.LAUNCHES)
+    for command in graders.values():
+        key = command.split()[4]
+        assert command == f"python -m ddplab check {key} --junit verdicts-{key}.xml"
+    reporter = next(s for s in steps if "grading-reporter" in s.get("uses", ""))
+    assert reporter["with"]["runners"].split(",") == list(graders)
+    assert set(reporter["env"]) == {f"{step.upper()}_RESULTS" for step in graders}
