@@ -90,6 +90,7 @@ CAPSTONE_RUNS = (("unbroken", "unbroken", ()), ("killed", "job", ("--kill-rank",
 
 
 def keys() -> list[str]:
+    """Every exercise ``check`` knows, in course order."""
     return list(LAUNCHES)
 
 
@@ -208,9 +209,8 @@ def _tree_of(mark: str) -> list[int]:
     return found
 
 
-def end_all(proc: subprocess.Popen, mark: str) -> int:
-    """End ``proc``'s session and every process marked ``mark``; how many were left."""
-    left = 0
+def end_all(proc: subprocess.Popen, mark: str) -> None:
+    """End ``proc``'s session and every process marked ``mark``."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
@@ -219,15 +219,13 @@ def end_all(proc: subprocess.Popen, mark: str) -> int:
     for _ in range(50):  # a process may start another while the first is ended
         pids = _tree_of(mark)
         if not pids:
-            break
-        left += len(pids)
+            return
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
         time.sleep(0.05)
-    return left
 
 
 def run_exercise(key: str, course: Path, work: Path, timeout: Optional[float] = None,
