@@ -200,7 +200,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--jobs", type=int, default=1,
                        help="submissions graded at once (at most one per core)")
     check.add_argument("--timeout", type=float, default=None,
-                       help="seconds each launch may take (default: the notebook's, 60)")
+                       help="seconds each launch of an exercise may take (default: the "
+                            "notebook's, 60); an exercise still running after its launches' "
+                            "time and a margin is killed")
     check.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON")
     check.add_argument("--junit", metavar="FILE", default=None,
                        help="write the results as JUnit XML (one test case per exercise)")
