@@ -1,4 +1,4 @@
-"""Command line: ``python -m ddplab {doctor,init,lab,launch,course,bench}``.
+"""Command line: ``python -m ddplab {doctor,init,lab,launch,check,course,bench}``.
 
 Examples::
 
@@ -9,10 +9,12 @@ Examples::
     python -m ddplab launch --nproc-per-node 2 my_script.py --lr 0.1
     python -m ddplab launch --engine spawn --nproc-per-node 2 my_mp_spawn_script.py
     python -m ddplab launch --json result.json ddplab/workers/train.py --epochs 2
+    python -m ddplab check [DIR] [EXERCISE ...]   # judge the exercises you changed
+    python -m ddplab check --submissions ROOT --jobs 2 --junit grades.xml   # grade a class
     python -m ddplab course          # execute every notebook into build/
     python -m ddplab bench           # the scaling benchmark of notebook 09
 
-Lessons: 07 (launching from a terminal), 09 (bench).
+Lessons: 07 (launching from a terminal), 09 (bench), the coding exercises (check).
 """
 
 from __future__ import annotations
@@ -182,6 +184,28 @@ def _parser() -> argparse.ArgumentParser:
                      help="the course folder (default: the one here, else ./ddplab-course)")
     lab.add_argument("jupyter_args", nargs=argparse.REMAINDER,
                      help="passed on to jupyter lab (e.g. --no-browser --port 8889)")
+    check = sub.add_parser(
+        "check", help="judge the coding exercises from a terminal (a course folder, or a "
+                      "class's submissions)",
+        usage="python -m ddplab check [DIR] [EXERCISE ...] [--submissions ROOT] [--jobs N] "
+              "[--timeout S] [--json FILE] [--junit FILE]",
+        description="Launch each exercise as its notebook does and print the judge's verdict. "
+                    "Exit status 0 only when every exercise is correct.")
+    check.add_argument("words", nargs="*", metavar="DIR, EXERCISE",
+                       help="a course folder (default: the one here) and exercises, by key "
+                            "(04) or file (sampler.py); default: every exercise file you "
+                            "changed")
+    check.add_argument("--submissions", metavar="ROOT", default=None,
+                       help="grade each folder or .zip in ROOT, each in a fresh working copy")
+    check.add_argument("--jobs", type=int, default=1,
+                       help="submissions graded at once (at most one per core)")
+    check.add_argument("--timeout", type=float, default=None,
+                       help="seconds each launch of an exercise may take (default: the "
+                            "notebook's, 60); an exercise still running after its launches' "
+                            "time and a margin is killed")
+    check.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON")
+    check.add_argument("--junit", metavar="FILE", default=None,
+                       help="write the results as JUnit XML (one test case per exercise)")
     sub.add_parser("course", help="execute every notebook into build/ (--help for options)")
     sub.add_parser("bench", help="the scaling benchmark of 09 (--help for options)")
     return parser
@@ -201,6 +225,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             report["backends"]["gloo"] else 0
     if ns.command in ("init", "lab"):
         return _workspace(ns)
+    if ns.command == "check":
+        return _check(ns)
     return _launch(ns)
 
 
@@ -216,6 +242,91 @@ def _workspace(ns: argparse.Namespace) -> int:
     except (OSError, ValueError, ImportError) as err:
         print(f"ddplab {ns.command}: {err}", file=sys.stderr)
         return 2
+
+
+def _usage(message: str) -> int:
+    print(f"ddplab check: {message}", file=sys.stderr)
+    return 2
+
+
+def _check(ns: argparse.Namespace) -> int:
+    """``ddplab check``: a learner's course folder, or a class's submissions."""
+    from pathlib import Path
+
+    from . import workspace
+    from .lab import grading
+
+    folders = [w for w in ns.words if grading.exercise_key(w) is None]
+    selected = [grading.exercise_key(w) for w in ns.words if grading.exercise_key(w)]
+    known = ", ".join(grading.keys())
+    for word in folders:
+        if not Path(word).is_dir():
+            return _usage(f"{word!r} is neither an exercise ({known}, or its file name) nor "
+                          "a folder")
+    if len(folders) > 1 or (folders and ns.submissions):
+        return _usage(f"{' and '.join(folders)}: name one course folder, then exercises"
+                      + (" (with --submissions, only exercises)" if ns.submissions else ""))
+    if ns.jobs < 1:
+        return _usage("--jobs takes a number of submissions at once, 1 or more")
+    if ns.timeout is not None and not 0 < ns.timeout < float("inf"):
+        return _usage("--timeout takes a number of seconds above 0, e.g. --timeout 60")
+    if not ns.submissions and ns.jobs != 1:
+        return _usage("--jobs grades several submissions at once: add --submissions ROOT")
+    selected = list(dict.fromkeys(selected))
+    if ns.submissions:
+        return _grade_class(Path(ns.submissions), selected, ns)
+    course = workspace.find_course(folders[0] if folders else None)
+    if course is None:
+        where = folders[0] if folders else "the current folder"
+        return _usage(f"no course folder in {where} (one holds notebooks/ and exercises/): "
+                      "run in one, name it (ddplab check DIR), or write one with ddplab init DIR")
+    if not selected:
+        selected = grading.changed(course)
+        if not selected:
+            return _usage(f"every exercise file in {course / 'exercises'} is still the "
+                          f"shipped skeleton: edit one, or name one (ddplab check 04); "
+                          f"exercises: {known}")
+    outcomes = grading.check_course(course, selected, ns.timeout)
+    return _reports([grading.Submission(course.name, outcomes, sum(o.seconds for o in outcomes))],
+                    selected, ns)
+
+
+def _grade_class(root: Any, selected: list[str], ns: argparse.Namespace) -> int:
+    """``ddplab check --submissions ROOT``: a table, and the files a platform reads."""
+    import os
+
+    from .lab import grading
+
+    if not root.is_dir():
+        return _usage(f"{root} is not a folder: give the folder that holds the submissions")
+    if not grading.submissions(root):
+        return _usage(f"{root} holds no submissions: give a folder with one sub-folder (or "
+                      ".zip) per submission")
+    if not selected:
+        selected = sorted({key for path in grading.submissions(root)
+                           for key in grading.handed_in(path)}, key=grading.keys().index)
+        if not selected:
+            return _usage(f"no submission in {root} changed an exercise file: name the "
+                          "exercises to grade, e.g. ddplab check --submissions ROOT 04 08")
+    if ns.jobs > (os.cpu_count() or 1):
+        print(f"ddplab check: --jobs {ns.jobs} is more than the {os.cpu_count()} cores here: "
+              f"{os.cpu_count()} at once", file=sys.stderr)
+    results = grading.grade_all(root, selected, ns.jobs, ns.timeout, progress=sys.stderr)
+    print(grading.table(results, selected))
+    return _reports(results, selected, ns)
+
+
+def _reports(results: list[Any], selected: list[str], ns: argparse.Namespace) -> int:
+    """Write ``--json`` and ``--junit``; the exit status: 0 only when every exercise passed."""
+    from .lab import grading
+
+    if ns.json:
+        with open(ns.json, "w") as out:
+            json.dump(grading.to_json(results, selected), out, indent=1)
+            out.write("\n")
+    if ns.junit:
+        grading.junit(results).write(ns.junit, encoding="utf-8", xml_declaration=True)
+    return 0 if all(r.passed == len(r.outcomes) for r in results) else 1
 
 
 if __name__ == "__main__":

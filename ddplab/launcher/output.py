@@ -32,6 +32,11 @@ _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:? ?")
 # torchrun's --tee copies a rank's unfinished last line without a newline, so the next rank's
 # first line follows on the same line: "[rank0]:progress 99%[rank1]:pid 42".
 _TORCHRUN_PREFIX = re.compile(r"(?<=.)(?=\[rank\d+\]:)")
+#: ``DDPLAB_KEEP_LINES=N``: keep only about the last N lines of each rank's output, each cut to
+#: ``LONGEST_LINE`` characters (and end a line that grows past ``LONGEST_PARTIAL`` bytes
+#: without a newline), so that a rank that prints without end costs bounded memory
+#: (``ddplab check`` sets it); unset or 0: keep every line whole.
+LONGEST_LINE, LONGEST_PARTIAL = 8192, 1 << 22
 
 
 class Streams:
@@ -48,6 +53,8 @@ class Streams:
         self.logs: dict[tuple[int, Union[int, str]], list[str]] = {}
         self.stderr: dict[tuple[int, Union[int, str]], list[str]] = {}
         self.events: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        self.keep = int(os.environ.get("DDPLAB_KEEP_LINES") or 0)
+        self.dropped: dict[tuple[int, Union[int, str]], int] = {}  # stderr lines let go
         for index, job in enumerate(jobs):
             for fd, label in job.sources.items():
                 os.set_blocking(fd, False)
@@ -109,7 +116,8 @@ class Streams:
                       f"{', '.join(f'rank {r}' for r in ranks)}. Where each one is:",
                       file=sys.stderr, flush=True)
             for rank in ranks:
-                asked[(index, rank)] = len(self.stderr.get((index, rank), []))
+                asked[(index, rank)] = len(self.stderr.get((index, rank), [])) + \
+                    self.dropped.get((index, rank), 0)
                 try:
                     os.kill(job.stack_pids[rank], STACK_SIGNAL)
                 except OSError:
@@ -121,7 +129,8 @@ class Streams:
                     quiet_since = time.monotonic()
         found: list[dict[int, str]] = [{} for _ in self.jobs]
         for (index, rank), start in asked.items():
-            lines = self.stderr.get((index, rank), [])[start:]
+            start -= self.dropped.get((index, rank), 0)
+            lines = self.stderr.get((index, rank), [])[max(start, 0):]
             first = next((i for i, line in enumerate(lines) if "most recent call first" in line),
                          None)
             found[index][rank] = "\n".join(lines[first:]) if first is not None else ""
@@ -210,6 +219,8 @@ class Streams:
         lines = data.split(b"\n")
         if chunk:
             self.partial[fd] = lines.pop()
+            if self.keep and len(self.partial[fd]) > LONGEST_PARTIAL:
+                lines.append(self.partial.pop(fd))
         else:
             self._close(fd)
             if lines and not lines[-1]:
@@ -286,14 +297,27 @@ class Streams:
             self.on_event(event)
 
     def _print(self, index: int, job: Job, rank: Union[int, str], text: str, err: bool) -> None:
-        self.logs.setdefault((index, rank), []).append(text)
+        self._keep(self.logs.setdefault((index, rank), []), text)
         if err:
-            self.stderr.setdefault((index, rank), []).append(text)
+            dropped = self._keep(self.stderr.setdefault((index, rank), []), text)
+            self.dropped[(index, rank)] = self.dropped.get((index, rank), 0) + dropped
         prefix = f"{job.node}rank{rank}" if isinstance(rank, int) else f"{job.node}{rank}"
         if not err:
             self.view.line(prefix, text)
         else:
             show_stderr(self.view, prefix, text)
+
+    def _keep(self, lines: list[str], text: str) -> int:
+        """Append ``text``; past twice ``keep`` lines, let the oldest go. How many went."""
+        if not self.keep:
+            lines.append(text)
+            return 0
+        lines.append(text if len(text) <= LONGEST_LINE else f"{text[:LONGEST_LINE]} [cut]")
+        if len(lines) <= 2 * self.keep:
+            return 0
+        dropped = len(lines) - self.keep
+        del lines[:dropped]
+        return dropped
 
 
 def split_event(text: str) -> tuple[str, Optional[dict[str, Any]]]:

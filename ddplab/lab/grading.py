@@ -1,0 +1,510 @@
+"""``ddplab check``: the coding exercises' judges from a terminal, for a learner and a class.
+
+A learner who works in an editor runs ``ddplab check`` in their course folder: every exercise
+whose file differs from the shipped skeleton is launched as its notebook launches it (the table
+``LAUNCHES``) and judged by the notebook's judge, one verdict per exercise. An exercise about
+ranks is judged at two world sizes (2 and 4), so that a solution written for two ranks fails.
+
+A teacher runs ``ddplab check --submissions ROOT``: each folder (or ``.zip``) in ROOT is one
+submission, a course folder or just its exercise files. Each is graded in a fresh working copy
+(the shipped exercises with the submission's files over them) with a ``TMPDIR`` of its own,
+and each exercise in a process of its own, in a session of its own, under a hard wall-clock
+limit; afterwards every process it left is ended (found by a mark in its environment). The
+results: a table, ``--json`` and ``--junit`` (one test case per exercise).
+
+Submissions are code run as the calling user: this isolates folders, processes and time, not
+the machine (a file written to a hard-coded path such as ``/tmp/x`` is not caught); grade code
+you do not trust inside a container (README, "Grading from a terminal").
+
+Example::
+
+    ddplab check                       # in a course folder: the exercises you changed
+    ddplab check ~/ddplab-course 04 05
+    ddplab check --submissions class/ --jobs 2 --json grades.json --junit grades.xml
+
+Lessons: the coding exercises of 03-13.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+from xml.etree import ElementTree
+
+#: Marks every process of one graded exercise (its environment), to end what it leaves.
+MARK = "DDPLAB_CHECK_MARK"
+#: Lines of each rank's output the launcher keeps in memory while grading (the tail).
+KEEP_LINES = 2000
+#: Seconds a launch may take beyond its own timeout (starting the launcher, the stack dump,
+#: ending the ranks) before the exercise's process is killed.
+SLACK = 45.0
+#: The largest zip a submission may be, unpacked.
+ZIP_LIMIT = 64 << 20
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a coding exercise's notebook launches it (on a machine without GPUs)."""
+
+    key: str
+    skeleton: str  # exercises/<skeleton>
+    sizes: tuple[int, ...]  # world sizes judged, in order; the notebook's first
+    args: tuple[str, ...] = ()
+    backend: Optional[str] = None  # None: nccl when every rank has a GPU, else gloo (auto)
+    timeout: float = 60.0
+    training: bool = False  # imports ddplab's training stack: the launcher preloads it
+
+
+#: Exercise -> launch. The sizes beyond the notebook's are for ``check``: a solution written
+#: for two ranks fails at four. 06 (a precision per device) and 11 (a two-stage pipeline) do
+#: not depend on the world size; 08's ring is judged at the notebook's 4 and at 2.
+LAUNCHES = {spec.key: spec for spec in (
+    Launch("03", "ddp_wrap.py", (2, 4), training=True),
+    Launch("03b", "accumulate.py", (2, 4)),
+    Launch("04", "sampler.py", (2, 4), training=True),
+    Launch("05", "checkpoint.py", (2, 4), training=True),
+    Launch("06", "amp.py", (2,), training=True),
+    Launch("08", "collective.py", (4, 2)),
+    Launch("10", "uneven_join.py", (2, 4), ("--pg-timeout", "3"), backend="gloo"),
+    Launch("11", "pipeline_forward.py", (2,)),
+    Launch("13", "capstone.py", (2,), ("--dataset", "digits"), timeout=300.0, training=True),
+)}
+#: The capstone's three launches (notebook 13): unbroken, killed on rank 1 after epoch 3, and
+#: resumed from the killed run's checkpoint. While a function is still empty, one launch.
+CAPSTONE_RUNS = (("unbroken", "unbroken", ()), ("killed", "job", ("--kill-rank", "1",
+                                                                   "--kill-epoch", "3")),
+                 ("resumed", "job", ()))
+
+
+def keys() -> list[str]:
+    """Every exercise ``check`` knows, in course order."""
+    return list(LAUNCHES)
+
+
+def exercise_key(word: str) -> Optional[str]:
+    """The exercise ``word`` names: a key (``04``), a file name (``sampler.py``) or its path."""
+    if word in LAUNCHES:
+        return word
+    name = Path(word).name
+    return next((key for key, spec in LAUNCHES.items()
+                 if name in (spec.skeleton, spec.skeleton[:-3])), None)
+
+
+def shipped_exercise(skeleton: str) -> Path:
+    from ..workspace import shipped_dir
+
+    return shipped_dir() / "exercises" / skeleton
+
+
+def changed(course: Path) -> list[str]:
+    """The exercises whose file in ``course`` differs from the shipped skeleton."""
+    found = []
+    for key, spec in LAUNCHES.items():
+        mine = course / "exercises" / spec.skeleton
+        if mine.is_file() and mine.read_bytes() != shipped_exercise(spec.skeleton).read_bytes():
+            found.append(key)
+    return found
+
+
+# ------------------------------------------------------------------ one exercise, in its process
+
+
+@dataclass
+class Outcome:
+    """The verdict on one exercise of one submission."""
+
+    key: str
+    file: str
+    correct: bool
+    message: str
+    seconds: float = 0.0
+    sizes: list[int] = field(default_factory=list)
+
+
+def judge_here(key: str, timeout: Optional[float] = None) -> Outcome:
+    """Launch exercise ``key`` from the course folder above the working directory (a
+    notebook's kernel runs in ``notebooks/``), as its notebook does, and judge it.
+
+    An exercise about ranks is launched at each of its sizes, and stops at the first wrong one.
+    """
+    from . import judges
+
+    spec = LAUNCHES[key]
+    limit = timeout or spec.timeout
+    target = f"../exercises/{spec.skeleton}"
+    start = time.monotonic()
+    if key == "13":
+        return _judge_capstone(spec, target, limit, start)
+    done: list[int] = []
+    for size in spec.sizes:
+        result = _launch(target, size, spec, limit)
+        hint = judges.run_failed(result) or judges.load_all()[key].judge(result)
+        if hint is not None:
+            where = f" at {size} ranks" if len(spec.sizes) > 1 else ""
+            return Outcome(key, spec.skeleton, False, f"not yet{where}: {hint}",
+                           time.monotonic() - start, done + [size])
+        done.append(size)
+    return Outcome(key, spec.skeleton, True, "correct" + (
+        f" at {' and '.join(map(str, done))} ranks" if len(done) > 1 else ""),
+        time.monotonic() - start, done)
+
+
+def _launch(target: str, size: int, spec: Launch, timeout: float, args: Sequence[str] = ()
+            ) -> Any:
+    from ..launcher.api import launch
+
+    return launch(target, size, args=[*spec.args, *args], backend=spec.backend,
+                  timeout=timeout, quiet=True, live=False)
+
+
+def _judge_capstone(spec: Launch, target: str, timeout: float, start: float) -> Outcome:
+    """Notebook 13: one launch while a function is empty, else the three runs."""
+    from .judges import capstone
+
+    size = spec.sizes[0]
+    work = Path(tempfile.mkdtemp(prefix="ddplab-13-"))
+    try:
+        if capstone.unanswered(Path(target)):
+            runs: Any = _launch(target, size, spec, min(timeout, 60.0),
+                                ("--checkpoint-dir", str(work / "first")))
+        else:
+            runs = {name: _launch(target, size, spec, timeout,
+                                  ("--checkpoint-dir", str(work / folder), *extra))
+                    for name, folder, extra in CAPSTONE_RUNS}
+        hint = capstone.judge_capstone(runs)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return Outcome("13", spec.skeleton, hint is None, "correct" if hint is None else
+                   f"not yet: {hint}", time.monotonic() - start, [size])
+
+
+def _launches(key: str) -> int:
+    return 3 if key == "13" else len(LAUNCHES[key].sizes)
+
+
+def _tree_of(mark: str) -> list[int]:
+    """Every process whose environment holds ``MARK=mark`` (Linux's /proc; elsewhere none)."""
+    needle = f"{MARK}={mark}".encode()
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def end_all(proc: subprocess.Popen, mark: str) -> None:
+    """End ``proc``'s session and every process marked ``mark``."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    proc.wait()
+    for _ in range(50):  # a process may start another while the first is ended
+        pids = _tree_of(mark)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.05)
+
+
+def run_exercise(key: str, course: Path, work: Path, timeout: Optional[float] = None,
+                 env: Optional[dict[str, str]] = None) -> Outcome:
+    """Judge exercise ``key`` of the course folder ``course`` in a process of its own.
+
+    The process runs in ``course/notebooks`` in a session of its own, with ``env`` over the
+    caller's environment; it is killed after the launches' timeouts and a margin, and every
+    process marked as its own is ended after it. ``work`` holds its verdict and its log.
+    """
+    spec = LAUNCHES[key]
+    mark = uuid.uuid4().hex
+    verdict, log = work / f"verdict-{key}.json", work / f"log-{key}.txt"
+    (course / "notebooks").mkdir(parents=True, exist_ok=True)
+    limit = _launches(key) * ((timeout or spec.timeout) + SLACK)
+    cmd = [sys.executable, "-m", "ddplab.lab.grading", key, str(verdict)]
+    if timeout:
+        cmd.append(str(timeout))
+    child_env = {**os.environ, **(env or {}), MARK: mark,
+                 "DDPLAB_KEEP_LINES": str(KEEP_LINES),
+                 "DDPLAB_PRELOAD_TRAINING": "1" if spec.training else "0",
+                 "DDPLAB_RESULTS": str(course / "results")}
+    child_env.setdefault("DDPLAB_SPARES", "once")
+    start = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=course / "notebooks", env=child_env,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            proc.wait(limit)
+            killed = False
+        except subprocess.TimeoutExpired:
+            killed = True
+        finally:
+            end_all(proc, mark)
+    seconds = time.monotonic() - start
+    if killed:
+        return Outcome(key, spec.skeleton, False, f"not yet: still running after {limit:g} s "
+                       "(the launches' timeouts and a margin): ended. Look for a loop that "
+                       "never ends, or a rank that never exits.", seconds)
+    try:
+        outcome = Outcome(**json.loads(verdict.read_text()))
+    except (OSError, ValueError, TypeError):
+        tail = _tail(log)
+        return Outcome(key, spec.skeleton, False, "not yet: the grader could not judge the "
+                       f"run (exit {proc.returncode}): {tail}", seconds)
+    outcome.seconds = seconds
+    outcome.message = outcome.message.replace(f"{course.resolve()}{os.sep}", "")
+    return outcome
+
+
+def _tail(path: Path, size: int = 2000) -> str:
+    data = path.read_bytes()[-size:].decode(errors="replace").strip()
+    return data or "(no output)"
+
+
+# ------------------------------------------------------------------------- a learner's folder
+
+
+def check_course(course: Path, selected: Sequence[str], timeout: Optional[float] = None,
+                 out: Any = None) -> list[Outcome]:
+    """Judge ``selected`` exercises in the learner's own folder, printing one verdict each."""
+    out = out or sys.stdout
+    outcomes = []
+    work = Path(tempfile.mkdtemp(prefix="ddplab-check-"))
+    try:
+        for key in selected:
+            spec = LAUNCHES[key]
+            sizes = " and ".join(map(str, spec.sizes))
+            print(f"checking {key} (exercises/{spec.skeleton}) at {sizes} rank(s)...",
+                  file=sys.stderr, flush=True)
+            outcome = run_exercise(key, course, work, timeout)
+            print(f"Exercise {key} ({spec.skeleton}): {outcome.message}", file=out, flush=True)
+            outcomes.append(outcome)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return outcomes
+
+
+# ----------------------------------------------------------------------------- a class
+
+
+@dataclass
+class Submission:
+    name: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str = ""  # why it could not be graded at all (a broken zip)
+
+    @property
+    def passed(self) -> int:
+        return sum(o.correct for o in self.outcomes)
+
+
+def submissions(root: Path) -> list[Path]:
+    """The submissions in ``root``: its folders and ``.zip`` files, by name (hidden ones left
+    out)."""
+    return sorted(p for p in root.iterdir() if not p.name.startswith(".") and (
+        p.is_dir() or (p.is_file() and p.suffix.lower() == ".zip")))
+
+
+def _unzip(archive: Path, into: Path) -> None:
+    """Unpack a submission's zip; refuse paths that leave ``into`` and zips too large."""
+    with zipfile.ZipFile(archive) as zipped:
+        members = zipped.infolist()
+        if sum(m.file_size for m in members) > ZIP_LIMIT:
+            raise ValueError(f"unpacks to more than {ZIP_LIMIT >> 20} MB")
+        for member in members:
+            target = (into / member.filename).resolve()
+            if into.resolve() not in target.parents and target != into.resolve():
+                raise ValueError(f"holds a path outside its folder: {member.filename}")
+        zipped.extractall(into)
+
+
+def exercise_files(folder: Path) -> dict[str, Path]:
+    """The exercise files of a submission: ``exercises/*.py`` of the shallowest course folder
+    in it, or else the shallowest skeleton-named ``.py`` files."""
+    names = {spec.skeleton for spec in LAUNCHES.values()}
+    level = [folder]
+    for _depth in range(4):
+        for here in level:
+            if (here / "exercises").is_dir():
+                return {p.name: p for p in sorted((here / "exercises").glob("*.py"))}
+        for here in level:
+            found = {p.name: p for p in sorted(here.glob("*.py")) if p.name in names}
+            if found:
+                return found
+        level = [d for here in level for d in sorted(here.iterdir())
+                 if d.is_dir() and not d.name.startswith((".", "__"))]
+    return {}
+
+
+def handed_in(path: Path) -> list[str]:
+    """The exercises a submission (folder or zip) changed from the shipped skeletons."""
+    contents: dict[str, bytes] = {}
+    if path.is_dir():
+        contents = {name: file.read_bytes() for name, file in exercise_files(path).items()}
+    else:
+        try:
+            with zipfile.ZipFile(path) as zipped:
+                contents = {Path(m.filename).name: zipped.read(m) for m in zipped.infolist()
+                            if Path(m.filename).name in {s.skeleton for s in LAUNCHES.values()}
+                            and m.file_size < ZIP_LIMIT}
+        except (zipfile.BadZipFile, OSError):
+            pass
+    return [key for key, spec in LAUNCHES.items() if spec.skeleton in contents and
+            contents[spec.skeleton] != shipped_exercise(spec.skeleton).read_bytes()]
+
+
+def grade(path: Path, selected: Sequence[str], base: Path,
+          timeout: Optional[float] = None) -> Submission:
+    """Grade one submission in a fresh working copy under ``base``, removed afterwards."""
+    name = path.name[:-4] if path.suffix.lower() == ".zip" else path.name
+    result = Submission(name)
+    start = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="sub-", dir=base))
+    try:
+        source = path
+        if path.is_file():
+            source = work / "unzipped"
+            source.mkdir()
+            try:
+                _unzip(path, source)
+            except (zipfile.BadZipFile, ValueError, OSError) as err:
+                result.error = f"{path.name}: not a usable zip ({err})"
+        files = exercise_files(source) if not result.error else {}
+        course = work / "course"
+        (course / "exercises").mkdir(parents=True)
+        for spec in LAUNCHES.values():
+            shutil.copyfile(shipped_exercise(spec.skeleton), course / "exercises" / spec.skeleton)
+        for file_name, file in files.items():
+            shutil.copyfile(file, course / "exercises" / file_name)
+        if not result.error and source is not path:
+            shutil.rmtree(source)
+        tmp = work / "tmp"
+        tmp.mkdir()
+        for key in selected:
+            spec = LAUNCHES[key]
+            mine = course / "exercises" / spec.skeleton
+            if result.error or spec.skeleton not in files:
+                why = result.error or f"exercises/{spec.skeleton} is not in the submission"
+                result.outcomes.append(Outcome(key, spec.skeleton, False, f"not handed in: {why}"))
+            elif mine.read_bytes() == shipped_exercise(spec.skeleton).read_bytes():
+                result.outcomes.append(Outcome(key, spec.skeleton, False,
+                                               "not attempted: the file is the shipped skeleton"))
+            else:
+                result.outcomes.append(run_exercise(key, course, work, timeout,
+                                                    {"TMPDIR": str(tmp), "TEMP": str(tmp),
+                                                     "TMP": str(tmp)}))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def grade_all(root: Path, selected: Sequence[str], jobs: int = 1,
+              timeout: Optional[float] = None, progress: Any = None) -> list[Submission]:
+    """Grade every submission of ``root``, ``jobs`` at a time (at most one per core)."""
+    jobs = max(1, min(jobs, os.cpu_count() or 1))
+    base = Path(tempfile.mkdtemp(prefix="ddplab-grading-"))
+    try:
+        def one(path: Path) -> Submission:
+            done = grade(path, selected, base, timeout)
+            if progress is not None:
+                print(f"graded {done.name}: {done.passed}/{len(selected)}", file=progress,
+                      flush=True)
+            return done
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            return list(pool.map(one, submissions(root)))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- reports
+
+
+def table(results: Sequence[Submission], selected: Sequence[str]) -> str:
+    """One row per submission, one column per exercise (pass/FAIL), then each failure."""
+    width = max([len("submission")] + [len(r.name) for r in results])
+    head = f"{'submission':<{width}}  " + "  ".join(f"{k:>4}" for k in selected) + "  passed"
+    rows = [head]
+    for r in results:
+        marks = "  ".join(f"{'pass' if o.correct else 'FAIL':>4}" for o in r.outcomes)
+        rows.append(f"{r.name:<{width}}  {marks}  {r.passed}/{len(selected)}")
+    for r in results:
+        for o in r.outcomes:
+            if not o.correct:
+                rows.append(f"{r.name} {o.key} ({o.file}): {o.message.splitlines()[0]}")
+    return "\n".join(rows)
+
+
+def to_json(results: Sequence[Submission], selected: Sequence[str]) -> dict[str, Any]:
+    return {"exercises": {k: LAUNCHES[k].skeleton for k in selected},
+            "submissions": [{"name": r.name, "passed": r.passed, "total": len(r.outcomes),
+                             "seconds": round(r.seconds, 2),
+                             "exercises": [asdict(o) for o in r.outcomes]} for r in results]}
+
+
+def junit(results: Sequence[Submission]) -> ElementTree.ElementTree:
+    """JUnit XML: one ``<testsuite>`` per submission, one ``<testcase>`` per exercise, a
+    ``<failure>`` for each wrong one (as GitHub Classroom, GitLab and Jenkins read it)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    host = socket.gethostname()
+    failures = sum(len(r.outcomes) - r.passed for r in results)
+    suites = ElementTree.Element("testsuites", name="ddplab check",
+                                 tests=str(sum(len(r.outcomes) for r in results)),
+                                 failures=str(failures), errors="0",
+                                 time=f"{sum(r.seconds for r in results):.3f}")
+    for number, r in enumerate(results):
+        suite = ElementTree.SubElement(
+            suites, "testsuite", name=r.name, tests=str(len(r.outcomes)),
+            failures=str(len(r.outcomes) - r.passed), errors="0", skipped="0",
+            time=f"{r.seconds:.3f}", timestamp=stamp, hostname=host, id=str(number),
+            package="ddplab.exercises")
+        ElementTree.SubElement(suite, "properties")
+        for o in r.outcomes:
+            case = ElementTree.SubElement(suite, "testcase", name=f"{o.key} {o.file}",
+                                          classname=f"{r.name}.exercises", time=f"{o.seconds:.3f}")
+            if not o.correct:
+                failure = ElementTree.SubElement(case, "failure", type="wrong",
+                                                 message=o.message.splitlines()[0])
+                failure.text = o.message
+        ElementTree.SubElement(suite, "system-out")
+        ElementTree.SubElement(suite, "system-err")
+    tree = ElementTree.ElementTree(suites)
+    ElementTree.indent(tree)
+    return tree
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m ddplab.lab.grading KEY VERDICT [TIMEOUT]``: what ``run_exercise`` runs."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    key, verdict = argv[0], Path(argv[1])
+    timeout = float(argv[2]) if len(argv) > 2 else None
+    outcome = judge_here(key, timeout)
+    verdict.write_text(json.dumps(asdict(outcome)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
