@@ -13,8 +13,8 @@ Worker side. The learner's job (``exercises/capstone.py``) and the reference
 What is watched (nothing here changes what the job computes): ``build_model`` hooks the model
 it returns and ``parse_args`` hooks every optimizer's step and every module's forward (torch's
 global hooks), and Python's audit hook sees the files opened for writing under
-``--checkpoint-dir``. Each ``log_step`` reports, with the learner's step number and loss, what
-was seen since the previous one: a fingerprint of every training sample, autocast's dtype, the
+``--checkpoint-dir``. Each ``log_step`` reports, with the learner's step number and loss and the
+time, what was seen since the previous one: a fingerprint of every training sample, autocast's dtype, the
 LR and the summed squares of the local gradients at the optimizer step, the sum of the
 optimizer's state, the files written and the bytes this process wrote. At exit every rank
 reports its (local) weights. ``--kill-rank R --kill-at-step N`` kills rank R with ``SIGKILL``
@@ -244,7 +244,7 @@ class _Watch:
         before, now = self.bytes, _bytes_written()
         last = self.optimizer_steps[-1] if self.optimizer_steps else {}
         events.emit("metric", name="step", value={
-            "step": step, "loss": loss, "samples": self.samples,
+            "step": step, "loss": loss, "time": time.perf_counter(), "samples": self.samples,
             "autocast": sorted(self.autocast, key=str), "optimizer_steps":
             len(self.optimizer_steps), "lr": last.get("lr"), "grad": last.get("grad"),
             "state": last.get("state"), "written": self.written,
