@@ -77,6 +77,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.kill_rank is not None and not 0 <= args.kill_rank < world:
         p.error(f"--kill-rank {args.kill_rank}: this job has ranks 0 to {world - 1}")
+    if args.strategy == "fsdp":
+        from ddplab.sharded import fsdp_problem
+
+        problem = fsdp_problem(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        if problem:
+            p.error(f"--strategy fsdp: {problem}")
     if args.threads:
         torch.set_num_threads(args.threads)
     _WATCH.start(args)

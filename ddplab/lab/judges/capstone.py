@@ -7,9 +7,9 @@ line and the reports are given, by ``ddplab.capstone``) and launches it five tim
 
 - ``ddp``: unbroken, ``--strategy ddp``, 2 ranks. Compared step by step with the reference job
   (``ddplab.workers.capstone``) launched here with the same arguments: every rank's samples
-  and LR exactly, the loss and the gradient of the first steps within 0.1%, the final weights
-  (summed squares) within 2% and the accuracy within 3 points (a right job in another style
-  may round differently).
+  and LR exactly, the loss of the first steps within 0.1% and their gradients within 5%,
+  the final weights (summed squares) within 2% and the accuracy within 3 points (a right job
+  in another style may round differently).
 - ``fsdp``: unbroken, ``--strategy fsdp``, 2 ranks: the same samples and LRs as ``ddp``,
   weights sharded (each rank holds other values), the same summed squares within 2%.
 - ``killed``: ``ddp``, 2 ranks, ``--kill-rank 1 --kill-at-step K``, a fresh folder.
