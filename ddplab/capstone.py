@@ -18,8 +18,10 @@ time, what was seen since the previous one: a fingerprint of every training samp
 LR and the summed squares of the local gradients at the optimizer step, the sum of the
 optimizer's state, the files written and the bytes this process wrote. At exit every rank
 reports its (local) weights. ``--kill-rank R --kill-at-step N`` kills rank R with ``SIGKILL``
-in the forward pass of step N (fault injection, here so that the learner does not write it);
-rank 0 then starts the save before that step a second late, as on a busy disk.
+in the forward pass of step N (fault injection, here so that the learner does not write it).
+Rank 0 then starts the save it begins after step N - 1 a second late, as on a busy disk, and
+rank R reports whether that save was still going on when it reached step N: a job that lets
+a rank go past a save before the checkpoint is whole.
 
 Lesson: 13.
 """
@@ -30,7 +32,9 @@ import argparse
 import atexit
 import os
 import signal
+import shutil
 import sys
+import tempfile
 import time
 from typing import Any, Optional, Sequence
 
@@ -42,6 +46,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from ddplab import data, events, models
 
 KILL_SAVE_DELAY_S = 1.0  # rank 0's late start to the save just before the kill
+SAVE_WAIT_S = 10.0  # how long the rank to kill waits for rank 0's save to begin (safety net)
+SAVES = ("torch.serialization", "torch.distributed.checkpoint")  # modules whose save() counts
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -159,7 +165,7 @@ class _Watch:
         self.rank = int(os.environ.get("RANK", "0"))
         self.last_step: Optional[int] = None
         self.probe: Optional[torch.Tensor] = None
-        self.delayed = False
+        self.saving: Any = None
         self.reset()
 
     def reset(self) -> None:
@@ -190,10 +196,12 @@ class _Watch:
         if not (net.training and torch.is_grad_enabled()):
             self.eval_samples += len(batch)
             return
+        if sys.getprofile() == self.late_save:
+            sys.setprofile(None)  # no save between the step before the kill and this one
         args = self.args
         if args is not None and args.kill_rank == self.rank and \
                 (self.last_step if self.last_step is not None else -1) + 1 == args.kill_at_step:
-            self.die(args.kill_at_step)
+            self.die(args.kill_at_step, self.rank_0_saving())
         flat = batch.detach().flatten(1).to("cpu", torch.float64)
         if self.probe is None or self.probe.numel() != flat.shape[1]:
             self.probe = torch.rand(flat.shape[1], generator=torch.Generator().manual_seed(1),
@@ -208,9 +216,45 @@ class _Watch:
                 module.training and torch.is_grad_enabled()):
             self.wrapper_evals += 1
 
-    def die(self, step: int) -> None:
+    def marker(self, name: str) -> str:
+        """A file the ranks of this job share (one machine), outside the checkpoint folder."""
+        run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT", "local")
+        return os.path.join(tempfile.gettempdir(), f"ddplab-capstone-{run}", name)
+
+    def rank_0_saving(self) -> bool:
+        """Whether rank 0 is still inside the save it began after the step before the kill.
+
+        Waits for that save to begin (it began long ago when the ranks wait for it); a job
+        that saves at other steps only costs this wait.
+        """
+        deadline = time.monotonic() + SAVE_WAIT_S
+        while not os.path.exists(self.marker("began")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        saving = os.path.exists(self.marker("began")) and not os.path.exists(self.marker("ended"))
+        shutil.rmtree(os.path.dirname(self.marker("began")), ignore_errors=True)
+        return saving
+
+    def late_save(self, frame: Any, event: str, _arg: Any) -> None:
+        """Rank 0, after the step before the kill: its save starts late (a busy disk), and the
+        other ranks can see when it began and ended."""
+        if frame.f_code.co_name != "save" or not str(frame.f_globals.get("__name__")).startswith(
+                SAVES):
+            return
+        try:
+            if event == "call" and self.saving is None:
+                self.saving = frame
+                os.makedirs(os.path.dirname(self.marker("began")), exist_ok=True)
+                open(self.marker("began"), "w").close()
+                time.sleep(KILL_SAVE_DELAY_S)
+            elif event == "return" and frame is self.saving:
+                sys.setprofile(None)
+                open(self.marker("ended"), "w").close()
+        except OSError:
+            pass  # the rank to kill has read the markers and removed them
+
+    def die(self, step: int, rank_0_saving: bool) -> None:
         """The fault: this rank ends at once, with no exception and no cleanup (SIGKILL)."""
-        events.emit("metric", name="fault", value=step)
+        events.emit("metric", name="fault", value={"step": step, "rank_0_saving": rank_0_saving})
         print(f"fault injection: killing rank {self.rank} (SIGKILL) in step {step}", flush=True)
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
@@ -240,11 +284,6 @@ class _Watch:
             if not writing:
                 return
         self.written.append(os.path.relpath(path, self.folder))
-        kill = self.args.kill_at_step
-        if (self.rank == 0 and not self.delayed and kill is not None and
-                self.last_step is not None and self.last_step + 1 == kill):
-            self.delayed = True
-            time.sleep(KILL_SAVE_DELAY_S)  # a busy disk: the others must wait for this save
 
     def log_step(self, step: int, loss: float) -> None:
         before, now = self.bytes, _bytes_written()
@@ -258,6 +297,10 @@ class _Watch:
             "wrapper_evals": self.wrapper_evals, "eval_samples": self.eval_samples})
         self.last_step = step
         self.reset()
+        kill = self.args.kill_at_step if self.args is not None else None
+        if self.rank == 0 and kill is not None and step + 1 == kill:
+            shutil.rmtree(os.path.dirname(self.marker("began")), ignore_errors=True)  # stale
+            sys.setprofile(self.late_save)
 
     def report_weights(self) -> None:
         """At exit: this rank's weights, parameter by parameter (its shards under FSDP)."""

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "ddplab" / "workers" / "capstone.py"
 SOLUTION = ROOT / "tests" / "solutions" / "capstone.py"
 SKELETON = ROOT / "exercises" / "capstone.py"
-KILL = ["--kill-rank", "1", "--kill-at-step", "27"]  # after the checkpoint of step 24
+KILL = ["--kill-rank", "1", "--kill-at-step", "24"]  # mid-epoch, just after the save of step 24
 
 
 def launch(target, folder: Path, *args: str, nprocs: int = 2, ok: bool = True,
@@ -137,6 +137,18 @@ def test_a_resume_of_the_model_alone_is_named(tmp, reference):
     resumed = launch(path, tmp / "model_only")
     message = hint({**reference, "killed": killed, "resumed": resumed}, reference)
     assert "not the optimizer's state" in message, message
+
+
+def test_a_rank_0_save_without_a_barrier_is_named(tmp, reference):
+    path = variant(tmp, "no_barrier", (
+        "    model_state, optimizer_state = get_state_dict(model, optimizer)\n    dcp.save(",
+        "    if dist.get_rank() == 0:  # the mistake: nobody waits for the file\n"
+        "        torch.save(model.module.state_dict(), os.path.join(folder, f'step-{step}.pt'))\n"
+        "    return\n    dcp.save("))
+    killed = launch(path, tmp / "no_barrier", *KILL, ok=False)
+    message = hint({**reference, "killed": killed}, reference)
+    assert "while rank 0 was still writing the checkpoint" in message, message
+    assert "barrier" in message
 
 
 def test_a_save_on_rank_0_alone_hangs_and_the_hang_is_named(tmp, reference):

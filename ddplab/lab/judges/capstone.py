@@ -361,9 +361,13 @@ def _fsdp_hint(fsdp: Any, ddp: Any) -> Optional[str]:
 # ------------------------------------------------------------------ killed, then resumed
 
 
+def _fault(killed: Any) -> dict[str, Any]:
+    """What the killed rank reported as it died: the step, and whether rank 0 was saving."""
+    return next(iter(metric(killed, "fault").values()), None) or {}
+
+
 def _kill_step(killed: Any) -> Optional[int]:
-    fault = metric(killed, "fault")
-    return next(iter(fault.values())) if fault else None
+    return _fault(killed).get("step")
 
 
 def _resume_step(killed: Any) -> int:
@@ -385,6 +389,11 @@ def _killed_hint(killed: Any, ddp: Any) -> Optional[str]:
                 f"plus the fault (it differs in {', '.join(differs) or 'world size'}).")
     if min(_steps(killed).get(0, {0: None})) != 0:
         return "the killed run must start from nothing: give it a --checkpoint-dir of its own."
+    if _fault(killed).get("rank_0_saving"):
+        return (f"rank 1 went on to step {step} while rank 0 was still writing the checkpoint "
+                "before it: had rank 1's machine failed there, the job would have lost that "
+                "checkpoint. No rank may go past a save before the checkpoint is whole (a "
+                "barrier after rank 0's torch.save; dcp.save waits by itself).")
     if _resume_step(killed) == 0:
         return ("the kill came before the first checkpoint: kill in a later step "
                 "(--kill-at-step beyond --save-every).")
