@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import inspect
 import os
 import signal
 import shutil
@@ -173,6 +174,7 @@ class _Watch:
         self.autocast: set[Optional[str]] = set()
         self.optimizer_steps: list[dict[str, Any]] = []
         self.written: list[str] = []
+        self.loads: list[dict[str, Any]] = []
         self.wrapper_evals = self.eval_samples = 0
         self.bytes = _bytes_written()
 
@@ -282,8 +284,22 @@ class _Watch:
             writing = (any(c in mode for c in "wax+") if isinstance(mode, str)
                        else bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)))
             if not writing:
+                self.reading(path)
                 return
         self.written.append(os.path.relpath(path, self.folder))
+
+    def reading(self, path: str) -> None:
+        """A file of the checkpoint folder opened for reading: by ``torch.load``, with which
+        ``map_location``? (read from the caller's frame: the argument as it was passed)"""
+        frame = inspect.currentframe()
+        while frame is not None:
+            if frame.f_code.co_name == "load" and frame.f_globals.get(
+                    "__name__") == "torch.serialization":
+                where = frame.f_locals.get("map_location")
+                self.loads.append({"file": os.path.relpath(path, self.folder),
+                                   "map_location": None if where is None else str(where)})
+                return
+            frame = frame.f_back
 
     def log_step(self, step: int, loss: float) -> None:
         before, now = self.bytes, _bytes_written()
@@ -292,7 +308,7 @@ class _Watch:
             "step": step, "loss": loss, "time": time.perf_counter(), "samples": self.samples,
             "autocast": sorted(self.autocast, key=str), "optimizer_steps":
             len(self.optimizer_steps), "lr": last.get("lr"), "grad": last.get("grad"),
-            "state": last.get("state"), "written": self.written,
+            "state": last.get("state"), "written": self.written, "loads": self.loads,
             "bytes": None if before is None or now is None else now - before,
             "wrapper_evals": self.wrapper_evals, "eval_samples": self.eval_samples})
         self.last_step = step

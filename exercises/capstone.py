@@ -40,8 +40,9 @@ What must be true of a run, and why
    epoch, and how far into it, in a way that means the same on any number of ranks). It is
    whole on disk before any rank goes past it.
 9. **Resume.** A launch whose folder holds a checkpoint goes on from the newest complete one:
-   on the same number of ranks it then trains exactly what the unbroken job trained, bit for
-   bit; on another number of ranks (a DCP checkpoint loads onto any sharding) it goes on with
+   every tensor read back lands on the reading rank's own device (not on the one that saved
+   it). On the same number of ranks it then trains exactly what the unbroken job trained, bit
+   for bit; on another number of ranks (a DCP checkpoint loads onto any sharding) it goes on with
    the samples of that epoch not yet trained on (when a position falls inside a global batch,
    from that batch) and ends close to the unbroken job.
 10. **Evaluation.** After training, rank 0 scores the whole test set with the trained weights

@@ -151,6 +151,22 @@ def test_a_rank_0_save_without_a_barrier_is_named(tmp, reference):
     assert "barrier" in message
 
 
+def test_a_load_without_map_location_is_named(tmp, reference):
+    path = variant(tmp, "no_map_location", (
+        "    model_state, optimizer_state = get_state_dict(model, optimizer)\n    dcp.save(",
+        "    if dist.get_rank() == 0:\n"
+        "        torch.save(model.module.state_dict(), os.path.join(folder, 'model.pt'))\n"
+        "    dist.barrier()\n"
+        "    model_state, optimizer_state = get_state_dict(model, optimizer)\n    dcp.save("), (
+        "    if name is None:\n        return None\n",
+        "    if name is None:\n        return None\n"
+        "    torch.load(os.path.join(folder, 'model.pt'))  # the mistake\n"))
+    killed = launch(path, tmp / "no_map_location", *KILL, ok=False)
+    resumed = launch(path, tmp / "no_map_location")
+    message = hint({**reference, "killed": killed, "resumed": resumed}, reference)
+    assert "no map_location" in message and "resumed run" in message, message
+
+
 def test_a_save_on_rank_0_alone_hangs_and_the_hang_is_named(tmp, reference):
     path = variant(tmp, "save_on_rank_0", (
         "                save(args.checkpoint_dir,", "                rank == 0 and save("

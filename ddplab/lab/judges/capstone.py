@@ -71,6 +71,10 @@ def judge_capstone(answer: Any) -> Optional[str]:
         if name in runs and not _steps(runs[name]) and name != "killed":
             return (f"the {name} run reported no steps: write the job as {SKELETON} specifies, "
                     "and call log_step(step, loss) after every optimizer step.")
+    for name in RUNS:
+        hint = _load_hint(runs[name]) if name in runs else None
+        if hint:
+            return f"the {name} run: {hint}"
     if "ddp" not in runs:
         return "hand in the unbroken DDP run too: {'ddp': ..., ...}."
     ddp = runs["ddp"]
@@ -147,6 +151,17 @@ def _reference(result: Any) -> Any:
 
 
 # ------------------------------------------------------------------ one unbroken run
+
+
+def _load_hint(result: Any) -> Optional[str]:
+    for rank, steps in sorted(_steps(result).items()):
+        for step in sorted(steps):
+            for load in steps[step].get("loads") or []:
+                if load["map_location"] is None:
+                    return (f"rank {rank} read {load['file']} with torch.load and no "
+                            "map_location: its tensors go back to the device that saved them "
+                            "(rank 0's GPU, for every rank). Load onto this rank's device.")
+    return None
 
 
 def _strategy_hint(result: Any, strategy: str) -> Optional[str]:
