@@ -12,16 +12,18 @@ Worker side. The learner's job (``exercises/capstone.py``) and the reference
 
 What is watched (nothing here changes what the job computes): ``build_model`` hooks the model
 it returns and ``parse_args`` hooks every optimizer's step and every module's forward (torch's
-global hooks), and Python's audit hook sees the files opened for writing under
-``--checkpoint-dir``. Each ``log_step`` reports, with the learner's step number and loss and the
-time, what was seen since the previous one: a fingerprint of every training sample, autocast's dtype, the
-LR and the summed squares of the local gradients at the optimizer step, the sum of the
-optimizer's state, the files written and the bytes this process wrote. At exit every rank
-reports its (local) weights. ``--kill-rank R --kill-at-step N`` kills rank R with ``SIGKILL``
-in the forward pass of step N (fault injection, here so that the learner does not write it).
-Rank 0 then starts the save it begins after step N - 1 a second late, as on a busy disk, and
-rank R reports whether that save was still going on when it reached step N: a job that lets
-a rank go past a save before the checkpoint is whole.
+global hooks), and Python's audit hook sees the files opened under ``--checkpoint-dir``. Each
+``log_step`` reports, with the learner's step number, loss and the time, what was seen since
+the previous one: a fingerprint of every training sample, autocast's dtype, the LR and the
+summed squares of the local gradients at the optimizer step, the sum of the optimizer's state,
+the files written, the bytes this process wrote, and the ``map_location`` of every
+``torch.load`` of a file in the folder. At exit every rank reports its (local) weights.
+
+``--kill-rank R --kill-at-step N`` kills rank R with ``SIGKILL`` in the forward pass of step N
+(fault injection, here so that the learner does not write it). Rank 0 then starts the save it
+begins after step N - 1 a second late, as on a busy disk, and rank R reports whether that save
+was still going on when it reached step N: a job that lets a rank go past a save before the
+checkpoint is whole.
 
 Lesson: 13.
 """

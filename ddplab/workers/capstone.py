@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Any
 
 import torch
 import torch.distributed as dist
