@@ -147,6 +147,15 @@ def _sum(tensors: Any, square: bool = False) -> float:
     return total
 
 
+def _is_fsdp(module: nn.Module) -> bool:
+    """Whether ``fully_shard`` made ``module`` a unit of its own (FSDP2, torch >= 2.6)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return isinstance(module, FSDPModule)
+
+
 def _bytes_written() -> Optional[int]:
     """Bytes this process has written so far (``/proc/self/io`` wchar), None where unknown."""
     try:
@@ -169,6 +178,7 @@ class _Watch:
         self.last_step: Optional[int] = None
         self.probe: Optional[torch.Tensor] = None
         self.saving: Any = None
+        self.sharded_units: set[int] = set()  # modules fully_shard made units of, seen training
         self.reset()
 
     def reset(self) -> None:
@@ -216,9 +226,11 @@ class _Watch:
                           if torch.is_autocast_enabled(device) else None)
 
     def any_forward(self, module: nn.Module, _inputs: Any) -> None:
-        if type(module).__name__ == "DistributedDataParallel" and not (
-                module.training and torch.is_grad_enabled()):
+        training = module.training and torch.is_grad_enabled()
+        if type(module).__name__ == "DistributedDataParallel" and not training:
             self.wrapper_evals += 1
+        if training and _is_fsdp(module):
+            self.sharded_units.add(id(module))
 
     def marker(self, name: str) -> str:
         """A file the ranks of this job share (one machine), outside the checkpoint folder."""
@@ -328,6 +340,7 @@ class _Watch:
         events.emit("metric", name="weights", value={
             "sums": [_sum([p]) for p in params], "squares": [_sum([p], True) for p in params],
             "wrapper_evals": self.wrapper_evals, "eval_samples": self.eval_samples,
+            "sharded_units": len(self.sharded_units),
             "files": sorted(os.path.relpath(os.path.join(top, name), self.folder)
                             for top, _, names in os.walk(self.folder) for name in names)})
 

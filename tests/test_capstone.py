@@ -128,6 +128,13 @@ def test_a_classic_mistake_is_named(tmp, reference, name, edits, words):
     assert all(word in message for word in words), message
 
 
+def test_fsdp_around_the_root_alone_is_named(tmp, reference):
+    path = variant(tmp, "root_only", ("            fully_shard(block)\n", "            pass\n"))
+    fsdp = launch(path, tmp / "root_only", "--strategy", "fsdp")
+    message = hint({**reference, "fsdp": fsdp}, reference)
+    assert "made 1 unit(s)" in message and "each block" in message, message
+
+
 def test_a_resume_of_the_model_alone_is_named(tmp, reference):
     path = variant(tmp, "model_only", (
         '    state = {"model": model_state, "optimizer": optimizer_state,\n',

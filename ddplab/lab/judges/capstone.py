@@ -11,7 +11,8 @@ line and the reports are given, by ``ddplab.capstone``) and launches it five tim
   the final weights (summed squares) within 2% and the accuracy within 3 points (a right job
   in another style may round differently).
 - ``fsdp``: unbroken, ``--strategy fsdp``, 2 ranks: the same samples and LRs as ``ddp``,
-  weights sharded (each rank holds other values), the same summed squares within 2%.
+  weights sharded (each rank holds other values) in more than one unit (each block, then the
+  root), the same summed squares within 2%.
 - ``killed``: ``ddp``, 2 ranks, ``--kill-rank 1 --kill-at-step K``, a fresh folder.
 - ``resumed``: the killed run's folder, 2 ranks: it must start at the last checkpoint before
   step K and from there equal ``ddp`` **bit for bit** (samples, losses, the optimizer's state,
@@ -364,6 +365,11 @@ def _fsdp_hint(fsdp: Any, ddp: Any) -> Optional[str]:
     if len({tuple(w["sums"]) for w in weights.values()}) < len(weights):
         return ("every rank holds the same weights: with --strategy fsdp, shard the model "
                 "with fully_shard (each block, then the root), so that each rank holds a part.")
+    units = min(w.get("sharded_units", 0) for w in weights.values())
+    if units < 2:
+        return (f"fully_shard made {units} unit(s) of the model: shard each block that holds "
+                "parameters, then the root, so that a rank gathers one block's weights at a "
+                "time (the whole model at once is DDP's memory again).")
     if not _close(_squares(fsdp), _squares(ddp), WEIGHTS):
         return (f"the final weights differ from the ddp run's (summed squares "
                 f"{_squares(fsdp)} against {_squares(ddp)}).")
