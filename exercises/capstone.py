@@ -1,161 +1,74 @@
-"""The capstone (13): one DDP run with every lesson of the course. Write the nine functions.
+"""The capstone (13): write a whole distributed training job, then kill it and resume it.
 
-Run it from notebook 13, or from the repository root::
+Given (``ddplab.capstone``, imported below): the command line (``parse_args``; ``--help``
+lists it), the data set (``datasets``), the model (``build_model``: the same initial weights
+on every rank) and two reports the judge reads (``log_step``, ``log_accuracy``). Everything
+else is yours. The job must run unchanged under both launchers::
 
     python -m ddplab launch --nproc-per-node 2 exercises/capstone.py --checkpoint-dir ckpt/a
-    python -m ddplab launch --nproc-per-node 2 exercises/capstone.py --checkpoint-dir ckpt/b \\
-        --kill-rank 1 --kill-epoch 3                     # rank 1 dies halfway through epoch 3
-    python -m ddplab launch --nproc-per-node 2 exercises/capstone.py --checkpoint-dir ckpt/b
+    torchrun --standalone --nproc-per-node 2 exercises/capstone.py --checkpoint-dir ckpt/a
 
-and hand the three launches to the judge:
-``ddplab.check("13", {"unbroken": a, "killed": b, "resumed": c})``.
+What must be true of a run, and why
+-----------------------------------
 
-The fixed part (``ddplab/capstone.py``, called at the bottom of this file)
-joins the process group, loads the data, builds the model with the same seed on every rank,
-and then calls your functions: ``make_loader``, ``wrap_model``, ``mixed_precision``,
-``learning_rate``, ``read_checkpoint`` and ``resume`` once; then, every epoch,
-``train_epoch``, ``save_checkpoint`` and ``evaluate``. A launch on a folder that already holds
-a checkpoint resumes from it, as a restarted job does. Every function below says what it must
-do; each is a lesson of the course (the number in brackets). While a function is empty the run
-stops there and the judge says which one to write next.
+1. **One process per device, one group.** Each process joins the job's process group from
+   what the launcher put in its environment (gloo on CPUs; nccl and its own GPU,
+   ``LOCAL_RANK``, on GPUs) and leaves it at the end.
+2. **Each rank its own share, a new order every epoch.** In one epoch the ranks together read
+   the training set once (shares that do not overlap, ``--batch-size`` samples per rank and
+   step), shuffled from ``--seed``; every epoch has another order, and an epoch replayed after
+   a restart has the same one. The judge compares every rank's samples, step by step, with the
+   reference job's.
+3. **One model, two strategies.** ``--strategy ddp`` replicates the model on every rank;
+   ``--strategy fsdp`` shards it with FSDP2, each block that holds parameters, then the root,
+   so that each rank keeps a part of the weights, gradients and optimizer state. Both train
+   alike: the same samples, LRs and (up to rounding) losses.
+4. **The optimizer step.** SGD with ``--momentum``. Each step's loss is the cross-entropy of
+   the model's output on this rank's batch, and the gradient every rank steps with is the mean
+   over all the ranks' batches. Nothing of one step's gradient may leak into the next.
+5. **Mixed precision.** The forward pass and the loss run under autocast: bfloat16 on a CPU,
+   float16 on a GPU, where the loss must be scaled (a ``GradScaler``, enabled only there).
+6. **The learning rate** of step ``s`` (counted from 0 over the whole job, across epochs and
+   restarts) climbs linearly over ``--warmup-steps`` steps, from 1/warmup of its peak at step
+   0 to the peak, then stays: the peak is ``--lr`` times the world size (the global batch is
+   that many times one process's).
+7. **Reports.** After every optimizer step, every rank calls ``log_step(step, loss)`` with the
+   step number and its own loss. After training, rank 0 calls ``log_accuracy(accuracy)``.
+8. **Checkpoints** with ``torch.distributed.checkpoint``, in ``--checkpoint-dir``: after every
+   ``--save-every``-th step, mid-epoch too. A checkpoint holds everything the rest of the job
+   depends on: model, optimizer (its momentum), scaler, and where the job is (the step, the
+   epoch, and how far into it, in a way that means the same on any number of ranks). It is
+   whole on disk before any rank goes past it.
+9. **Resume.** A launch whose folder holds a checkpoint goes on from the newest complete one:
+   every tensor read back lands on the reading rank's own device (not on the one that saved
+   it). On the same number of ranks it then trains exactly what the unbroken job trained, bit
+   for bit; on another number of ranks (a DCP checkpoint loads onto any sharding) it goes on with
+   the samples of that epoch not yet trained on (when a position falls inside a global batch,
+   from that batch) and ends close to the unbroken job.
+10. **Evaluation.** After training, rank 0 scores the whole test set with the trained weights
+    in a plain model (never a wrapper that only one rank runs: its forward belongs to every
+    rank); the other ranks do not evaluate, but take part in whatever collective gathers the
+    weights.
 
-``info`` is what ``ddplab.dist.setup()`` returned: ``info.rank``, ``info.local_rank``,
-``info.world_size``, ``info.device`` (``cpu`` here, ``cuda:<local_rank>`` on GPUs).
+The fault: ``--kill-rank 1 --kill-at-step K`` (the given part does it) kills rank 1 with
+``SIGKILL`` in step K, with no exception and no cleanup. Notebook 13 launches your job five
+times (DDP unbroken, FSDP unbroken, killed, resumed, resumed on 4 ranks) and hands the runs to
+``ddplab.check("13", ...)``, which compares them with the reference job step by step.
 
 Lesson: 13.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-from typing import Any, Optional
-
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
-
-from ddplab.dist import DistInfo
+from ddplab.capstone import build_model, datasets, log_accuracy, log_step, parse_args
 
 
-def make_loader(train_set: Dataset, batch_size: int, info: DistInfo, seed: int) -> Any:
-    """Return the training loader of this rank (04).
-
-    A ``DataLoader`` of ``batch_size`` samples per batch whose ``sampler=`` is a
-    ``DistributedSampler(train_set, num_replicas=info.world_size, rank=info.rank,
-    shuffle=True, seed=seed)``: each rank reads its own share, in an order drawn from
-    ``seed + epoch`` (no ``shuffle=True`` on the DataLoader itself: the sampler shuffles).
-    """
-    # TODO(exercise)
-    raise NotImplementedError
-
-
-def wrap_model(model: nn.Module, info: DistInfo) -> nn.Module:
-    """Return ``model`` (already on ``info.device``) wrapped in DistributedDataParallel (03).
-
-    ``device_ids=[info.local_rank]`` on a GPU, None on a CPU.
-    """
-    # TODO(exercise)
-    raise NotImplementedError
-
-
-def mixed_precision(device: torch.device) -> tuple[torch.dtype, torch.amp.GradScaler]:
-    """Return ``(autocast dtype, GradScaler)`` for this device (06).
-
-    On a CPU, ``torch.bfloat16`` and a *disabled* ``torch.amp.GradScaler("cpu",
-    enabled=False)`` (bfloat16 has float32's range: nothing to scale). On a GPU,
-    ``torch.float16`` and an enabled ``torch.amp.GradScaler("cuda")``.
-    """
-    # TODO(exercise)
-    raise NotImplementedError
-
-
-def learning_rate(step: int, base_lr: float, world_size: int, warmup_steps: int) -> float:
-    """Return the LR of optimizer step ``step`` (0-based, counted from the start of the job) (03).
-
-    The linear scaling rule makes the peak ``base_lr * world_size`` (the global batch is
-    ``world_size`` times one process's). The LR climbs linearly to it over the first
-    ``warmup_steps`` steps, ``peak * min(1, (step + 1) / warmup_steps)``, then stays there;
-    with ``warmup_steps == 0`` it is the peak from the start.
-    """
-    # TODO(exercise)
-    raise NotImplementedError
-
-
-def read_checkpoint(path: str, device: torch.device) -> dict[str, Any]:
-    """Return the dictionary saved at ``path``, its tensors on ``device`` (05).
-
-    ``torch.load(path, map_location=device, weights_only=True)``: without ``map_location``
-    tensors go back to the device that saved them (rank 0's GPU, for every rank), and
-    ``weights_only=True`` refuses files holding pickled Python objects (they can run code).
-    """
-    # TODO(exercise)
-    raise NotImplementedError
-
-
-def resume(path: str, model: nn.Module, optimizer: torch.optim.Optimizer,
-           scaler: torch.amp.GradScaler, device: torch.device) -> int:
-    """Continue from the checkpoint at ``path``; return the number of epochs it holds (05).
-
-    No file at ``path``: change nothing and return 0. Otherwise read it with
-    ``read_checkpoint(path, device)`` and load its ``"model"`` into the unwrapped model
-    (``model.module``), its ``"optimizer"`` into the optimizer and its ``"scaler"`` into the
-    scaler, and return its ``"epoch"``.
-    """
-    # TODO(exercise)
-    raise NotImplementedError
-
-
-# [train_epoch]
-def train_epoch(model: nn.Module, loader: Any, optimizer: torch.optim.Optimizer,
-                scaler: torch.amp.GradScaler, *, epoch: int, amp_dtype: torch.dtype,
-                base_lr: float, world_size: int, warmup_steps: int,
-                device: torch.device) -> float:
-    """Train one epoch (``epoch`` counts from 0) on this rank's share; return the mean loss.
-
-    1. ``loader.sampler.set_epoch(epoch)`` first, or every epoch repeats one order (04);
-    2. for batch ``i`` of ``(inputs, labels)``: move both to ``device``; set ``lr`` of every
-       ``optimizer.param_groups`` entry to ``learning_rate(epoch * len(loader) + i, ...)``
-       (03); zero the gradients; compute the output *and* the loss
-       (``F.cross_entropy``) inside ``torch.autocast(device.type, dtype=amp_dtype)``; then
-       ``scaler.scale(loss).backward()``, ``scaler.step(optimizer)``, ``scaler.update()``
-       (06).
-    """
-    # TODO(exercise)
-    raise NotImplementedError
-# [/train_epoch]
-
-
-def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scaler: torch.amp.GradScaler, epoch: int, rank: int) -> None:
-    """Save the checkpoint after ``epoch`` epochs, once, on rank 0, atomically (05).
-
-    Rank 0 writes ``{"model": model.module.state_dict(), "optimizer": ...state_dict(),
-    "scaler": scaler.state_dict(), "epoch": epoch}`` with ``torch.save`` to a temporary
-    file in the same folder, then ``os.replace``s it onto ``path`` (a crash mid-write then
-    leaves the previous checkpoint whole). Every rank then waits at ``dist.barrier()``, so
-    that no rank returns before the file is complete.
-    """
-    # TODO(exercise)
-    raise NotImplementedError
-
-
-def evaluate(model: nn.Module, test_set: Dataset, device: torch.device,
-             rank: int) -> Optional[float]:
-    """Return the test accuracy on rank 0, None at once on every other rank (01, 04).
-
-    Rank 0 scores the *unwrapped* model (``model.module``: DDP's forward could wait for the
-    other ranks) on the whole test set, in order, no sampler, under ``torch.no_grad()`` and in
-    ``eval()`` mode, puts the model back in ``train()`` mode, and returns correct / total.
-    """
-    # TODO(exercise)
-    raise NotImplementedError
+def main() -> None:
+    args = parse_args()
+    train_set, test_set = datasets(args)
+    model = build_model(args)
+    # TODO(exercise): the job (see the specification above).
 
 
 if __name__ == "__main__":
-    from ddplab import capstone
-
-    capstone.run(sys.modules[__name__])
+    main()

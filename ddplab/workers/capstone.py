@@ -1,136 +1,159 @@
-"""The capstone's reference solution: every function ``exercises/capstone.py`` asks for.
+"""The capstone's reference job: what ``exercises/capstone.py`` asks the learner to write.
 
-Run it (2 processes; ``--help`` lists the options of the run)::
+Run it (2 processes; ``--help`` lists the options)::
 
     python -m ddplab launch --nproc-per-node 2 ddplab.workers.capstone --checkpoint-dir ckpt
     torchrun --standalone --nproc-per-node 2 -m ddplab.workers.capstone --checkpoint-dir ckpt
 
-The run itself (setup, data, model, the epoch loop, the fault injection, the reports the judge
-reads) is the fixed part, ``ddplab.capstone``, which calls the nine functions
-below; the learner's skeleton has the same nine, empty, each with the same specification. Each
-one here is a few lines on top of the course's helpers: ``data`` (lesson 04), ``train``
-(03, 06), ``schedule`` (03), ``amp`` (06) and ``checkpoint`` (05).
+Only the data set, the model, the command line and the reports come from ``ddplab.capstone``;
+the rest is plain torch.
 
 Lesson: 13.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
-import sys
-from typing import Any, Optional
 
 import torch
-from torch import nn
-from torch.utils.data import Dataset, TensorDataset
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_state_dict, set_state_dict)
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
 
-from ddplab import amp, checkpoint, data, dist, schedule, train
-
-EVAL_BATCH = 512
+from ddplab.capstone import build_model, datasets, log_accuracy, log_step, parse_args
 
 
-# [loader]
-def make_loader(train_set: Dataset, batch_size: int, info: dist.DistInfo, seed: int) -> Any:
-    """This rank's training batches: a ``DistributedSampler`` share, shuffled by seed + epoch."""
-    kind = "tensor" if isinstance(train_set, TensorDataset) else "dataloader"
-    return data.make_loader(train_set, batch_size, num_replicas=info.world_size,
-                            rank=info.rank, seed=seed, kind=kind, device=info.device)
-# [/loader]
+def setup() -> tuple[int, int, torch.device]:
+    """Join the job's process group: nccl and one GPU per process, else gloo on the CPU."""
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    return dist.get_rank(), dist.get_world_size(), device
 
 
 # [wrap]
-def wrap_model(model: nn.Module, info: dist.DistInfo) -> nn.Module:
-    """The model, already on ``info.device``, wrapped in DistributedDataParallel."""
-    return train.wrap_model(model, "ddp", info)
+def wrap(model: torch.nn.Module, strategy: str, device: torch.device) -> torch.nn.Module:
+    """DDP replicates the model; FSDP2 shards every block with parameters, then the root."""
+    if strategy == "ddp":
+        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    from torch.distributed.fsdp import fully_shard  # public since torch 2.6, the floor
+
+    for block in model.children():
+        if any(True for _ in block.parameters()):
+            fully_shard(block)
+    return fully_shard(model)
 # [/wrap]
 
 
-# [precision]
-def mixed_precision(device: torch.device) -> tuple[torch.dtype, torch.amp.GradScaler]:
-    """bfloat16 and a disabled scaler on a CPU; float16 and an enabled scaler on a GPU."""
-    mode = "fp16" if device.type == "cuda" else "bf16"
-    return amp.autocast_dtype(mode, device.type), amp.make_grad_scaler(mode, device)
-# [/precision]
+def learning_rate(step: int, base_lr: float, world: int, warmup: int) -> float:
+    """The linear scaling rule (the global batch is ``world`` times one process's), warmed up."""
+    peak = base_lr * world
+    return peak * min(1.0, (step + 1) / warmup) if warmup else peak
 
 
-# [lr]
-def learning_rate(step: int, base_lr: float, world_size: int, warmup_steps: int) -> float:
-    """The LR of optimizer step ``step``: scaled with the world size, after a linear warm-up."""
-    peak = schedule.effective_lr(base_lr, world_size, grad_accum=1, scale_lr=True)
-    return schedule.lr_at(step, peak, warmup_steps)
-# [/lr]
+# [checkpoint]
+def latest(folder: str) -> str | None:
+    """The newest complete checkpoint in ``folder`` (DCP writes ``.metadata`` last)."""
+    done = [name for name in os.listdir(folder) if name.startswith("step-") and
+            os.path.exists(os.path.join(folder, name, ".metadata"))]
+    return max(done, key=lambda name: int(name.split("-")[1]), default=None)
 
 
-# [epoch]
-def train_epoch(model: nn.Module, loader: Any, optimizer: torch.optim.Optimizer,
-                scaler: torch.amp.GradScaler, *, epoch: int, amp_dtype: Optional[torch.dtype],
-                base_lr: float, world_size: int, warmup_steps: int,
-                device: torch.device) -> float:
-    """Train one epoch (0-based ``epoch``) on this rank's share; return its mean loss."""
-    loader.set_epoch(epoch)  # a new order every epoch, the same one after a resume
-    peak = schedule.effective_lr(base_lr, world_size, grad_accum=1, scale_lr=True)
-    loss_sum, steps, _ = train.train_epoch(
-        model, loader, optimizer, scaler, device=device, amp_dtype=amp_dtype, grad_accum=1,
-        lr=peak, warmup_steps=warmup_steps, first_step=epoch * len(loader), epoch=epoch + 1,
-        epochs=epoch + 1, report=False)
-    return loss_sum / max(steps, 1)
-# [/epoch]
+def save(folder: str, step: int, model, optimizer, scaler, progress: dict[str, int]) -> None:
+    """Every rank writes its part of model and optimizer (DCP), with the scaler and where the
+    job is; ``dcp.save`` returns on every rank once the checkpoint is complete."""
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state, "scaler": scaler.state_dict(),
+              "progress": dict(progress)}, checkpoint_id=os.path.join(folder, f"step-{step}"))
 
 
-# [save]
-def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scaler: torch.amp.GradScaler, epoch: int, rank: int) -> None:
-    """Rank 0 writes model, optimizer, scaler and epoch atomically; every rank waits."""
-    checkpoint.save_checkpoint(path, model, optimizer, scaler=scaler, epoch=epoch)
-# [/save]
-
-
-# [read]
-def read_checkpoint(path: str, device: torch.device) -> dict[str, Any]:
-    """The checkpoint's dictionary, its tensors on ``device``, read with weights_only=True."""
-    return checkpoint.read_checkpoint(path, device)
-# [/read]
-
-
-# [resume]
-def resume(path: str, model: nn.Module, optimizer: torch.optim.Optimizer,
-           scaler: torch.amp.GradScaler, device: torch.device) -> int:
-    """Load the checkpoint at ``path`` if there is one; return the epochs it holds (else 0)."""
-    if not os.path.exists(path):
-        return 0
-    state = read_checkpoint(path, device)
-    checkpoint.load_model_state(model, state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scaler.load_state_dict(state["scaler"])
-    return int(state["epoch"])
-# [/resume]
+def resume(folder: str, model, optimizer, scaler) -> dict[str, int] | None:
+    """Load the newest checkpoint into model, optimizer and scaler, whatever the world size
+    that wrote it; return where that job was (None: start from the beginning)."""
+    name = latest(folder)
+    if name is None:
+        return None
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state,
+             "scaler": scaler.state_dict(), "progress": {"step": 0, "epoch": 0, "samples": 0}}
+    dcp.load(state, checkpoint_id=os.path.join(folder, name))
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])
+    if state["scaler"]:
+        scaler.load_state_dict(state["scaler"])
+    return state["progress"]
+# [/checkpoint]
 
 
 # [evaluate]
-@torch.no_grad()
-def evaluate(model: nn.Module, test_set: Dataset, device: torch.device,
-             rank: int) -> Optional[float]:
-    """Rank 0: accuracy of the unwrapped model over the whole test set. Others: None."""
+def evaluate(model, args, test_set, rank: int, device: torch.device) -> float | None:
+    """Every rank gathers the full weights (a collective); rank 0 alone scores a plain copy
+    of the model on the whole test set."""
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                cpu_offload=True))
     if rank != 0:
         return None
-    kind = "tensor" if isinstance(test_set, TensorDataset) else "dataloader"
-    net = checkpoint.unwrap_model(model)  # DDP's forward would wait for the other ranks
-    net.eval()
-    correct = total = 0
-    for inputs, labels in data.make_eval_loader(test_set, EVAL_BATCH, kind=kind, device=device):
-        inputs, labels = inputs.to(device), labels.to(device)
-        correct += int((net(inputs).argmax(dim=1) == labels).sum())
-        total += len(labels)
-    net.train()
-    return correct / total
+    net = build_model(args)
+    net.load_state_dict(full)
+    net.to(device).eval()
+    correct = 0
+    with torch.no_grad():
+        for inputs, labels in DataLoader(test_set, batch_size=512):
+            correct += int((net(inputs.to(device)).argmax(1) == labels.to(device)).sum())
+    return correct / len(test_set)
 # [/evaluate]
 
 
-def main(argv: Optional[list[str]] = None) -> Optional[dict[str, Any]]:
-    """Run the capstone with these functions (see ``ddplab.capstone.run``)."""
-    from ddplab import capstone
+def main() -> None:
+    args = parse_args()
+    rank, world, device = setup()
+    train_set, test_set = datasets(args)
+    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True,
+                                 seed=args.seed)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+    model = wrap(build_model(args).to(device), args.strategy, device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    os.makedirs(args.checkpoint_dir, exist_ok=True)
+    dist.barrier()  # the folder exists before any rank looks into it
 
-    return capstone.run(sys.modules[__name__], argv)
+    # [loop]
+    progress = resume(args.checkpoint_dir, model, optimizer, scaler) or \
+        {"step": 0, "epoch": 0, "samples": 0}
+    step = progress["step"]
+    for epoch in range(progress["epoch"], args.epochs):
+        sampler.set_epoch(epoch)  # a new order every epoch, the same after a resume
+        done = progress["samples"] // (world * args.batch_size) if epoch == progress["epoch"] else 0
+        for i, (inputs, labels) in enumerate(itertools.islice(loader, done, None), start=done):
+            inputs, labels = inputs.to(device), labels.to(device)
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, args.lr, world, args.warmup_steps)
+            optimizer.zero_grad()
+            with torch.autocast(device.type, dtype=amp_dtype):
+                loss = F.cross_entropy(model(inputs), labels)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            log_step(step, loss.item())
+            step += 1
+            if step % args.save_every == 0:  # where the job is: the next batch to train on
+                save(args.checkpoint_dir, step, model, optimizer, scaler,
+                     {"step": step, "epoch": epoch, "samples": (i + 1) * world * args.batch_size})
+    # [/loop]
+    accuracy = evaluate(model, args, test_set, rank, device)
+    if rank == 0:
+        print(f"test accuracy {accuracy:.4f} after {step} steps", flush=True)
+        log_accuracy(accuracy)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

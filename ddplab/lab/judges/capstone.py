@@ -1,352 +1,512 @@
-"""Judge of the capstone (lesson 13): one DDP run with every lesson, killed and resumed exactly.
+"""Judge of the capstone (lesson 13): the learner's training job, judged by what its runs did.
 
-The learner fills the nine functions of ``exercises/capstone.py``; its fixed part
-(``ddplab.capstone``) runs them and reports what they did. The judge takes the
-three launches of the capstone::
+The learner writes ``exercises/capstone.py`` whole (only the data set, the model, the command
+line and the reports are given, by ``ddplab.capstone``) and launches it five times::
 
-    ddplab.check("13", {"unbroken": unbroken, "killed": killed, "resumed": resumed})
+    ddplab.check("13", {"ddp": ..., "fsdp": ..., "killed": ..., "resumed": ..., "resharded": ...})
 
-and checks, in the order the run calls the functions: the shares and orders each rank read
-(``make_loader``, ``set_epoch``), the DDP wrapper, autocast's dtype and the GradScaler, the LR
-of every step (scaled, warmed up), who wrote the checkpoint and how (rank 0, renamed into
-place, every rank waiting for it), where ``read_checkpoint`` puts tensors and whether it
-refuses pickles, ``evaluate`` on rank 0 over the whole test set, equal weights on every rank;
-then that the killed run died on the rank it was told to, the resumed run started from its
-checkpoint, and ended with exactly the unbroken run's weights and accuracy. One run alone is
-judged too, and the verdict then asks for the other two.
+- ``ddp``: unbroken, ``--strategy ddp``, 2 ranks. Compared step by step with the reference job
+  (``ddplab.workers.capstone``) launched here with the same arguments: every rank's samples
+  and LR exactly, the loss of the first steps within 0.1% and their gradients within 5%,
+  the final weights (summed squares) within 2% and the accuracy within 3 points (a right job
+  in another style may round differently).
+- ``fsdp``: unbroken, ``--strategy fsdp``, 2 ranks: the same samples and LRs as ``ddp``,
+  weights sharded (each rank holds other values) in more than one unit (each block, then the
+  root), the same summed squares within 2%.
+- ``killed``: ``ddp``, 2 ranks, ``--kill-rank 1 --kill-at-step K``, a fresh folder.
+- ``resumed``: the killed run's folder, 2 ranks: it must start at the last checkpoint before
+  step K and from there equal ``ddp`` **bit for bit** (samples, losses, the optimizer's state,
+  the final weights and accuracy).
+- ``resharded``: a copy of the killed run's folder, 4 ranks and ``--strategy fsdp``: the same
+  start step, the rest of that epoch's samples, and within a stated tolerance of ``ddp``
+  (another world size is another global batch and LR): the mean loss within 0.5, the summed
+  squares of the weights within 10%, the accuracy within 15 points.
+
+One run alone (or some of the five) is judged as far as it goes; the verdict then asks for the
+rest. A ``reference`` entry (a launch of the reference with the ``ddp`` run's arguments) may be
+handed in too; without it the judge launches it once per set of arguments.
 
 Lesson: 13.
 """
 
 from __future__ import annotations
 
-import ast
 import math
+import shutil
+import tempfile
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from . import is_run_result, judge, metric, metrics, run_failed
 
-#: The functions the learner writes, in the order the run first calls them.
-FUNCTIONS = ("make_loader", "wrap_model", "mixed_precision", "learning_rate",
-             "read_checkpoint", "resume", "train_epoch", "save_checkpoint", "evaluate")
-RUNS = ("unbroken", "killed", "resumed")
-AMP_DTYPE = {"cpu": "bfloat16", "cuda": "float16"}
+RUNS = ("ddp", "fsdp", "killed", "resumed", "resharded")
+REFERENCE = "ddplab.workers.capstone"
 SKELETON = "exercises/capstone.py"
+CLOSE = 1e-3          # the loss and gradients of the first steps, against the reference
+WEIGHTS = 0.02        # summed squares of the final weights, same world size, another style
+ACCURACY = 0.03
+RESHARD_LOSS, RESHARD_WEIGHTS, RESHARD_ACCURACY = 0.5, 0.10, 0.15  # 2 -> 4 ranks
+_REFERENCES: dict[tuple, Any] = {}
 
 
-def unanswered(path: Any) -> list[str]:
-    """The functions of a capstone file that are still empty (their body only raises
-    ``NotImplementedError``), in the order the run calls them.
-
-    Lesson: 13 (the notebook runs the reference while the learner's file is still empty).
-    """
-    tree = ast.parse(Path(path).read_text())
-    empty = set()
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name in FUNCTIONS:
-            body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(
-                getattr(s, "value", None), ast.Constant))]  # the docstring
-            if not body or (len(body) == 1 and isinstance(body[0], ast.Raise) and
-                            "NotImplementedError" in ast.unparse(body[0])):
-                empty.add(node.name)
-    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    return [name for name in FUNCTIONS if name in empty or name not in defined]
+def unanswered(path: Any) -> bool:
+    """Whether the learner's file is still the skeleton (it keeps its ``TODO(exercise)``)."""
+    return "TODO(exercise)" in Path(path).read_text()
 
 
-@judge("13", "capstone.py", "one DDP run with a DistributedSampler and set_epoch, AMP, a "
-       "scaled and warmed-up LR, a rank-0 atomic checkpoint, rank-0 evaluation; killed and "
-       "resumed to exactly the unbroken run's weights")
+@judge("13", "capstone.py", "a DDP and an FSDP2 job with a DistributedSampler and set_epoch, "
+       "AMP, a scaled and warmed-up LR, distributed checkpoints saved mid-epoch, evaluation on "
+       "rank 0; killed, resumed bit for bit, and resumed on 4 ranks")
 def judge_capstone(answer: Any) -> Optional[str]:
-    runs = {"unbroken": answer} if is_run_result(answer) else dict(answer)
-    unknown = set(runs) - set(RUNS)
+    runs = {"ddp": answer} if is_run_result(answer) else dict(answer)
+    unknown = set(runs) - set(RUNS) - {"reference"}
     if unknown or not runs or not all(is_run_result(r) for r in runs.values()):
-        return ("hand in the three launches as a dict: {'unbroken': ..., 'killed': ..., "
-                f"'resumed': ...}} (got {sorted(runs)}).")
-    for name in RUNS:
-        if name in runs:
-            todo = metric(runs[name], "todo")
-            if todo:
-                function = next(iter(todo.values()))
-                return (f"`{function}` in {SKELETON} is still empty: write it as its docstring "
-                        "says, then launch again.")
-    for name in ("unbroken", "resumed"):
+        return ("hand in the launches as a dict: {'ddp': ..., 'fsdp': ..., 'killed': ..., "
+                f"'resumed': ..., 'resharded': ...}} (got {sorted(runs)}).")
+    for name in ("ddp", "fsdp", "resumed", "resharded"):
         if name in runs:
             failed = run_failed(runs[name])
             if failed:
                 return f"the {name} run: {failed}"
     for name in RUNS:
-        if name in runs:
-            hint = _run_hint(runs[name], killed=name == "killed")
-            if hint:
-                return f"the {name} run: {hint}"
+        if name in runs and not _steps(runs[name]) and name != "killed":
+            return (f"the {name} run reported no steps: write the job as {SKELETON} specifies, "
+                    "and call log_step(step, loss) after every optimizer step.")
+    for name in RUNS:
+        hint = _load_hint(runs[name]) if name in runs else None
+        if hint:
+            return f"the {name} run: {hint}"
+    if "ddp" not in runs:
+        return "hand in the unbroken DDP run too: {'ddp': ..., ...}."
+    ddp = runs["ddp"]
+    hint = _strategy_hint(ddp, "ddp") or _single_hint(ddp, runs.get("reference") or
+                                                      _reference(ddp))
+    if hint:
+        return f"the ddp run: {hint}"
+    if "fsdp" in runs:
+        hint = _strategy_hint(runs["fsdp"], "fsdp") or _fsdp_hint(runs["fsdp"], ddp)
+        if hint:
+            return f"the fsdp run: {hint}"
     missing = [name for name in RUNS if name not in runs]
     if missing:
-        return ("what the run did is right. Now the fault: hand in all three launches, "
-                "{'unbroken': ..., 'killed': ..., 'resumed': ...} (missing: "
+        return ("what the DDP run did is right. Now hand in all five launches, {'ddp': ..., "
+                f"'fsdp': ..., 'killed': ..., 'resumed': ..., 'resharded': ...}} (missing: "
                 f"{', '.join(missing)}).")
-    return _resume_hint(runs["unbroken"], runs["killed"], runs["resumed"])
+    return (_killed_hint(runs["killed"], ddp) or
+            _resumed_hint(runs["resumed"], runs["killed"], ddp) or
+            _resharded_hint(runs["resharded"], runs["killed"], ddp))
 
 
-# ------------------------------------------------------------------ one run
+# ------------------------------------------------------------------ the facts
 
 
-def _ranks(result: Any) -> list[int]:
-    return list(range(result.world_size)) if result.world_size else [0]
+def _args(result: Any) -> dict[str, Any]:
+    return metric(result, "args").get(0) or {}
 
 
-def _run_hint(result: Any, killed: bool) -> Optional[str]:
-    """The first thing wrong with what one launch did, or None."""
-    setup = metric(result, "setup")
-    if set(setup) != set(_ranks(result)):
-        return ("not every rank reported its setup: keep the last lines of the file "
-                "(`capstone.run(...)`) as the skeleton has them.")
-    facts = setup[0]
-    epochs = {rank: {f["epoch"]: f for f in values}
-              for rank, values in metrics(result, "epoch_facts").items()}
-    if not killed and set(epochs) != set(_ranks(result)):
-        return "not every rank reported its epochs: keep the fixed part of the file as it is."
-    for hint in (_wrap_hint(facts), _precision_hint(facts), _weights_only_hint(facts)):
-        if hint:
-            return hint
-    for epoch in sorted(epochs.get(0, {})):
-        per_rank = {rank: epochs[rank][epoch] for rank in epochs if epoch in epochs[rank]}
-        for check in (_share_hint, _autocast_hint, _lr_hint, _save_hint, _read_hint,
-                      _eval_hint):
-            hint = check(per_rank, facts)
-            if hint:
-                return f"epoch {epoch}: {hint}"
-    hint = _order_hint(epochs)
+def _steps(result: Any) -> dict[int, dict[int, Any]]:
+    """Every rank's step reports, by step number."""
+    return {rank: {s["step"]: s for s in values}
+            for rank, values in metrics(result, "step").items()}
+
+
+def _squares(result: Any) -> Optional[float]:
+    """The summed squares of the final weights (summed over ranks' shards under FSDP)."""
+    weights = metric(result, "weights")
+    if not weights:
+        return None
+    if _args(result).get("strategy") == "fsdp":
+        return sum(sum(w["squares"]) for w in weights.values())
+    return sum(weights[min(weights)]["squares"])
+
+
+def _accuracy(result: Any) -> Optional[float]:
+    return metric(result, "accuracy").get(0)
+
+
+def _close(a: Optional[float], b: Optional[float], rel: float) -> bool:
+    return a is not None and b is not None and math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+
+
+def _reference(result: Any) -> Any:
+    """A launch of the reference job with this run's arguments and world size (cached)."""
+    args = _args(result)
+    key = (result.world_size, tuple(sorted(args.items())))
+    if key not in _REFERENCES:
+        import ddplab
+
+        folder = tempfile.mkdtemp(prefix="ddplab-13-reference-")
+        argv: list[str] = ["--checkpoint-dir", folder]
+        for name, value in sorted(args.items()):
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, bool):
+                argv += [flag] if value else []
+            elif value is not None:
+                argv += [flag, str(value)]
+        try:
+            _REFERENCES[key] = ddplab.launch(REFERENCE, result.world_size, args=argv,
+                                             quiet=True, live=False, timeout=1800)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    return _REFERENCES[key]
+
+
+# ------------------------------------------------------------------ one unbroken run
+
+
+def _load_hint(result: Any) -> Optional[str]:
+    for rank, steps in sorted(_steps(result).items()):
+        for step in sorted(steps):
+            for load in steps[step].get("loads") or []:
+                if load["map_location"] is None:
+                    return (f"rank {rank} read {load['file']} with torch.load and no "
+                            "map_location: its tensors go back to the device that saved them "
+                            "(rank 0's GPU, for every rank). Load onto this rank's device.")
+    return None
+
+
+def _strategy_hint(result: Any, strategy: str) -> Optional[str]:
+    got = _args(result).get("strategy")
+    if got != strategy:
+        return f"launch it with --strategy {strategy} (it ran with {got})."
+    if result.world_size != 2:
+        return f"launch it on 2 processes (it ran on {result.world_size})."
+    first = min(_steps(result).get(0, {0: None}))
+    if first != 0:
+        return (f"it started at step {first}: an unbroken run starts from nothing, in a "
+                "--checkpoint-dir of its own.")
+    return None
+
+
+def _single_hint(result: Any, reference: Any) -> Optional[str]:
+    """The first thing in which one unbroken run differs from the reference's, or None."""
+    if not reference.ok:
+        return f"the reference run failed here ({reference.error}): report this to the course."
+    mine, ref = _steps(result), _steps(reference)
+    if set(mine) != set(ref):
+        return (f"ranks {sorted(ref)} should report steps; ranks {sorted(mine)} did: every "
+                "rank calls log_step.")
+    epochs = max(1, int(_args(result).get("epochs", 1)))
+    per_epoch = math.ceil(len(ref[0]) / epochs)
+    hint = _samples_hint(mine, ref, per_epoch)
     if hint:
         return hint
-    if not killed:
-        checksums = (result.summary or {}).get("param_checksums_per_rank") or []
-        if len(set(checksums)) > 1:
-            return (f"the ranks ended with different weights ({checksums}): DDP must average "
-                    "every step's gradients; train the model `wrap_model` returned.")
+    for rank in sorted(ref):
+        if sorted(mine[rank]) != sorted(ref[rank]):
+            return (f"rank {rank} reported steps {_span(mine[rank])}, the reference "
+                    f"{_span(ref[rank])}: count optimizer steps from 0 over the whole job.")
+    for hint in (_autocast_hint(mine, ref), _lr_hint(mine, ref, _args(result), result),
+                 _loss_hint(mine, ref, result.world_size), _save_hint(result, mine),
+                 _eval_hint(result, reference)):
+        if hint:
+            return hint
     return None
 
 
-def _wrap_hint(facts: Mapping[str, Any]) -> Optional[str]:
-    if facts["wrapper"] != "DistributedDataParallel":
-        return (f"`wrap_model` returned a {facts['wrapper']}: wrap the model in "
-                "DistributedDataParallel (device_ids=[local_rank] on a GPU, None on a CPU).")
+def _span(steps: dict[int, Any]) -> str:
+    return f"{min(steps)}..{max(steps)}" if steps else "none"
+
+
+def _samples_hint(mine: dict, ref: dict, per_epoch: int) -> Optional[str]:
+    def read(steps: dict[int, Any], first: int, last: int) -> list[float]:
+        return [x for s in range(first, last) for x in steps.get(s, {}).get("samples", [])]
+
+    ranks = sorted(ref)
+    if mine == {} or all(mine[r].get(s, {}).get("samples") == ref[r][s]["samples"]
+                         for r in ranks for s in ref[r]):
+        return None
+    share = read(ref[0], 0, per_epoch)
+    epoch0 = {r: read(mine[r], 0, per_epoch) for r in ranks}
+    if len(ranks) > 1 and all(epoch0[r] == epoch0[0] for r in ranks):
+        return ("every rank read the same samples in the same order: give each rank its own "
+                "share with a DistributedSampler (num_replicas = world size, rank = this rank).")
+    if len(ranks) > 1 and len(epoch0[0]) >= 2 * len(share) - len(ranks):
+        return (f"rank 0 read {len(epoch0[0])} samples in the first epoch, its share is "
+                f"{len(share)}: give the DataLoader the DistributedSampler as sampler=.")
+    seen: dict[float, int] = {}
+    for r in ranks:
+        for x in set(epoch0[r]):
+            seen[x] = seen.get(x, 0) + 1
+    overlap = sum(1 for n in seen.values() if n > 1)
+    if overlap > len(ranks):
+        if epoch0[0] == read(ref[0], 0, per_epoch):
+            return (f"in the first epoch {overlap} samples were read by more than one rank, "
+                    "though rank 0 read its share right: every rank's DistributedSampler must "
+                    "use the same seed. With seed + rank, each rank shuffles its own "
+                    "permutation and the shares overlap (and other samples are never read).")
+        return (f"in the first epoch {overlap} samples were read by more than one rank: the "
+                "ranks' shares must not overlap (one DistributedSampler per rank, the same "
+                "seed everywhere).")
+    if all(epoch0[r] == read(ref[r], 0, per_epoch) for r in ranks):
+        for r in ranks:
+            if read(mine[r], per_epoch, 2 * per_epoch) == epoch0[r]:
+                return (f"rank {r} read its share in the same order in every epoch: call "
+                        "set_epoch(epoch) on the sampler at the start of every epoch.")
+    return ("the ranks read other samples, or in another order, than the reference: one "
+            "DistributedSampler per rank (shuffle, seed = --seed), set_epoch(epoch) every epoch, "
+            "and the DataLoader's batch size --batch-size.")
+
+
+def _autocast_hint(mine: dict, ref: dict) -> Optional[str]:
+    for rank in sorted(ref):
+        for step in sorted(ref[rank]):
+            got, want = mine[rank][step]["autocast"], ref[rank][step]["autocast"]
+            if got != want:
+                return (f"rank {rank}, step {step}: the forward passes ran with autocast "
+                        f"{got}, the reference with {want} (None: no autocast). Compute the "
+                        "output and the loss under torch.autocast, in bfloat16 on a CPU "
+                        "(float16, with a GradScaler, on a GPU).")
     return None
 
 
-def _precision_hint(facts: Mapping[str, Any]) -> Optional[str]:
-    device = facts["device_type"]
-    want = AMP_DTYPE.get(device, "bfloat16")
-    if facts["amp_dtype"] != want:
-        return (f"`mixed_precision` chose {facts['amp_dtype']} on {device}; autocast there "
-                f"should compute in {want}.")
-    scaler = facts["scaler"]
-    if scaler["type"] != "GradScaler":
-        return (f"`mixed_precision` returned a {scaler['type']} as the scaler: return a "
-                "torch.amp.GradScaler (disabled where it is not needed).")
-    if scaler["enabled"] != (want == "float16"):
-        return (f"the GradScaler is {'enabled' if scaler['enabled'] else 'disabled'} with "
-                f"{want}: float16 gradients need loss scaling, bfloat16 ones do not "
-                "(GradScaler(device.type, enabled=dtype == torch.float16)).")
-    return None
-
-
-def _weights_only_hint(facts: Mapping[str, Any]) -> Optional[str]:
-    if facts["weights_only_refuses"] is False:
-        return ("`read_checkpoint` loaded a file holding a pickled Python object: load with "
-                "torch.load(..., weights_only=True), which refuses anything but tensors and "
-                "plain containers (a stranger's pickle can run code).")
-    return None
-
-
-def _share_hint(per_rank: dict[int, Any], facts: Mapping[str, Any]) -> Optional[str]:
-    size, world = facts["train_size"], facts["world_size"]
-    share = math.ceil(size / world)
-    counts = {rank: f["samples"] for rank, f in per_rank.items()}
-    if world > 1 and all(n == size for n in counts.values()):
-        return (f"every rank read all {size} training samples: in `make_loader`, give the "
-                "DataLoader a DistributedSampler (sampler=..., and no shuffle=True).")
-    if any(n != share for n in counts.values()):
-        return (f"the ranks read {counts} samples; with {size} samples on {world} ranks each "
-                f"should read {share} (`make_loader`: DistributedSampler with num_replicas = "
-                "the world size and this rank).")
-    orders = [f["order"] for f in per_rank.values()]
-    if len(set(orders)) < len(orders):
-        return ("two ranks read the same samples in the same order: give each rank's "
-                "DistributedSampler its own rank and the same seed (`make_loader`).")
-    return None
-
-
-def _order_hint(epochs: dict[int, dict[int, Any]]) -> Optional[str]:
-    for rank, per_epoch in sorted(epochs.items()):
-        orders = [per_epoch[e]["order"] for e in sorted(per_epoch)]
-        if len(orders) > 1 and len(set(orders)) == 1:
-            return (f"rank {rank} read its share in the same order in every epoch: call "
-                    "set_epoch(epoch) on the sampler at the start of `train_epoch`.")
-    return None
-
-
-def _autocast_hint(per_rank: dict[int, Any], facts: Mapping[str, Any]) -> Optional[str]:
-    for rank, f in sorted(per_rank.items()):
-        if f["forwards"] == 0:
-            return f"rank {rank} trained on nothing: `train_epoch` must run the loader."
-        if f["under_autocast"] < f["forwards"]:
-            return (f"rank {rank} ran {f['forwards'] - f['under_autocast']} of "
-                    f"{f['forwards']} forward passes without autocast: in `train_epoch`, "
-                    "compute the output and the loss inside torch.autocast(device.type, "
-                    "dtype=amp_dtype).")
-        if f["autocast_dtypes"] != [facts["amp_dtype"]]:
-            return (f"rank {rank}'s autocast computed in {f['autocast_dtypes']}, not the "
-                    f"{facts['amp_dtype']} `mixed_precision` chose: pass dtype=amp_dtype.")
-    return None
-
-
-def _lr_hint(per_rank: dict[int, Any], facts: Mapping[str, Any]) -> Optional[str]:
-    base, world, warmup = facts["base_lr"], facts["world_size"], facts["warmup_steps"]
-    peak = base * world
-    for rank, f in sorted(per_rank.items()):
-        for step, lr in f["lrs"]:
-            want = peak * min(1.0, (step + 1) / warmup) if warmup > 0 else peak
-            if math.isclose(lr, want, rel_tol=1e-6):
+def _lr_hint(mine: dict, ref: dict, args: dict, result: Any) -> Optional[str]:
+    base, world = args.get("lr"), result.world_size
+    for rank in sorted(ref):
+        for step in sorted(ref[rank]):
+            got, want = mine[rank][step]["lr"], ref[rank][step]["lr"]
+            if _close(got, want, 1e-6):
                 continue
-            said = f"rank {rank}, step {step}: the LR was {lr:.6g}, the rule gives {want:.6g}"
-            if math.isclose(lr, base, rel_tol=1e-6) and world > 1:
-                return (f"{said}: the LR is never scaled or warmed up. Write "
-                        "`learning_rate` and set it on every param group before each step "
-                        "in `train_epoch`.")
-            if math.isclose(lr, peak, rel_tol=1e-6):
-                return (f"{said}: no warm-up. The LR climbs linearly to base_lr x world_size "
-                        "over warmup_steps steps: peak x min(1, (step + 1) / warmup_steps).")
-            if world > 1 and math.isclose(lr * world, want, rel_tol=1e-6):
-                return (f"{said}: the LR is not scaled with the world size (linear scaling "
-                        "rule: base_lr x world_size).")
-            return (f"{said}. Count steps across epochs (epoch x len(loader) + i) and use "
-                    "`learning_rate` for every step.")
+            said = f"step {step}: the LR was {got:.6g}, it should be {want:.6g}"
+            if got is None:
+                return f"{said}; no optimizer step ran before log_step."
+            if _close(got, base, 1e-6):
+                return (f"{said}: the LR is never scaled nor warmed up (it stays --lr). Set it "
+                        "before every optimizer step.")
+            if world > 1 and _close(got * world, want, 1e-6):
+                return (f"{said}: the LR is not scaled with the world size (the linear "
+                        "scaling rule: the global batch is world size times larger).")
+            if step == 0 and _close(got, ref[rank][max(ref[rank])]["lr"], 1e-6):
+                return (f"{said}: no warm-up; the LR climbs linearly to its peak over "
+                        "--warmup-steps steps.")
+            return (f"{said}. Count steps over the whole job and warm up over "
+                    "--warmup-steps steps to --lr x world size.")
     return None
 
 
-def _save_hint(per_rank: dict[int, Any], facts: Mapping[str, Any]) -> Optional[str]:
-    epoch = next(iter(per_rank.values()))["epoch"]
-    for rank, f in sorted(per_rank.items()):
-        s = f["save"]
-        wrote = bool(s["opened"]) or s["renamed"] or (
-            s["bytes"] is not None and s["size"] and s["bytes"] >= s["size"] // 2)
-        if rank != 0 and wrote:
-            return (f"rank {rank} wrote the checkpoint too: every rank holds the same weights, "
-                    "so only rank 0 writes (`if rank == 0:` in `save_checkpoint`); the others "
-                    "only wait at the barrier.")
-        if rank == 0 and not s["renamed"]:
-            return ("rank 0 did not write the checkpoint atomically: torch.save to a "
-                    "temporary file in the same folder, then os.replace it onto the "
-                    "checkpoint, so a crash mid-write never leaves half a file.")
-        if s["seen"] != epoch:
-            found = ("no file" if s["seen"] == "missing" else "a half-written file"
-                     if s["seen"] == "unreadable" else f"epoch {s['seen']}")
-            return (f"rank {rank} returned from `save_checkpoint` before the file of epoch "
-                    f"{epoch} was there (it found {found}): every rank must wait at "
-                    "dist.barrier() after rank 0's write.")
+def _loss_hint(mine: dict, ref: dict, world: int) -> Optional[str]:
+    for step in sorted(ref[0])[:3]:
+        for rank in sorted(ref):
+            got, want = mine[rank][step], ref[rank][step]
+            if _close(got["loss"], want["loss"], CLOSE) and _close(got["grad"], want["grad"],
+                                                                   0.05):
+                continue
+            if world > 1 and (_close(got["loss"] * world, want["loss"], CLOSE) or
+                              _close(got["grad"] * world * world, want["grad"], 0.05)):
+                return (f"step {step}: the loss (or its gradient) is 1/{world} of the "
+                        "reference's: do not divide the loss by the world size; DDP (and "
+                        "FSDP) already average the gradients over the ranks.")
+            if step > 0 and _close(got["loss"], want["loss"], CLOSE):
+                return (f"step {step}: the loss is right but the gradient is not "
+                        f"({got['grad']:.4g} against {want['grad']:.4g} summed squares): the "
+                        "gradients of the previous steps are still in it. Zero them "
+                        "(optimizer.zero_grad()) before every backward pass.")
+            return (f"rank {rank}, step {step}: the loss was {got['loss']:.5g}, the "
+                    f"reference's {want['loss']:.5g}: cross-entropy of the model's output "
+                    "on the batch, one optimizer step per batch.")
     return None
 
 
-def _read_hint(per_rank: dict[int, Any], facts: Mapping[str, Any]) -> Optional[str]:
-    for rank, f in sorted(per_rank.items()):
-        read = f.get("read")
-        if read is None:
-            continue
-        for asked, got in ((read["device"], read["own"]), ("meta", read["meta"])):
-            if isinstance(got, str):
-                return (f"rank {rank}: `read_checkpoint(path, {asked!r})` raised {got}. It "
-                        "must return the saved dictionary, with a 'model' state_dict.")
-            if got != [asked]:
-                return (f"rank {rank}: `read_checkpoint` asked for {asked} put the model's "
-                        f"tensors on {got}: pass map_location=device to torch.load, or every "
-                        "rank loads onto the device that saved the file (rank 0's GPU).")
+def _save_hint(result: Any, mine: dict) -> Optional[str]:
+    if not any(w.get("files") for w in metric(result, "weights").values()):
+        return ("no checkpoint was written under --checkpoint-dir: save one every "
+                "--save-every steps.")
+    for step in sorted(mine[0]):
+        extra = {r: _extra_bytes(mine[r], step) for r in mine}
+        for rank in sorted(mine):
+            if rank == 0 or extra[rank] is None or extra[0] is None:
+                continue
+            dcp = any(name.endswith(".distcp") for name in mine[rank][step]["written"])
+            if not dcp and extra[0] > 0 and extra[rank] >= extra[0] // 2:
+                return (f"step {step}: rank {rank} wrote a checkpoint as big as rank 0's: "
+                        "with torch.save only rank 0 writes (every rank holds the same "
+                        "weights); with torch.distributed.checkpoint every rank calls "
+                        "dcp.save and writes only its own part.")
     return None
 
 
-def _eval_hint(per_rank: dict[int, Any], facts: Mapping[str, Any]) -> Optional[str]:
-    size = facts["test_size"]
-    for rank, f in sorted(per_rank.items()):
-        e = f["eval"]
-        if rank != 0 and (e["value"] is not None or e["samples"]):
-            return (f"rank {rank} evaluated too: only rank 0 evaluates, the others return "
-                    "None at once (`evaluate`).")
-        if rank != 0:
-            continue
-        if e["wrapper_forwards"]:
-            return ("`evaluate` ran the DDP-wrapped model on rank 0 alone: DDP's forward may "
-                    "wait for the other ranks (buffers, hooks). Evaluate model.module.")
-        if e["samples"] != size:
-            return (f"rank 0 evaluated {e['samples']} samples; the test set has {size}: "
-                    "evaluate all of it, in order, with no sampler.")
-        if e["with_grad"]:
-            return "`evaluate` built autograd graphs: run it under torch.no_grad()."
-        if not e["training_after"]:
-            return ("the model stayed in eval mode after `evaluate`: call model.train() "
-                    "before returning.")
-        if e["value"] is None or not math.isclose(float(e["value"]), e["expected"],
-                                                  abs_tol=0.01):
-            return (f"rank 0's `evaluate` returned {e['value']}, but the model gets "
-                    f"{e['expected']:.4f} of the test set right: return correct / total.")
+def _extra_bytes(steps: dict[int, Any], step: int) -> Optional[int]:
+    """Bytes a rank wrote in ``step`` beyond its usual (the median step's)."""
+    counts = sorted(s["bytes"] for s in steps.values() if s.get("bytes") is not None)
+    if not counts or steps[step].get("bytes") is None:
+        return None
+    return steps[step]["bytes"] - counts[len(counts) // 2]
+
+
+def _eval_hint(result: Any, reference: Any) -> Optional[str]:
+    weights = metric(result, "weights")
+    if any(w["wrapper_evals"] for w in weights.values()):
+        return ("the evaluation ran the DDP-wrapped model on rank 0 alone: the wrapper's "
+                "forward belongs to every rank (it may wait for the others). Evaluate a plain "
+                "model on rank 0: the one inside the wrapper, or a copy holding the full "
+                "weights.")
+    got, want = _accuracy(result), _accuracy(reference)
+    if got is None:
+        return "no accuracy was reported: rank 0 evaluates and calls log_accuracy(accuracy)."
+    if want is not None and abs(got - want) > ACCURACY:
+        return (f"rank 0 reported an accuracy of {got:.4f}, the reference {want:.4f}: score "
+                "the trained model on the whole test set, in eval mode.")
+    mine, theirs = _squares(result), _squares(reference)
+    if not _close(mine, theirs, WEIGHTS):
+        return (f"the final weights differ from the reference's (summed squares {mine} "
+                f"against {theirs}).")
+    return None
+
+
+def _fsdp_hint(fsdp: Any, ddp: Any) -> Optional[str]:
+    mine, ref = _steps(fsdp), _steps(ddp)
+    for rank in sorted(ref):
+        for step in sorted(ref[rank]):
+            got, want = mine.get(rank, {}).get(step), ref[rank][step]
+            if got is None or got["samples"] != want["samples"] or not _close(
+                    got["lr"], want["lr"], 1e-6):
+                return (f"rank {rank}, step {step}: other samples or another LR than in the "
+                        "ddp run; --strategy changes the wrapping only.")
+    weights = metric(fsdp, "weights")
+    if len({tuple(w["sums"]) for w in weights.values()}) < len(weights):
+        return ("every rank holds the same weights: with --strategy fsdp, shard the model "
+                "with fully_shard (each block, then the root), so that each rank holds a part.")
+    units = min(w.get("sharded_units", 0) for w in weights.values())
+    if units < 2:
+        return (f"fully_shard made {units} unit(s) of the model: shard each block that holds "
+                "parameters, then the root, so that a rank gathers one block's weights at a "
+                "time (the whole model at once is DDP's memory again).")
+    if not _close(_squares(fsdp), _squares(ddp), WEIGHTS):
+        return (f"the final weights differ from the ddp run's (summed squares "
+                f"{_squares(fsdp)} against {_squares(ddp)}).")
+    if _accuracy(fsdp) is None or abs(_accuracy(fsdp) - _accuracy(ddp)) > ACCURACY:
+        return (f"rank 0 reported an accuracy of {_accuracy(fsdp)}, the ddp run "
+                f"{_accuracy(ddp)}: evaluate the full weights (gathered from the shards).")
     return None
 
 
 # ------------------------------------------------------------------ killed, then resumed
 
 
-def _resume_hint(unbroken: Any, killed: Any, resumed: Any) -> Optional[str]:
-    setups = {name: metric(run, "setup")[0] for name, run in
-              (("unbroken", unbroken), ("killed", killed), ("resumed", resumed))}
-    same = ("world_size", "base_lr", "batch_size", "epochs", "train_size", "warmup_steps")
-    for name in ("killed", "resumed"):
-        differs = [k for k in same if setups[name][k] != setups["unbroken"][k]]
-        if differs:
-            return (f"the {name} run differs from the unbroken one in {', '.join(differs)}: "
-                    "launch all three with the same arguments and number of processes.")
-    kill = setups["killed"]["kill"]
-    if kill is None or killed.ok:
-        return ("the killed run finished: launch it with --kill-rank 1 --kill-epoch N "
-                "(an epoch after the first) and its own --checkpoint-dir.")
+def _fault(killed: Any) -> dict[str, Any]:
+    """What the killed rank reported as it died: the step, and whether rank 0 was saving."""
+    return next(iter(metric(killed, "fault").values()), None) or {}
+
+
+def _kill_step(killed: Any) -> Optional[int]:
+    return _fault(killed).get("step")
+
+
+def _resume_step(killed: Any) -> int:
+    """The step the last checkpoint before the kill holds: every --save-every steps."""
+    every = int(_args(killed).get("save_every", 1))
+    return (_kill_step(killed) or 0) // every * every
+
+
+def _killed_hint(killed: Any, ddp: Any) -> Optional[str]:
+    step = _kill_step(killed)
     cause = killed.root_cause
-    if cause is None or cause.rank != kill[0]:
-        return (f"the killed run did not fail on rank {kill[0]}, the rank told to die "
-                f"({cause}): read its output above and launch it again.")
-    if setups["unbroken"]["on_disk"] != "missing" or setups["killed"]["on_disk"] != "missing":
-        return ("the unbroken and the killed runs must start without a checkpoint: give each "
-                "a new --checkpoint-dir.")
-    saved = max((f["epoch"] for f in metrics(killed, "epoch_facts").get(0, [])), default=0)
-    resumed_facts = setups["resumed"]
-    if saved == 0:
-        return "the killed run died before its first checkpoint: kill it in a later epoch."
-    if resumed_facts["on_disk"] != saved:
-        return (f"the resumed run found {resumed_facts['on_disk']} on disk, not the killed "
-                f"run's checkpoint of epoch {saved}: launch it with the killed run's "
-                "--checkpoint-dir.")
-    if resumed_facts["start_epoch"] != saved:
-        return (f"`resume` returned {resumed_facts['start_epoch']} although the checkpoint "
-                f"holds {saved} epochs: it must load the file and return its epoch, so that "
-                "training goes on where it stopped (it trained again what was done).")
-    restored = resumed_facts["restored"] or {}
-    for part in ("model", "optimizer"):
-        if not restored.get(part):
-            return (f"after `resume` the {part}'s state is not the checkpoint's: load "
-                    f"state['{part}'] into it (the model: into model.module).")
-    first = {r: {f["epoch"]: f["order"] for f in v}
-             for r, v in metrics(unbroken, "epoch_facts").items()}
-    for rank, values in sorted(metrics(resumed, "epoch_facts").items()):
-        for f in values:
-            if f["order"] != first[rank][f["epoch"]]:
-                return (f"in epoch {f['epoch']} rank {rank} of the resumed run read other "
-                        "samples than in the unbroken run: set_epoch(epoch) with the real "
-                        "epoch number, counted from the start of the job.")
-    ends = {name: metric(run, "end").get(0) or {} for name, run in
-            (("unbroken", unbroken), ("resumed", resumed))}
-    if ends["resumed"].get("checksum") != ends["unbroken"].get("checksum"):
-        return ("the resumed run ended with other weights than the unbroken one "
-                f"({ends['resumed'].get('checksum')} vs {ends['unbroken'].get('checksum')}): "
-                "the checkpoint must hold everything training depends on (model, optimizer, "
-                "scaler, epoch) and `resume` restore all of it.")
-    if ends["resumed"].get("accuracy") != ends["unbroken"].get("accuracy"):
-        return ("the same weights but another final accuracy: `evaluate` must depend on the "
-                "weights only.")
+    if step is None or killed.ok or cause is None or cause.rank != 1:
+        return ("the killed run did not die on rank 1: launch it with --kill-rank 1 "
+                "--kill-at-step K (mid-epoch, after a checkpoint) and a --checkpoint-dir of "
+                "its own.")
+    differs = [k for k, v in _args(ddp).items() if _args(killed).get(k) != v]
+    if differs or killed.world_size != ddp.world_size:
+        return ("launch the killed run like the ddp run (same arguments, 2 processes), "
+                f"plus the fault (it differs in {', '.join(differs) or 'world size'}).")
+    if min(_steps(killed).get(0, {0: None})) != 0:
+        return "the killed run must start from nothing: give it a --checkpoint-dir of its own."
+    if _fault(killed).get("rank_0_saving"):
+        return (f"rank 1 went on to step {step} while rank 0 was still writing the checkpoint "
+                "before it: had rank 1's machine failed there, the job would have lost that "
+                "checkpoint. No rank may go past a save before the checkpoint is whole (a "
+                "barrier after rank 0's torch.save; dcp.save waits by itself).")
+    if _resume_step(killed) == 0:
+        return ("the kill came before the first checkpoint: kill in a later step "
+                "(--kill-at-step beyond --save-every).")
+    return None
+
+
+def _resumed_hint(resumed: Any, killed: Any, ddp: Any) -> Optional[str]:
+    want = _resume_step(killed)
+    mine, ref = _steps(resumed), _steps(ddp)
+    if _args(resumed).get("strategy") != "ddp" or resumed.world_size != ddp.world_size:
+        return "launch the resumed run like the ddp run: --strategy ddp, 2 processes."
+    first = min(mine[0])
+    if first == 0:
+        return (f"the resumed run started again from step 0: find the newest complete "
+                f"checkpoint in --checkpoint-dir (step {want}) and load it.")
+    if first < want:
+        return (f"the resumed run started at step {first}, but the killed run had saved "
+                f"step {want} before it died: that checkpoint was not complete. No rank may "
+                "go on past a save before the checkpoint is whole on disk (a barrier after "
+                "rank 0's torch.save; dcp.save does it for you).")
+    if first > want:
+        return (f"the resumed run started at step {first}; the last checkpoint holds step "
+                f"{want}: resume from the step the checkpoint holds.")
+    for rank in sorted(ref):
+        for step in sorted(mine[rank]):
+            got, exp = mine[rank][step], ref[rank].get(step, {})
+            if got["samples"] != exp.get("samples"):
+                return (f"rank {rank}, step {step}: the resumed run read other samples than "
+                        "the unbroken one: the checkpoint holds where in the epoch the job "
+                        "was; the resumed job sets that epoch and skips the batches done.")
+            if got["lr"] != exp.get("lr"):
+                return (f"step {step}: the LR was {got['lr']:.6g}, the unbroken run's "
+                        f"{exp.get('lr'):.6g}: the step count comes from the checkpoint.")
+            if step == first and got["loss"] != exp.get("loss"):
+                return (f"rank {rank}, step {step}: the loss differs from the unbroken run's "
+                        "on the same batch: load the model's weights from the checkpoint.")
+            if step == first and got["state"] != exp.get("state"):
+                return (f"rank {rank}, step {step}: the weights are restored but not the "
+                        "optimizer's state (SGD's momentum): load the optimizer too (and "
+                        "the GradScaler's, where one is enabled).")
+            if got["loss"] != exp.get("loss"):
+                return (f"rank {rank}, step {step}: the resumed run drifted from the "
+                        "unbroken one: the checkpoint must hold everything training depends "
+                        "on, and the resume restore all of it.")
+    if _squares(resumed) != _squares(ddp) or _accuracy(resumed) != _accuracy(ddp):
+        return (f"the resumed run ended with other weights or accuracy than the unbroken one "
+                f"({_squares(resumed)}, {_accuracy(resumed)} against {_squares(ddp)}, "
+                f"{_accuracy(ddp)}): on the same world size a resume is exact.")
+    return None
+
+
+def _resharded_hint(resharded: Any, killed: Any, ddp: Any) -> Optional[str]:
+    if _args(resharded).get("strategy") != "fsdp" or resharded.world_size != 4:
+        return ("launch the resharded run on 4 processes with --strategy fsdp, on a copy of "
+                "the killed run's folder.")
+    want = _resume_step(killed)
+    mine, ref = _steps(resharded), _steps(ddp)
+    first = min(mine[0])
+    if first != want:
+        return (f"the resharded run started at step {first}, the killed run's last "
+                f"checkpoint holds step {want}: load it (torch.distributed.checkpoint "
+                "reshards it onto 4 ranks).")
+    args = _args(resharded)
+    peak, warmup = args["lr"] * resharded.world_size, args["warmup_steps"]
+    for step, report in sorted(mine[0].items()):
+        rule = peak * min(1.0, (step + 1) / warmup) if warmup else peak
+        if not _close(report["lr"], rule, 1e-6):
+            return (f"on 4 ranks step {step} ran with the LR {report['lr']}, the rule gives "
+                    f"{rule:.6g}: the peak follows the world size of this launch, not the "
+                    "one the checkpoint was saved with.")
+    epochs = max(1, int(_args(ddp).get("epochs", 1)))
+    per_epoch = math.ceil(len(ref[0]) / epochs)
+    end = (want // per_epoch + 1) * per_epoch
+    wanted = sorted(x for r in ref.values() for s in range(want, end) for x in r[s]["samples"])
+    steps = math.ceil((end - want) * ddp.world_size / resharded.world_size)
+    got = sorted(x for r in mine.values() for s, v in r.items() if first <= s < first + steps
+                 for x in v["samples"])
+    if len(set(got) ^ set(wanted)) > 4:
+        return ("on 4 ranks the resumed epoch did not go on with the samples the killed job "
+                "had not yet trained on: record in the checkpoint how far into the epoch the "
+                "job was in samples, not in steps of one world size.")
+    losses = [v["loss"] for r in mine.values() for v in r.values()]
+    base = [v["loss"] for r in ref.values() for s, v in r.items() if s >= want]
+    if abs(sum(losses) / len(losses) - sum(base) / len(base)) > RESHARD_LOSS:
+        return (f"on 4 ranks the mean loss was {sum(losses) / len(losses):.3f}, the unbroken "
+                f"run's over the same part of the job {sum(base) / len(base):.3f}: load the "
+                "model and the optimizer from the checkpoint.")
+    if not _close(_squares(resharded), _squares(ddp), RESHARD_WEIGHTS):
+        return (f"on 4 ranks the final weights are far from the unbroken run's (summed "
+                f"squares {_squares(resharded)} against {_squares(ddp)}).")
+    accuracy = _accuracy(resharded)
+    if accuracy is None or abs(accuracy - _accuracy(ddp)) > RESHARD_ACCURACY:
+        return (f"on 4 ranks the accuracy was {accuracy}, the unbroken run's "
+                f"{_accuracy(ddp)}.")
     return None
