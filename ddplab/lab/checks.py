@@ -337,8 +337,8 @@ def _compare_02(answer: Any, expected: Any) -> Optional[str]:
         return "give one number per GPU (4 numbers), 0 for a GPU that gets nothing."
     if sum(sizes) != sum(expected):
         return "the chunks together hold the whole batch of 6 samples."
-    return ("DataParallel cuts the batch with Tensor.chunk(4): chunks of ceil(6 / 4) samples "
-            "until the batch runs out; try ddplab.lab.demos.dataparallel.scatter_sizes(6, 4).")
+    return ("DataParallel cuts the batch with Tensor.chunk: every chunk holds ceil(batch / GPUs) "
+            "samples until the batch runs out, so there can be fewer chunks than GPUs.")
 
 
 @exercise("02", "nn.DataParallel on 4 GPUs receives a batch of 6 samples. How many samples does "
