@@ -63,7 +63,7 @@ def test_hints_name_the_mistake(capsys):
 
 def test_answers_in_other_spellings():
     assert check("02", (2, 2, 2, 0)) and check("03", [1024, "0.004"])
-    assert check("05", (4, 5)) and check("06", ("bfloat16", "float32"))
+    assert check("05", (4, 5)) and check("06", ("float16", "float32"))
     assert check("07", "6") and check("08", 175) and check("09", 0.54)
     assert not check("01", "fast") and not check("03", 1024) and not check("04", "169")
     assert not check("08", "a lot") and not check("09", 1.5)

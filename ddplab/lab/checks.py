@@ -199,25 +199,26 @@ def _compare_06(answer: Any, expected: Any) -> Optional[str]:
     out, weight = (_dtype_name(v) for v in pair)
     want_out, want_weight = (_dtype_name(v) for v in expected)
     if out != want_out:
-        return ("inside torch.autocast on the CPU, a linear layer computes in autocast's dtype; "
-                "check ddplab.lab.demos.precision.autocast_facts().")
+        return ("convolutions are on autocast's list, like linear layers and matmuls: they "
+                "compute in autocast's dtype, whatever the dtype of their input.")
     if weight != want_weight:
         return ("autocast casts copies of the weights for the computation; the parameters "
                 "themselves (and the optimizer's updates) keep their own dtype.")
     return None
 
 
-@exercise("06", "Under `torch.autocast('cpu', dtype=torch.bfloat16)`, a float32 batch goes "
-          "through `nn.Linear(4, 3)`. What is the dtype of the output, and of the layer's "
-          "weights? answer = (output_dtype, weight_dtype), e.g. (torch.float16, torch.float16)",
-          _compare_06)
+@exercise("06", "Under `torch.autocast('cpu', dtype=torch.float16)`, a float32 batch of images "
+          "goes through `nn.Conv2d(3, 8, kernel_size=3)`. What is the dtype of the output, and "
+          "of the layer's weights? answer = (output_dtype, weight_dtype), e.g. "
+          "(torch.bfloat16, torch.bfloat16)", _compare_06)
 def _exercise_06() -> tuple[Any, Any]:
     import torch
+    from torch import nn
 
-    from .demos import precision
-
-    facts = precision.autocast_facts("cpu", torch.bfloat16)
-    return facts["linear_output"], facts["weight"]
+    layer = nn.Conv2d(3, 8, kernel_size=3)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = layer(torch.randn(2, 3, 8, 8))
+    return out.dtype, layer.weight.dtype
 
 
 # ------------------------------------------------------------- exercises 07-09 (lessons 07-09)
