@@ -9,12 +9,13 @@ and hand the launch's result to the judge: ``ddplab.check("04", result)``.
 
 As the file stands, the ``DataLoader`` shuffles the whole training set on every rank: with the
 same seed everywhere, every rank reads all the samples, the same ones as its neighbours, and an
-epoch of DDP costs N times the work for nothing. Fix it:
+epoch of DDP costs N times the work for nothing. Make these true:
 
-1. build a ``DistributedSampler`` over ``train_set`` and give it to the ``DataLoader`` as
-   ``sampler=`` (then leave out ``shuffle=True``: the sampler shuffles);
-2. at the start of every epoch, tell the sampler which epoch it is, or every epoch repeats the
-   first epoch's order.
+1. every rank reads its own share of the training set: the shares of one epoch are disjoint
+   (apart from a few repeats that make them equal in size) and together cover the whole set
+   (notebook 04, sections 1 and 3);
+2. every epoch reads the shares in a new order, or every epoch repeats the first one's and
+   the model sees the same batches again and again (notebook 04, section 4).
 
 The dataset hands out each sample's index with it, so the fixed part reports exactly which
 indices each rank read in each epoch, in order (``metric`` events named ``read``).
@@ -51,8 +52,7 @@ def main() -> None:
     # data: the digits, each sample with its index, so we can see who reads what
     images, labels = data.digits().train.tensors
     train_set = TensorDataset(images, labels, torch.arange(len(labels)))
-    # TODO(exercise) 1: build a DistributedSampler over train_set (it takes the rank and the
-    #   world size from the process group) and pass it to the DataLoader as sampler=.
+    # TODO(exercise) 1: make each rank read its own share of train_set (goal 1 of the docstring).
     loader = DataLoader(train_set, batch_size=32, shuffle=True)
     events.emit("metric", name="dataset", value=len(train_set))
 
@@ -63,7 +63,7 @@ def main() -> None:
 
     # the loop
     for epoch in range(EPOCHS):
-        # TODO(exercise) 2: tell the sampler which epoch this is.
+        # TODO(exercise) 2: make this epoch's order differ from the last one's (goal 2).
         read = []
         for inputs, labels, index in loader:
             inputs, labels = inputs.to(device), labels.to(device)

@@ -42,12 +42,12 @@ def test_a_verdict_in_a_notebook_adds_no_output_cell_of_its_own():
 def test_reference_answers_are_what_the_lessons_teach():
     assert reference_answer("01") == pytest.approx(1000 / 1.1)   # median of epochs 2-6
     assert reference_answer("02") == [2, 2, 2, 0]                # chunk(4) of 6 leaves GPU 3 idle
-    assert reference_answer("03") == (1024, pytest.approx(0.004))
+    assert reference_answer("03") == (512, pytest.approx(0.16))
     assert reference_answer("04") == (169, 5)
     assert reference_answer("07") == 6
     assert reference_answer("08") == pytest.approx(175.0)
     assert reference_answer("09") == pytest.approx(0.541, abs=1e-3)
-    assert reference_answer("12") == pytest.approx(29.36, abs=0.01)     # 2 x 4096 x 14336 x 2 B / 8
+    assert reference_answer("12") == pytest.approx(44.04, abs=0.01)     # 3 x 4096 x 14336 x 2 B / 8
 
 
 def test_hints_name_the_mistake(capsys):
@@ -55,15 +55,15 @@ def test_hints_name_the_mistake(capsys):
     assert "warm-up" in capsys.readouterr().out
     check("02", [2, 2, 2])
     assert "4 numbers" in capsys.readouterr().out
-    check("03", (256, 0.004))
-    assert "256 x 4" in capsys.readouterr().out
-    check("12", 2 * 4096 * 14336 * 4 / 8 / 1e6)   # fp32 instead of bf16
+    check("03", (64, 0.16))
+    assert "64 x 8" in capsys.readouterr().out
+    check("12", 3 * 4096 * 14336 * 4 / 8 / 1e6)   # fp32 instead of bf16
     assert "2 bytes" in capsys.readouterr().out
 
 
 def test_answers_in_other_spellings():
-    assert check("02", (2, 2, 2, 0)) and check("03", [1024, "0.004"])
-    assert check("05", (4, 5)) and check("06", ("bfloat16", "float32"))
+    assert check("02", (2, 2, 2, 0)) and check("03", [512, "0.16"])
+    assert check("05", (4, 5)) and check("06", ("float16", "float32"))
     assert check("07", "6") and check("08", 175) and check("09", 0.54)
     assert not check("01", "fast") and not check("03", 1024) and not check("04", "169")
     assert not check("08", "a lot") and not check("09", 1.5)

@@ -32,6 +32,8 @@ def test_saved_on_two_ranks_loads_on_four_and_on_one(tmp_path):
         back = loaded.events_of("weights")[0]
         assert back["values"] == weights["values"]                  # exactly, resharded
         assert back["optimizer_steps"] == weights["optimizer_steps"] == 3
+        assert back["exp_avg"] == weights["exp_avg"] and back["exp_avg_sq"] == weights["exp_avg_sq"]
+        assert any(v != 0 for m in weights["exp_avg_sq"] for v in m)   # a state worth comparing
         held = [e["param_bytes"] for e in loaded.events_of("dcp")]
         assert len(held) == nprocs and sum(held) == full
 

@@ -75,7 +75,7 @@ def check(key: str, answer: Any) -> Verdict:
 
     Example::
 
-        ddplab.check("03", (1024, 0.004))                        # a warm-up answer: correct
+        ddplab.check("03", (512, 0.16))                          # a warm-up answer: correct
         ddplab.check("03", ddplab.launch("../exercises/ddp_wrap.py", nprocs=2))
         ddplab.check("13", {"unbroken": run1, "killed": run2, "resumed": run3})
 
@@ -199,25 +199,26 @@ def _compare_06(answer: Any, expected: Any) -> Optional[str]:
     out, weight = (_dtype_name(v) for v in pair)
     want_out, want_weight = (_dtype_name(v) for v in expected)
     if out != want_out:
-        return ("inside torch.autocast on the CPU, a linear layer computes in autocast's dtype; "
-                "check ddplab.lab.demos.precision.autocast_facts().")
+        return ("convolutions are on autocast's list, like linear layers and matmuls: they "
+                "compute in autocast's dtype, whatever the dtype of their input.")
     if weight != want_weight:
         return ("autocast casts copies of the weights for the computation; the parameters "
                 "themselves (and the optimizer's updates) keep their own dtype.")
     return None
 
 
-@exercise("06", "Under `torch.autocast('cpu', dtype=torch.bfloat16)`, a float32 batch goes "
-          "through `nn.Linear(4, 3)`. What is the dtype of the output, and of the layer's "
-          "weights? answer = (output_dtype, weight_dtype), e.g. (torch.float16, torch.float16)",
-          _compare_06)
+@exercise("06", "Under `torch.autocast('cpu', dtype=torch.float16)`, a float32 batch of images "
+          "goes through `nn.Conv2d(3, 8, kernel_size=3)`. What is the dtype of the output, and "
+          "of the layer's weights? answer = (output_dtype, weight_dtype), e.g. "
+          "(torch.bfloat16, torch.bfloat16)", _compare_06)
 def _exercise_06() -> tuple[Any, Any]:
     import torch
+    from torch import nn
 
-    from .demos import precision
-
-    facts = precision.autocast_facts("cpu", torch.bfloat16)
-    return facts["linear_output"], facts["weight"]
+    layer = nn.Conv2d(3, 8, kernel_size=3)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = layer(torch.randn(2, 3, 8, 8))
+    return out.dtype, layer.weight.dtype
 
 
 # ------------------------------------------------------------- exercises 07-09 (lessons 07-09)
@@ -337,8 +338,8 @@ def _compare_02(answer: Any, expected: Any) -> Optional[str]:
         return "give one number per GPU (4 numbers), 0 for a GPU that gets nothing."
     if sum(sizes) != sum(expected):
         return "the chunks together hold the whole batch of 6 samples."
-    return ("DataParallel cuts the batch with Tensor.chunk(4): chunks of ceil(6 / 4) samples "
-            "until the batch runs out; try ddplab.lab.demos.dataparallel.scatter_sizes(6, 4).")
+    return ("DataParallel cuts the batch with Tensor.chunk: every chunk holds ceil(batch / GPUs) "
+            "samples until the batch runs out, so there can be fewer chunks than GPUs.")
 
 
 @exercise("02", "nn.DataParallel on 4 GPUs receives a batch of 6 samples. How many samples does "
@@ -360,19 +361,19 @@ def _compare_03(answer: Any, expected: Any) -> Optional[str]:
     except (TypeError, ValueError):
         return "the global batch is a whole number and the learning rate a number."
     if batch != expected[0]:
-        return "each of the 4 processes takes its own batch of 256: global = 256 x 4."
+        return "each of the 8 processes takes its own batch of 64: global = 64 x 8."
     if not math.isclose(lr, expected[1], rel_tol=1e-6):
         return ("the linear scaling rule multiplies the learning rate by the same factor as "
-                "the batch: 1024 / 256 = 4.")
+                "the batch grew: global batch / one GPU's batch.")
     return None
 
 
-@exercise("03", "The source trains ResNet-50 with SGD, lr 0.001 and batch_size=256 on one GPU, "
-          "then runs DDP on 4 GPUs with batch_size=256 in every process. What is the global "
-          "batch, and which learning rate does the linear scaling rule give? "
-          "answer = (global_batch, lr)", _compare_03)
+@exercise("03", "A job trains with SGD at lr 0.02 and batch_size=64 on one GPU, then moves to "
+          "DDP on 8 GPUs with batch_size=64 in every process. What is the global batch, and "
+          "which learning rate does the linear scaling rule give? answer = (global_batch, lr)",
+          _compare_03)
 def _exercise_03() -> tuple[int, float]:
-    per_process, world_size, lr = 256, 4, 0.001
+    per_process, world_size, lr = 64, 8, 0.02
     return per_process * world_size, lr * world_size
 
 
@@ -380,18 +381,18 @@ def _exercise_03() -> tuple[int, float]:
 
 def _compare_12(answer: Any, expected: Any) -> Optional[str]:
     return _compare_number(answer, expected, {
-        expected * 8: "that is the whole MLP; each of the 8 GPUs holds 1/8 of both matrices.",
+        expected * 8: "that is the whole feed-forward; each of the 8 GPUs holds 1/8 of every matrix.",
         expected * 2: "bf16 takes 2 bytes per number, not 4.",
-        expected / 2: "both layers are sliced: count up's slice and down's slice."},
+        expected * 2 / 3: "SwiGLU has three matrices: count w1, w3 and w2."},
         "answer with a number of MB.",
-        "each matrix has 4096 x 14336 numbers; column-wise and row-wise both leave 1/8 of "
-        "it on each GPU; 2 bytes per number.")
+        "each of the three matrices has 4096 x 14336 numbers; column-wise and row-wise both "
+        "leave 1/8 of it on each GPU; 2 bytes per number.")
 
 
-@exercise("12", "A Llama-style MLP has up (4096 -> 14336) and down (14336 -> 4096), no biases, "
-          "in bf16. With ColwiseParallel on up and RowwiseParallel on down over 8 GPUs, how "
-          "many MB (10^6 bytes) of these weights does each GPU hold? answer = <a number>",
-          _compare_12)
+@exercise("12", "A Llama-style SwiGLU feed-forward has w1 and w3 (4096 -> 14336 each) and w2 "
+          "(14336 -> 4096), no biases, in bf16. With ColwiseParallel on w1 and w3 and "
+          "RowwiseParallel on w2 over 8 GPUs, how many MB (10^6 bytes) of these weights does "
+          "each GPU hold? answer = <a number>", _compare_12)
 def _exercise_12() -> float:
     dim, hidden, gpus, element_bytes = 4096, 14336, 8, 2
-    return 2 * dim * hidden / gpus * element_bytes / 1e6
+    return 3 * dim * hidden / gpus * element_bytes / 1e6

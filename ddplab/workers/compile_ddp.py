@@ -1,4 +1,4 @@
-"""torch.compile with DDP: which order compiles what, graphs split at bucket boundaries, same loss.
+"""torch.compile with DDP: what each order compiles, seen by the profiler; the same losses.
 
 Run it::
 
@@ -9,25 +9,28 @@ Every run trains the same MLP from the same seed on the same batches for a few s
 with gradient buckets of 1 MB (the MLP's weights make several):
 
 - ``eager``: plain DDP, the reference;
-- ``wrap_then_compile``: ``torch.compile(DDP(model))``;
-- ``compile_then_wrap``: ``DDP(torch.compile(model))``; compiling inside DDP's forward,
-  Dynamo's ``DDPOptimizer`` splits the graph at the bucket boundaries, so that each bucket's
-  all-reduce can start while backward goes on through the earlier layers.
+- ``wrap_then_compile``: ``torch.compile(DDP(model))``, the order PyTorch's DDP notes show;
+- ``compile_then_wrap``: ``DDP(torch.compile(model))``.
 
-The two compiled runs first use a counting backend (a function that records each graph it is
-given and runs it as it is: no compiler needed), then ``--backend`` (default ``inductor``,
-which generates C++ on the CPU: it needs a C++ compiler, and is skipped with a message without
-one) with DDP's default 25 MB buckets (one graph: compiling takes seconds per graph here).
+What was compiled is read from the last step's ``torch.profiler`` trace, which names every
+compiled piece that ran: ``Torch-Compiled Region`` (a Python frame Dynamo compiled),
+``CompiledFunction`` / ``CompiledFunctionBackward`` (a graph AOTAutograd compiled, the forward
+and the backward; inductor and aot_eager both go through it). When Dynamo compiles a module
+inside DDP's forward, its ``DDPOptimizer`` splits the graph at the bucket boundaries, so that
+each bucket's all-reduce can start while backward goes on through the earlier layers.
+``--backend`` defaults to ``inductor``, which generates C++ on the CPU; without a C++ compiler
+the worker uses ``aot_eager`` instead and says so.
 
 Events:
 
-- ``graphs`` (rank 0, per order): ``order``, ``graphs`` (how many graphs the backend got),
-  ``nodes`` (their sizes), ``buckets`` (how many buckets DDP all-reduced, seen by a comm hook).
+- ``graphs`` (rank 0, per order): ``order``, ``backend``, ``frames`` (compiled regions run in
+  one step), ``forward``/``backward`` (compiled graphs run in one step), ``buckets`` (buckets
+  DDP all-reduced in that step, seen by a comm hook).
 - ``loss`` (rank 0, per run and step): ``run`` (``eager`` or ``ORDER/BACKEND``), ``step``,
   ``loss`` (mean over the ranks).
-- ``skipped`` (rank 0): ``backend``, ``reason``.
+- ``skipped`` (rank 0): ``backend``, ``reason`` (when inductor could not run).
 
-Lesson: 06.
+Lesson: 03 (appendix).
 """
 
 from __future__ import annotations
@@ -35,13 +38,15 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-from typing import Any, Callable, Optional, Sequence
+from contextlib import nullcontext
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.profiler import ProfilerActivity, profile
 
 from ddplab import dist, events
 
@@ -71,17 +76,6 @@ def build() -> nn.Sequential:
                          nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
 
 
-class Counting:
-    """A ``torch.compile`` backend that records the graphs it gets and runs them unchanged."""
-
-    def __init__(self) -> None:
-        self.nodes: list[int] = []
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
-        self.nodes.append(len(gm.graph.nodes))
-        return gm.forward
-
-
 # [orders]
 def wrap(order: str, backend: Any, info: dist.DistInfo,
          bucket_cap_mb: float = 1) -> tuple[nn.Module, DDP]:
@@ -102,61 +96,77 @@ def wrap(order: str, backend: Any, info: dist.DistInfo,
 # [/orders]
 
 
-def count_buckets(ddp: DDP) -> set[int]:
+def count_buckets(ddp: DDP) -> list[int]:
     """Register a comm hook that all-reduces as DDP does and records the buckets' indices."""
-    seen: set[int] = set()
+    seen: list[int] = []
 
     def hook(state, bucket):  # DDP checks a hook's annotations: none, or GradBucket and Future
-        seen.add(bucket.index())
+        seen.append(bucket.index())
         return default_hooks.allreduce_hook(state, bucket)
 
     ddp.register_comm_hook(None, hook)
     return seen
 
 
-def train(model: nn.Module, info: dist.DistInfo, args: argparse.Namespace, run: str) -> None:
-    """A few SGD steps on this rank's random batch; rank 0 reports the mean loss per step."""
+# [profile]
+def compiled_pieces(events: Any) -> dict[str, int]:
+    """Count the compiled pieces a profiler trace saw run (see the module doc)."""
+    names = [e.name for e in events]
+    return {"frames": sum(n.startswith("Torch-Compiled Region") for n in names),
+            "forward": names.count("CompiledFunction"),
+            "backward": names.count("CompiledFunctionBackward")}
+# [/profile]
+
+
+def train(model: nn.Module, info: dist.DistInfo, args: argparse.Namespace, run: str,
+          buckets: Optional[list[int]] = None) -> Optional[dict[str, int]]:
+    """A few SGD steps on this rank's random batch; rank 0 reports the mean loss per step.
+
+    Returns what the profiler saw compiled in the last step (None for eager).
+    """
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     generator = torch.Generator().manual_seed(args.seed + info.rank)
+    seen = None
     for step in range(1, args.steps + 1):
         x = torch.randn(16, 64, generator=generator).to(info.device)
         y = torch.randint(0, 10, (16,), generator=generator).to(info.device)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
+        last = step == args.steps and buckets is not None
+        if last:
+            buckets.clear()
+        with profile(activities=[ProfilerActivity.CPU]) if last else nullcontext() as trace:
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+        if last:
+            seen = {**compiled_pieces(trace.events()), "buckets": len(buckets)}
         optimizer.step()
         optimizer.zero_grad()
         mean = dist.all_reduce_mean(loss.item(), info.device)
         if info.is_main:
             events.emit("loss", run=run, step=step, loss=mean)
+    return seen
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Eager DDP, then both orders with the counting backend and with ``--backend``."""
+    """Eager DDP, then both orders compiled with ``--backend``, profiled."""
     args = parse_args(argv)
     info = dist.setup()
     if info.world_size < 2:
         raise SystemExit("compile_ddp needs 2 or more processes: torchrun --nproc-per-node 2 ...")
+    backend = args.backend
+    if backend == "inductor" and info.device.type == "cpu" and not cxx_compiler():
+        reason = ("inductor generates C++ for the CPU and no C++ compiler was found (g++, "
+                  "clang++ or $CXX): install one (apt install g++); aot_eager used instead")
+        dist.print0(f"skipping --backend inductor: {reason}")
+        if info.is_main:
+            events.emit("skipped", backend=backend, reason=reason)
+        backend = "aot_eager"
     train(wrap("eager", None, info)[0], info, args, "eager")
     for order in ORDERS:
-        counting = Counting()
-        model, ddp = wrap(order, counting, info)
-        buckets = count_buckets(ddp)
-        train(model, info, args, f"{order}/counting")
+        torch.compiler.reset()
+        model, ddp = wrap(order, backend, info)
+        seen = train(model, info, args, f"{order}/{backend}", count_buckets(ddp))
         if info.is_main:
-            events.emit("graphs", order=order, graphs=len(counting.nodes), nodes=counting.nodes,
-                        buckets=len(buckets))
-    problem = None
-    if args.backend == "inductor" and info.device.type == "cpu" and not cxx_compiler():
-        problem = ("inductor generates C++ for the CPU and no C++ compiler was found (g++, "
-                   "clang++ or $CXX): install one (apt install g++), or pass --backend aot_eager")
-    if problem:
-        dist.print0(f"skipping --backend {args.backend}: {problem}")
-        if info.is_main:
-            events.emit("skipped", backend=args.backend, reason=problem)
-    else:
-        for order in ORDERS:   # DDP's default 25 MB buckets: one graph, compiled once
-            model = wrap(order, args.backend, info, bucket_cap_mb=25)[0]
-            train(model, info, args, f"{order}/{args.backend}")
+            events.emit("graphs", order=order, backend=backend, **seen)
     dist.cleanup()
 
 

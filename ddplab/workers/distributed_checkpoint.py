@@ -18,7 +18,8 @@ Events:
 - ``dcp`` (every rank): ``action`` (``save`` or ``load``), ``world_size``, ``param_bytes``
   (what this rank holds), ``optimizer_bytes``, ``sharded`` (whether FSDP2 sharded the model).
 - ``weights`` (rank 0): ``action``, ``values`` (every parameter, whole, flattened; after the
-  save, or after the load), ``optimizer_steps`` (Adam's step count after the load).
+  save, or after the load), ``optimizer_steps`` (Adam's step count), ``exp_avg`` and
+  ``exp_avg_sq`` (Adam's two moments of every parameter, whole, flattened).
 - ``files`` (rank 0, after a save): ``names`` and ``bytes`` of what DIR holds.
 - ``skipped`` (rank 0): ``reason``, when FSDP2 cannot run here (the CPU before torch 2.7).
 
@@ -112,6 +113,17 @@ def adam_steps(optimizer: torch.optim.Optimizer) -> float:
     return float(step.full_tensor() if isinstance(step, DTensor) else step)
 
 
+def moments(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, list[list[float]]]:
+    """Adam's ``exp_avg`` and ``exp_avg_sq`` of every parameter, gathered whole (a collective
+    for DTensors: every rank calls it)."""
+    found: dict[str, list[list[float]]] = {"exp_avg": [], "exp_avg_sq": []}
+    for p in model.parameters():
+        for name, values in found.items():
+            t = optimizer.state[p][name]
+            values.append((t.full_tensor() if isinstance(t, DTensor) else t).flatten().tolist())
+    return found
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """Save or load, and report what each rank held."""
     args = parse_args(argv)
@@ -138,9 +150,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     found = events.emit("dcp", action=action, world_size=info.world_size, sharded=sharded,
                         param_bytes=local_bytes(model.parameters()),
                         optimizer_bytes=optimizer_bytes(optimizer))
-    values, steps = whole(model), adam_steps(optimizer)
+    values, steps, adam = whole(model), adam_steps(optimizer), moments(model, optimizer)
     if info.is_main:
-        events.emit("weights", action=action, values=values, optimizer_steps=steps)
+        events.emit("weights", action=action, values=values, optimizer_steps=steps, **adam)
         if args.save:
             files = sorted(Path(args.save).iterdir())
             events.emit("files", names=[f.name for f in files],

@@ -37,8 +37,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     """Setup, data, model, loop, save, cleanup: through an ``Accelerator``."""
     args = parse_args("loop_accelerate", argv)
     # [setup]
-    # Reads torchrun's variables, joins the group, picks backend and device; on CPU ranks
-    # only when told (cpu=True), else it runs each process alone.
+    # Reads torchrun's variables, joins the group, picks backend and device. Without a GPU it
+    # picks multi-CPU on gloo by itself; cpu=True keeps the ranks on the CPU where GPUs exist
+    # (this course's gloo runs).
     accelerator = Accelerator(cpu=pick_backend() == "gloo")
     device = accelerator.device
     # [/setup]

@@ -29,8 +29,11 @@ Events:
 - ``placement`` (every rank): ``placement``, ``local`` (what this rank stores, as lists),
   ``full`` (the whole tensor, ``full_tensor()``).
 - ``redistribute`` (rank 0): ``source``, ``target``, ``collectives`` (name -> count).
+- ``bias`` (every rank): ``bias`` (a RowwiseParallel layer's whole bias) and ``local`` (what
+  this rank's output holds at a zero input, before the reduction).
 - ``tp`` (every rank): ``module`` (``mlp`` or ``attention``), ``dims``, ``tp_size``,
-  ``output_error`` and ``grad_error`` (largest difference from the unsharded module),
+  ``output_error``, ``grad_error`` (the parameters') and ``input_grad_error`` (``x.grad``):
+  the largest differences from the unsharded module,
   ``param_bytes`` (this rank's), ``full_param_bytes``, ``placements`` (per parameter),
   ``forward_collectives``, ``backward_collectives``, ``activation_bytes`` (one all-reduced
   output), ``forward_ms`` and ``unsharded_forward_ms`` (medians).
@@ -94,7 +97,7 @@ def make_meshes(info: dist.DistInfo) -> tuple[DeviceMesh, Optional[DeviceMesh]]:
     if info.world_size < 4 or info.world_size % 2:
         return mesh_1d, None
     mesh_2d = init_device_mesh(info.device.type, (info.world_size // 2, 2),
-                               mesh_dim_names=("dp", "tp"))   # rows: dp, columns: tp
+                               mesh_dim_names=("dp", "tp"))   # a row per dp index: the tp groups
     return mesh_1d, mesh_2d
 
 
@@ -132,12 +135,22 @@ def show_placements(mesh: DeviceMesh, info: dist.DistInfo) -> None:
     moves = [("Partial()", partial, "Replicate()", Replicate()),
              ("Partial()", partial, "Shard(0)", Shard(0)),
              ("Shard(0)", sharded, "Replicate()", Replicate()),
+             ("Shard(0)", sharded, "Shard(1)", Shard(1)),
              ("Replicate()", replicated, "Shard(0)", Shard(0))]
     for source, tensor, target, placement in moves:
         with collectives() as sent:
             tensor.redistribute(mesh, [placement]).to_local()
         if info.is_main:
             events.emit("redistribute", source=source, target=target, collectives=sent)
+
+
+def rowwise_bias(mesh: DeviceMesh, info: dist.DistInfo) -> None:
+    """What each rank adds of a RowwiseParallel layer's bias: its output before the reduction."""
+    layer = nn.Linear(2 * info.world_size, 3).to(info.device)
+    bias = layer.bias.detach().clone()
+    layer = parallelize_module(layer, mesh, RowwiseParallel(output_layouts=Partial()))
+    zeros = torch.zeros(1, 2, device=info.device)              # this rank's slice of a zero input
+    events.emit("bias", bias=bias.tolist(), local=layer(zeros)[0].tolist())
 # [/placements]
 
 
@@ -212,18 +225,20 @@ def tensor_parallel(name: str, mesh: DeviceMesh, info: dist.DistInfo,
     torch.manual_seed(args.seed + 1)                           # the same input on every rank
     shape = (args.batch_size, args.dim) if name == "mlp" else (args.batch_size, args.seq, args.dim)
     x = torch.randn(*shape, device=info.device, requires_grad=True)
+    x_reference = x.detach().clone().requires_grad_(True)     # the same input, its own gradient
     with collectives() as forward:
         out = model(x)
     with collectives() as backward:
         out.pow(2).mean().backward()
-    reference(x).pow(2).mean().backward()                      # x.grad now holds the sum of both
+    reference(x_reference).pow(2).mean().backward()
     grads = [largest_gap(p.grad, r.grad) for p, r in zip(model.parameters(), reference.parameters())]
     with torch.no_grad():
         forward_ms = median_ms(lambda: model(x), args.repeats)
         unsharded_ms = median_ms(lambda: reference(x), args.repeats)
     return events.emit(
         "tp", module=name, tp_size=mesh.size(), output_error=largest_gap(out, reference(x)),
-        grad_error=max(grads), param_bytes=local_bytes(model.parameters()),
+        grad_error=max(grads), input_grad_error=largest_gap(x.grad, x_reference.grad),
+        param_bytes=local_bytes(model.parameters()),
         full_param_bytes=full_param_bytes, activation_bytes=out.numel() * out.element_size(),
         placements={n: str(p.placements) for n, p in model.named_parameters()},
         forward_collectives=forward, backward_collectives=backward, forward_ms=forward_ms,
@@ -311,6 +326,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             show_meshes(mesh_1d, mesh_2d, info)
         elif part == "placements":
             show_placements(mesh_1d, info)
+            rowwise_bias(mesh_1d, info)
         elif part in ("mlp", "attention"):
             tensor_parallel(part, mesh_1d, info, args)
         else:

@@ -106,8 +106,8 @@ def main() -> None:
         accumulation_step(model, optimizer, mine[step])
 
     reference = one_process(start, [data(r, info.device) for r in range(info.world_size)], 0.1)
-    error = max(float((a - b).abs().max()) for a, b in zip(net.parameters(),
-                                                           reference.parameters()))
+    error = max(float((a - b).detach().abs().max()) for a, b in zip(net.parameters(),
+                                                                    reference.parameters()))
     gradient_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
     checksum = float(sum(p.detach().sum() for p in net.parameters()))
     facts = {"steps": STEPS, "micro_batches": MICRO_BATCHES,

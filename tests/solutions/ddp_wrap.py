@@ -18,8 +18,8 @@ when it wraps a model and during ``backward()``).
 
 The fixed part reports every rank's weight checksum before and after ``train`` (``start``,
 ``end``), whether a DDP wrapper of the model was made (``wrapped``), how many forward passes
-ran through it and how many bypassed it (``forwards``), and the device it used (``metric``
-events).
+ran through it and how many bypassed it (``forwards``), the sampler's epoch at each pass over
+the data (``sampler_epochs``), and the device it used (``metric`` events).
 
 Lesson: 03.
 """
@@ -84,7 +84,7 @@ def main() -> None:
 
     # data: each rank reads its own share
     train_set = data.digits().train
-    sampler = DistributedSampler(train_set, seed=0)
+    sampler = RecordingSampler(train_set, seed=0)
     loader = DataLoader(train_set, batch_size=32, sampler=sampler)
 
     # model: a different starting point on every rank, on purpose
@@ -99,11 +99,24 @@ def main() -> None:
     events.emit("metric", name="wrapped", value=wraps(trained, model))
     events.emit("metric", name="end", value=checksum(model))
     events.emit("metric", name="forwards", value=forwards)
+    events.emit("metric", name="sampler_epochs", value=sampler.epochs)
     print(f"rank {rank}: weights checksum {checksum(model):.10f}, forward passes {forwards}",
           flush=True)
 
     # cleanup
     dist.destroy_process_group()
+
+
+class RecordingSampler(DistributedSampler):
+    """A ``DistributedSampler`` that records its epoch at every pass over the data."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.epochs: list[int] = []
+
+    def __iter__(self):
+        self.epochs.append(self.epoch)
+        return super().__iter__()
 
 
 def wraps(trained: Any, model: nn.Module) -> bool:
@@ -115,12 +128,15 @@ def wraps(trained: Any, model: nn.Module) -> bool:
 
 def count_forwards(model: nn.Module) -> dict[str, int]:
     """Count ``model``'s forward passes: through a DDP wrapper, or calling it directly; keep the
-    weights' checksum at the first one (equal on every rank once DDP's wrap copied rank 0's)."""
-    counts: dict[str, Any] = {"through_ddp": 0, "direct": 0, "first_checksum": None}
+    weights' checksum at the first one (equal on every rank once DDP's wrap copied rank 0's)
+    and whether a DDP wrapper of the model existed then."""
+    counts: dict[str, Any] = {"through_ddp": 0, "direct": 0, "first_checksum": None,
+                              "wrapper_at_first": None}
 
     def hook(_module: nn.Module, _inputs: Any) -> None:
         if counts["first_checksum"] is None:
             counts["first_checksum"] = checksum(model)
+            counts["wrapper_at_first"] = wraps(None, model)
         via = any(frame.filename.replace("\\", "/").endswith("torch/nn/parallel/distributed.py")
                   for frame in traceback.extract_stack(limit=12))
         counts["through_ddp" if via else "direct"] += 1

@@ -1,8 +1,10 @@
 """Judges of the coding exercises of lessons 03 (DDP), 04 (DistributedSampler) and 05 (checkpoints).
 
-03 reads every rank's weight checksum before and after the learner's ``train`` and how its
-forward passes ran (``exercises/ddp_wrap.py``): DDP makes the weights equal on every rank, and
-training changes them; a rank that wrapped the model but called the unwrapped one is told so.
+03 reads every rank's weight checksum before and after the learner's ``train``, how its
+forward passes ran and the sampler's epoch at each pass (``exercises/ddp_wrap.py``): DDP makes
+the weights equal on every rank, training changes them, and every epoch calls ``set_epoch``; a
+rank that wrapped the model but called the unwrapped one is told so, and so is a run that
+copied rank 0's weights by hand without any DDP wrapper.
 
 04 reads which indices every rank read in every epoch (``exercises/sampler.py``): the shares of
 one epoch are disjoint apart from the sampler's padding and together cover the dataset, and
@@ -45,7 +47,7 @@ def _missing(result: Any, *names: str) -> Optional[str]:
 @judge("03", "ddp_wrap.py", "write the DDP training loop, so that ranks that start from "
        "different weights train as one and end with the same weights")
 def judge_ddp_wrap(result: Any) -> Optional[str]:
-    missing = _missing(result, "start", "end", "forwards")
+    missing = _missing(result, "start", "end", "forwards", "sampler_epochs")
     if missing:
         return missing
     start, end = metric(result, "start"), metric(result, "end")
@@ -57,9 +59,12 @@ def judge_ddp_wrap(result: Any) -> Optional[str]:
     if all(through[r] == 0 and direct[r] == 0 for r in forwards):
         return ("the model never ran a forward pass: train() must train it for `epochs` epochs "
                 "over the loader (TODO).")
+    wrapped = {rank: _wrapped(result, rank) for rank in forwards}
+    if not any(wrapped.values()) and _equal_at_first_forward(result):
+        return _by_hand(end)
     if any(direct[r] > 0 for r in direct) and len(set(end.values())) > 1:
         rank = min(r for r in direct if direct[r] > 0)
-        if through[rank] == 0 and _wrapped(result, rank):
+        if through[rank] == 0 and wrapped[rank]:
             return (f"you wrapped the model in DDP but trained the unwrapped one: on rank {rank} "
                     f"all {direct[rank]} forward passes called the model itself, none went "
                     "through the DDP wrapper, so no gradient was all-reduced and the ranks "
@@ -82,17 +87,47 @@ def judge_ddp_wrap(result: Any) -> Optional[str]:
     if all(math.isclose(start[r], end[r], rel_tol=0, abs_tol=0) for r in start):
         return ("the weights did not change during training: train() must step an optimizer "
                 "over the model's parameters after every backward() (TODO).")
+    epochs = metric(result, "sampler_epochs")
+    rank = min(epochs)
+    if len(set(epochs[rank])) < len(epochs[rank]):
+        return (f"every epoch read the data in the same order: on rank {rank} the sampler's "
+                f"epoch was {epochs[rank]} at the start of each pass over the loader. Start "
+                "each epoch with sampler.set_epoch(epoch), as the docstring says (notebook 04 "
+                "shows what it changes).")
     return None
 
 
 def _wrapped(result: Any, rank: int) -> bool:
-    """Whether ``rank``'s train() made a DDP wrapper of the model: the skeleton saw one, or the
-    weights were equal on every rank at the first forward pass though they started different
-    (DDP's wrap copies rank 0's weights to every rank)."""
+    """Whether a DDP wrapper of the model existed on ``rank``: the one ``train()`` returned,
+    one still in memory after it, or one alive at the first forward pass."""
+    first = metric(result, "forwards").get(rank, {}).get("wrapper_at_first")
+    return bool(metric(result, "wrapped").get(rank)) or bool(first)
+
+
+def _equal_at_first_forward(result: Any) -> bool:
+    """Whether ranks that built different weights held equal ones at their first forward."""
     firsts = {r: f.get("first_checksum") for r, f in metric(result, "forwards").items()}
-    synced = len(set(metric(result, "start").values())) > 1 and None not in firsts.values() \
+    return len(set(metric(result, "start").values())) > 1 and None not in firsts.values() \
         and len(set(firsts.values())) == 1
-    return bool(metric(result, "wrapped").get(rank)) or synced
+
+
+def _by_hand(end: dict[int, Any]) -> str:
+    """The hint for ranks made equal without any DDP wrapper (weights copied by hand)."""
+    if len(set(end.values())) == 1:
+        return ("no DistributedDataParallel wrapper of the model existed: every rank held the "
+                "same weights at its first forward pass although each built its own, and the "
+                "ranks ended equal, so your own code copied or averaged them, not DDP. This "
+                "exercise is about the wrapper: wrap the model in DistributedDataParallel and "
+                "train the wrapper; it copies rank 0's weights when it wraps and averages the "
+                "gradients in every backward().")
+    after = ("then every rank stepped on its own gradients and the ranks drifted apart "
+             f"(checksums at the end: {_listing(end)})")
+    return ("no DistributedDataParallel wrapper of the model existed: every rank held the same "
+            "weights at its first forward pass although each built its own, so rank 0's "
+            f"weights were copied to the others by hand (a broadcast), {after}. Copying the "
+            "weights at the start is only half of what DDP does; the other half averages the "
+            "gradients in every backward(). Wrap the model in DistributedDataParallel and train "
+            "the wrapper.")
 
 
 def _listing(values: dict[int, Any]) -> str:
