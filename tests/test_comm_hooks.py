@@ -27,7 +27,8 @@ def test_compression_hooks_send_fewer_bytes_and_still_learn():
         assert plain["bytes_per_step"] == pytest.approx(plain["grad_bytes"], rel=0.05)
         assert plain["accuracy"] > 0.85
         for hook in ("fp16", "bf16"):
-            assert found[hook, rank]["bytes_per_step"] == pytest.approx(plain["bytes_per_step"] / 2, rel=0.05)
+            half = plain["bytes_per_step"] / 2
+            assert found[hook, rank]["bytes_per_step"] == pytest.approx(half, rel=0.05)
             assert found[hook, rank]["accuracy"] > plain["accuracy"] - 0.05
         assert found["powersgd", rank]["bytes_per_step"] < 0.4 * plain["bytes_per_step"]
         assert found["powersgd", rank]["accuracy"] > 0.75
@@ -42,7 +43,7 @@ def test_a_hook_the_installed_torch_lacks_is_named_and_every_other_is_there(monk
     assert reason and torch.__version__ in reason and name + "_of_the_future" in reason
 
 
-def test_a_hook_that_raises_fails_the_job_on_every_rank(tmp_path):
+def test_a_hook_that_raises_fails_the_job(tmp_path):
     """A broken hook is a failed launch with its traceback, not a "skipped" event."""
     script = tmp_path / "raising_hook.py"
     script.write_text(
@@ -50,7 +51,9 @@ def test_a_hook_that_raises_fails_the_job_on_every_rank(tmp_path):
         "def broken(state, bucket):\n"
         "    raise RuntimeError('this hook is broken')\n"
         "def register(model, hook, args):  # fp16 registers a hook that raises\n"
-        "    model.register_comm_hook(None, broken) if hook == 'fp16' else original(model, hook, args)\n"
+        "    if hook != 'fp16':\n"
+        "        return original(model, hook, args)\n"
+        "    model.register_comm_hook(None, broken)\n"
         "original, comm_hooks.register = comm_hooks.register, register\n"
         "comm_hooks.main(['--hooks', 'none', 'fp16', '--epochs', '1'])\n")
     result = launch(str(script), 2, quiet=True, timeout=300)
