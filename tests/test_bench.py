@@ -48,7 +48,32 @@ def test_markdown_table_puts_the_source_beside_ours():
     table = bench.markdown_table(rows)
     assert "| single | 1 |" in table and "13.2" in table and "9.8" in table
     assert "DDP xN (= DDP x2)" in table and "| 1.50 |" in table
-    bench.plot_speedup(rows)
+
+
+def lines_by_label(figure) -> dict[str, tuple[list[float], list[float]]]:
+    (ax,) = figure.axes
+    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+            for line in ax.get_lines()}
+
+
+def test_speedup_plot_shows_ours_the_source_and_the_ideal_line():
+    rows = [_row("single", 1, 100.0), _row("DDP x2", 2, 150.0),
+            _row("DataParallel", 2, 120.0)]
+    figure = bench.plot_speedup(rows)
+    lines = lines_by_label(figure)
+    most = max(devices for devices, _ in bench.SOURCE_SECONDS.values())   # 4 GPUs in the source
+    assert lines["ideal: speed-up = devices"] == ([1, most], [1, most])
+    assert lines["ours: single, DDP"] == ([1, 2], [1.0, 1.5])               # from the rows
+    assert lines["ours: DataParallel"] == ([2], [1.2])
+    single = bench.SOURCE_SECONDS["single"][1]
+    x, y = lines[f"{bench.SOURCE_LABEL}: single, DDP"]
+    assert x == [1, 2, 4] and y == pytest.approx([1.0, single / 9.8, single / 6.1])
+    assert lines[f"{bench.SOURCE_LABEL}: DDP + AMP"] == ([4], [pytest.approx(single / 6.5)])
+    assert "ours: DDP + AMP" not in lines                                    # no such row of ours
+    (ax,) = figure.axes
+    assert ax.get_xlabel().startswith("devices") and ax.get_ylabel().startswith("speed-up")
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert set(legend) == set(lines)
 
 
 def test_the_source_hardware_is_not_invented():
@@ -93,4 +118,16 @@ def test_bandwidth_rows_are_positive_for_every_size():
     rows = bench.bandwidth(2, max_bytes=1 << 12, repeats=1)
     assert {r["algorithm"] for r in rows} == {"all_reduce", "ring"}
     assert all(r["busbw"] > 0 and math.isfinite(r["busbw"]) for r in rows)
-    bench.plot_bandwidth(rows)
+
+
+def test_bandwidth_plot_has_one_line_per_algorithm_in_mb_per_s_by_size():
+    rows = [{"algorithm": algorithm, "bytes": size, "busbw": busbw}
+            for algorithm, scale in (("all_reduce", 2e6), ("ring", 1e6))
+            for size, busbw in ((4096, 4 * scale), (1024, scale))]       # unsorted on purpose
+    figure = bench.plot_bandwidth(rows)
+    lines = lines_by_label(figure)
+    assert lines == {"dist.all_reduce (library)": ([1024, 4096], [2.0, 8.0]),
+                     "ring from scratch": ([1024, 4096], [1.0, 4.0])}
+    (ax,) = figure.axes
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert "bytes" in ax.get_xlabel() and "MB/s" in ax.get_ylabel()

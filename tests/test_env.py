@@ -1,5 +1,6 @@
 """Hardware facts and the doctor report."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -20,12 +21,23 @@ def test_free_port_is_free_and_a_bound_port_is_not():
         assert not ddenv.port_is_free(sock.getsockname()[1])
 
 
-def test_doctor_reports(capsys):
+def gpus_here() -> int:
+    """The CUDA GPUs torch sees on this machine, counted in a process of its own (not ddplab's)."""
+    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=True).stdout
+    return int(out.strip().splitlines()[-1])
+
+
+def test_doctor_reports_the_gpus_of_this_machine(capsys):
+    gpus = gpus_here()
     report = ddplab.doctor()
     out = capsys.readouterr().out
-    assert report["gpu_count"] == 0 and report["backend"] == "gloo"  # this machine has no GPU
+    assert report["gpu_count"] == gpus and len(report["gpus"]) == gpus
+    assert report["backend"] == ("nccl" if gpus else "gloo")   # the backend of one process
     assert report["backends"]["gloo"] is True
-    assert "ddplab will use      gloo" in out
+    assert f"ddplab will use      {report['backend']}" in out
+    assert f"GPUs                 {gpus}: " in out
 
 
 def test_doctor_import_and_warm_launches_leave_torch_and_cuda_out_of_the_caller():
@@ -81,7 +93,6 @@ FAKE_GPUS = str(Path(__file__).parent / "scripts" / "fake_gpus.py")
 def decide(extra_env=None, **spec):
     """The doctor's plan and problems, and dist's choices, with torch.cuda patched elsewhere."""
     import json
-    import os
 
     environ = {k: v for k, v in os.environ.items()
                if k not in ("DDPLAB_BACKEND", "NCCL_P2P_DISABLE")}
@@ -134,6 +145,14 @@ def test_gpus_without_nccl_or_with_gloo_forced_run_on_cpu():
 
 
 def test_doctor_prints_the_plan_in_one_line(capsys):
-    ddplab.doctor()
+    """The plan for this machine's GPUs (each GPU count's plan is checked above, faked)."""
+    gpus = gpus_here()
+    report = ddplab.doctor()
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("the course runs")]
-    assert lines == ["the course runs      2 ranks on CPU with gloo (no GPU here)"]
+    assert lines == [f"the course runs      {report['plan']}"]
+    if gpus == 0:
+        assert report["plan"] == "2 ranks on CPU with gloo (no GPU here)"
+    else:
+        assert report["plan"].startswith(f"{max(2, gpus)} ranks ")
+        assert ("with nccl" in report["plan"]) == (gpus >= 2 and report["backends"]["nccl"]
+                                                   and os.environ.get("DDPLAB_BACKEND") != "gloo")

@@ -62,3 +62,45 @@ def test_an_exercise_launch_ends_a_hang_and_says_what_to_expect(notebook, index,
     assert launch_timeout(code) <= 60, f"{notebook} cell {index}: give the launch timeout=60"
     assert re.search(r"about\s+\d+\s+s\b", before), f"{where}: say how long it takes"
     assert "interrupt the kernel" in before, f"{where}: say what to do on a hang"
+
+
+# What the notebooks' launch arguments name, as on a CPU machine running the digits workload;
+# the group timeout of a run that ends by itself is a safety net here (it takes no part in its
+# duration, and the notebook's 3 s would fail a right run on a busy machine).
+NOTEBOOK_NAMES = {"NPROCS": 2, "BACKEND": None, "DATA": ["--dataset", "digits"],
+                  "PG_TIMEOUT": ["--pg-timeout", "120"]}
+FACTOR = 8   # "about N s" is a learner's order of magnitude: wrong when 8 times off, or more
+
+
+def launch_args(code: str, work: Path) -> list:
+    """The ``args=`` of the exercise's launch, its notebook names given their CPU values."""
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "launch":
+            for keyword in node.keywords:
+                if keyword.arg == "args":
+                    names = {**NOTEBOOK_NAMES, "WORK": work}
+                    return eval(compile(ast.Expression(keyword.value), "<cell>", "eval"),
+                                {"__builtins__": {}}, names)
+    return []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook, index, code, before", LAUNCHES,
+                         ids=[f"{n}-{i}" for n, i, _, _ in LAUNCHES])
+def test_the_stated_duration_is_that_of_a_measured_run(notebook, index, code, before, tmp_path):
+    """The reference solution, launched as the cell launches the learner's, runs for about the
+    time the cell states: within FACTOR either way. This machine's load only slows a run, so the
+    upper bound grows with it (load average per core); the lower bound needs no such care."""
+    import os
+
+    import ddplab
+
+    claimed = float(re.search(r"about\s+(\d+)\s+s\b", before).group(1))
+    solution = ROOT / "tests" / "solutions" / re.search(r"exercises/(\w+\.py)", code).group(1)
+    result = ddplab.launch(str(solution), NOTEBOOK_NAMES["NPROCS"], quiet=True, timeout=900,
+                           args=launch_args(code, tmp_path))   # a safety net, not a measure
+    assert result.ok, result.error
+    busy = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    assert claimed / FACTOR <= result.wall_time <= claimed * FACTOR * busy, (
+        f"{notebook} cell {index} says about {claimed:.0f} s; the reference ran "
+        f"{result.wall_time:.1f} s here (load {busy:.1f} per core)")

@@ -59,5 +59,6 @@ def test_a_cpu_rank_is_pinned_with_all_its_threads() -> None:
                          timeout=120)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    assert report == {"cores": [cores[1]], "threads": report["threads"], "all_threads": True}
+    assert report["cores"] == [cores[1]]   # local rank 1 of 2: the second core it may use
+    assert report["all_threads"] is True
     assert report["threads"] >= 2  # the extra thread was pinned too

@@ -50,7 +50,7 @@ def test_each_rank_holds_about_one_nth_under_fsdp_and_the_losses_equal_one_proce
         skipped = result.events_of("skipped")
         assert skipped and skipped[0]["modes"] == ["zero2", "zero3"]
         assert "2.7" in skipped[0]["reason"] and ("zero3", 0) not in memory
-        return
+        pytest.skip(f"torch {torch.__version__}: {skipped[0]['reason']} (DDP and ZeRO-1 checked)")
     for r in range(nprocs):
         for key in ("params", "params_in_backward", "grads", "optimizer"):
             share = memory["zero3", r][key] / memory["ddp", r][key]

@@ -20,14 +20,14 @@ from typing import Any, Optional, Sequence
 
 from ..workspace import find_course
 
-KEEP_METADATA = {"kernelspec", "language_info"}
+# Only the kernel to start: language_info (the Python version of the last run) is rewritten by
+# every run, so keeping it would make a run and a strip differ from the committed file.
+KEEP_METADATA = {"kernelspec"}
 
 
 def strip(nb: dict[str, Any]) -> dict[str, Any]:
     """Return ``nb`` without outputs, execution counts or volatile metadata (nbformat JSON)."""
     nb["metadata"] = {k: v for k, v in nb.get("metadata", {}).items() if k in KEEP_METADATA}
-    if "language_info" in nb["metadata"]:
-        nb["metadata"]["language_info"] = {"name": "python"}
     nb["metadata"]["kernelspec"] = {"display_name": "Python 3", "language": "python",
                                     "name": "python3"}
     for cell in nb.get("cells", []):

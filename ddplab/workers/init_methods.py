@@ -10,8 +10,9 @@ Run it (the init method is an argument, never hard-coded in the script)::
 Every rank emits one ``joined`` event with: ``rank``, ``local_rank``, ``world_size``,
 ``node_rank``, ``torchrun_env`` (the variables torchrun set: RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and the *_SOCKET_IFNAME choices),
-``init_method``, ``backend``, ``hostname``, ``pid``, ``join_seconds`` and ``rank_sum`` (an
-all_reduce of the ranks: proof that the group really works). A rank that fails to join emits
+``init_method``, ``backend``, ``hostname``, ``pid``, ``join_seconds``, ``join_started`` and
+``joined_at`` (wall-clock times, ``time.time()``, of the call and its return) and ``rank_sum``
+(an all_reduce of the ranks: proof that the group really works). A rank that fails to join emits
 ``join_failed`` with the error and exits with code 1.
 
 ``--stagger S`` makes rank r start joining r x S seconds late, as a slow machine would: the
@@ -114,9 +115,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     time.sleep(rank * args.stagger)  # the others wait for a late rank: init blocks
-    start = time.perf_counter()
+    started, start = time.time(), time.perf_counter()
     try:
         join(args.init_method, backend, rank, world_size, args.timeout)
+        join_seconds, joined_at = time.perf_counter() - start, time.time()
         # [check]
         total = torch.tensor([float(rank)], device=device)
         torch_dist.all_reduce(total)  # 0 + 1 + ... + (world_size - 1) on every rank
@@ -129,7 +131,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         "joined", rank=rank, local_rank=local_rank, world_size=world_size,
         node_rank=int(os.environ.get("GROUP_RANK", "0")), torchrun_env=torchrun_env(),
         init_method=args.init_method, backend=backend, hostname=socket.gethostname(),
-        pid=os.getpid(), join_seconds=time.perf_counter() - start, rank_sum=total.item(),
+        pid=os.getpid(), join_seconds=join_seconds, join_started=started, joined_at=joined_at,
+        rank_sum=total.item(),
     )
     print(f"rank {rank} (local rank {local_rank}, node {report['node_rank']}) of {world_size} "
           f"joined via {args.init_method} with {backend}", flush=True)

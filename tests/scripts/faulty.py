@@ -1,5 +1,9 @@
 """Rank 1 misbehaves as asked (raise | exit | refuse | signal | hang); every rank may sys.exit(0) or
-os._exit(0) (sysexit0 | osexit0) or sleep. Every rank prints its pid."""
+os._exit(0) (sysexit0 | osexit0) or sleep. Every rank prints its pid.
+
+A plain torchrun script (no ddplab import), choosing its backend as ddplab does: DDPLAB_BACKEND
+when set, else nccl when every local rank has a GPU of its own, else gloo on CPU.
+"""
 import os
 import signal
 import sys
@@ -9,7 +13,15 @@ import torch
 import torch.distributed as dist
 
 mode = sys.argv[1]
-dist.init_process_group("gloo")
+local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+backend = os.environ.get("DDPLAB_BACKEND") or "auto"
+if backend == "auto":
+    backend = "nccl" if gpus >= local_world else "gloo"
+device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+if device.type == "cuda":
+    torch.cuda.set_device(device)
+dist.init_process_group(backend)
 rank = dist.get_rank()
 print(f"pid {os.getpid()}", flush=True)
 if mode == "sleep":
@@ -31,7 +43,7 @@ if mode == "sysexit0":
 if mode == "osexit0":
     os._exit(0)
 time.sleep(0.2)
-value = torch.ones(1)
+value = torch.ones(1, device=device)
 dist.all_reduce(value)
 print("done", flush=True)
 dist.destroy_process_group()
