@@ -219,10 +219,6 @@ def offences(name: str, code: str, own: list[str]) -> list[tuple[int, str, str]]
 # still be found (mend the file, then strike its line here); nothing else may be.
 PENDING = {
     ("tests/test_launch.py", "Connection closed"),
-    ("tests/test_workers_02_07_09.py", "unrecognized arguments: --local-rank=1"),
-    ("notebooks/03_ddp_spawn.ipynb", "Can't get attribute 'hello' on <module '__main__'"),
-    ("notebooks/04_sampler_set_epoch.ipynb", "init_process_group"),
-    ("notebooks/07_torchrun_multinode.ipynb", "unrecognized arguments: --local-rank=1"),
 }
 
 
@@ -296,5 +292,4 @@ def test_ddplab_keeps_others_words_in_torch_words_only():
 
 # Left to the change that owns the file (issue 25); each must still be there.
 PENDING_COPIES = {
-    "Can't get attribute": "ddplab/lab/demos/spawning.py, SpawnAttempt.message",
 }

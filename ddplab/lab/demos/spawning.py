@@ -9,7 +9,7 @@ so the cell always finishes::
         print(f"hello from rank {rank} of {world_size}")
 
     attempt = spawning.spawn_from_notebook(hello, args=(2,), nprocs=2, timeout=60)
-    assert not attempt.ok and "Can't get attribute 'hello'" in attempt.message
+    assert not attempt.ok and attempt.name_not_found
 
 Lesson: 03.
 """
@@ -23,6 +23,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
+
+from ...torch_words import UNPICKLABLE_MAIN
 
 
 @dataclass
@@ -43,9 +45,14 @@ class SpawnAttempt:
     def message(self) -> str:
         """The line that says why the children failed (the unpickling error), or ""."""
         for line in reversed(self.stderr.splitlines()):
-            if "Can't get attribute" in line or line.startswith(("AttributeError", "Error")):
+            if UNPICKLABLE_MAIN.search(line) or line.startswith(("AttributeError", "Error")):
                 return line.strip()
         return ""
+
+    @property
+    def name_not_found(self) -> bool:
+        """True when a child could not find the function by its name in ``__main__``."""
+        return UNPICKLABLE_MAIN.search(self.stderr) is not None
 
 
 def spawn_from_notebook(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 2,
