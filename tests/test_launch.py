@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -546,3 +547,122 @@ def test_a_job_sees_the_debug_level_its_environment_asks_for(tmp_path):
     plain = launch(script, 2, quiet=True, timeout=120)
     assert detail.log(0) == detail.log(1) == "debug DebugLevel.DETAIL", detail.error
     assert plain.log(1) == "debug DebugLevel.OFF", plain.error
+
+
+# --------------------------------------------------------------------- interrupts at any moment
+
+SLEEPER = ("import os, sys, time\nfrom pathlib import Path\n"
+           "Path(sys.argv[1], 'pid-' + os.environ['RANK']).write_text(str(os.getpid()))\n"
+           "print('pid', os.getpid(), flush=True)\ntime.sleep(300)\n")
+
+
+def _sleeper(folder: Path) -> Path:
+    """A rank script that writes its pid to ``folder/pid-RANK``, then sleeps."""
+    script = folder / "sleeper.py"
+    script.write_text(SLEEPER)
+    return script
+
+
+def _pids_in(folder: Path) -> list[int]:
+    return sorted(int(p.read_text()) for p in folder.glob("pid-*") if p.read_text())
+
+
+def _interrupt_main_thread(when, times: int = 1, every: float = 0.02,
+                           safety: float = 180.0) -> threading.Thread:
+    """Send SIGINT to the main thread (what a Jupyter interrupt does) once ``when(frame)`` holds
+    for its innermost frame, then ``times - 1`` more times while it still runs the launcher."""
+    import linecache  # noqa: F401  (used by the conditions)
+
+    main = threading.main_thread().ident
+
+    def in_launcher() -> bool:
+        frame = sys._current_frames().get(main)
+        while frame is not None:
+            if f"{os.sep}launcher{os.sep}" in frame.f_code.co_filename:
+                return True
+            frame = frame.f_back
+        return False
+
+    def watch() -> None:
+        end = time.monotonic() + safety
+        while time.monotonic() < end and not when(sys._current_frames().get(main)):
+            time.sleep(0.005)
+        for _ in range(times):
+            if not in_launcher():
+                return
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(every)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def _waits_for_the_helpers_reply(frame) -> bool:
+    import linecache
+
+    return (frame is not None and frame.f_code.co_name == "request"
+            and frame.f_code.co_filename.endswith("helper.py")
+            and "recv" in linecache.getline(frame.f_code.co_filename, frame.f_lineno))
+
+
+@pytest.fixture
+def real_sigint():
+    """The process's SIGINT raises KeyboardInterrupt, as in a notebook kernel."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_an_interrupt_while_the_first_launch_waits_for_the_helper_costs_later_launches_nothing(
+        tmp_path, monkeypatch, real_sigint):
+    """The first launch of a kernel waits seconds for the helper's reply (it imports the
+    training stack first). Interrupted there, nothing of that launch may run on, and every
+    later launch must end exactly its own processes."""
+    from ddplab.launcher.helper import Helper
+
+    if Helper._current is not None:  # a fresh helper: the first launch of a kernel
+        Helper._current.proc.kill()
+        Helper._current.proc.wait()
+    monkeypatch.delenv("DDPLAB_PRELOAD_TRAINING", raising=False)
+    script = _sleeper(tmp_path)
+    folders = {name: tmp_path / name for name in "ABC"}
+    for folder in folders.values():
+        folder.mkdir()
+    fds = len(os.listdir("/proc/self/fd"))
+    watcher = _interrupt_main_thread(_waits_for_the_helpers_reply)
+    with pytest.raises(KeyboardInterrupt):
+        launch(script, 2, args=[folders["A"]], quiet=True, timeout=120)
+    watcher.join(timeout=60)
+    assert len(os.listdir("/proc/self/fd")) <= fds  # no pipe of the half-started job kept
+    monkeypatch.setenv("DDPLAB_PRELOAD_TRAINING", "0")
+    for name in "BC":
+        result = launch(script, 2, args=[folders[name]], quiet=True, timeout=5)
+        assert result.status == "timeout", result.error
+        own = _pids_in(folders[name])
+        assert len(own) == 2 and sorted(result.pids.values()) == own  # its own ranks...
+        assert not wait_gone(own, 10)  # ...ended by its own timeout
+    assert not wait_gone(_pids_in(folders["A"]), 10)  # the interrupted launch ran on nowhere
+    assert len(os.listdir("/proc/self/fd")) <= fds + 1  # (+1: the helper's socket)
+
+
+def test_interrupts_during_the_clean_up_of_two_jobs_skip_nothing(tmp_path, real_sigint):
+    """An impatient learner presses Ctrl-C again and again: every process of every job ends."""
+    script = _sleeper(tmp_path)
+
+    def both_jobs_run(_frame) -> bool:
+        return len(_pids_in(tmp_path)) == 2
+
+    watcher = _interrupt_main_thread(both_jobs_run, times=6)
+    with pytest.raises(KeyboardInterrupt):
+        ddplab.launch_multinode(script, nnodes=2, nproc_per_node=1, args=[tmp_path],
+                                quiet=True, timeout=120)
+    watcher.join(timeout=60)
+    pids = _pids_in(tmp_path)
+    assert len(pids) == 2 and not wait_gone(pids, 10)
+
+
+def test_an_infinite_timeout_means_no_limit():
+    result = launch(PLAIN, 2, quiet=True, timeout=math.inf)
+    assert result.ok, result.error
+    assert result.exit_codes == {0: 0, 1: 0}

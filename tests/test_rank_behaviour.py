@@ -76,9 +76,9 @@ def test_nprocs_above_the_limit_is_refused_before_anything_starts_and_up_to_it_w
     assert len(os.listdir("/proc/self/fd")) <= fds  # every pipe closed again
 
 
-@pytest.mark.parametrize("timeout", [math.nan, math.inf, 0, -5, "10", True])
+@pytest.mark.parametrize("timeout", [math.nan, -math.inf, 0, -5, "10", True])
 def test_a_timeout_that_is_not_a_positive_number_is_refused(timeout):
-    with pytest.raises(LaunchError, match="timeout must be a finite number of seconds > 0"):
+    with pytest.raises(LaunchError, match="timeout must be a number of seconds > 0"):
         launch(LEAVES, 2, timeout=timeout)
 
 

@@ -33,11 +33,13 @@ from .procs import close_quietly, set_parent_death_signal, write_all
 _EXITS: dict[int, tuple[int, float]] = {}  # pid -> (exit code or -signal, time it ended)
 
 
-def run_agent(req: dict[str, Any], fds: list[int]) -> None:
+def run_agent(req: dict[str, Any], fds: list[int], helper: int) -> None:
     """Body of the forked agent child: run one elastic launch, write a JSON report, exit."""
     report_fd, log_fd, rank_fds = fds[0], fds[1], fds[2:]
     os.setsid()
     set_parent_death_signal()
+    if os.getppid() != helper:  # the helper died before the line above: so must this launch
+        os._exit(70)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     close_quietly(log_fd)

@@ -43,7 +43,6 @@ Lessons: every notebook that runs workers (01-09); 07 for the multi-node options
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 import uuid
@@ -51,7 +50,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from .. import env as _env
 from .fallback import popen_job, subprocess_path
-from .jobs import FastPathRefused, Job, child_env, fast_path_unavailable, start_fast
+from .jobs import FastPathRefused, Job, child_env, end_jobs, fast_path_unavailable, start_fast
 from .outcome import job_outcome, share_root_cause
 from .output import Streams
 from .results import RunResult
@@ -91,8 +90,8 @@ def launch(
         nprocs: processes on this node (torchrun's ``--nproc-per-node``), 1 to ``MAX_NPROCS``.
         args: command-line arguments for the target.
         engine: ``"torchrun"`` or ``"spawn"`` (the script calls ``mp.spawn`` itself).
-        timeout: seconds (finite, > 0) before the whole job is ended and reported as a
-            timeout (default ``DDPLAB_TIMEOUT`` or 3600).
+        timeout: seconds (> 0) before the whole job is ended and reported as a timeout
+            (None: ``DDPLAB_TIMEOUT`` or 3600; ``math.inf``: no limit).
         env: extra environment variables for the workers.
         quiet: print nothing (output is still kept in the result).
         backend: None (auto: nccl with GPUs, gloo without), or force ``gloo``/``nccl``; passed
@@ -178,8 +177,7 @@ def _start_jobs(specs: list[LaunchSpec], quiet: bool, live: bool) -> tuple[list[
             job.node = f"node{index} " if len(prepared) > 1 else ""
             jobs.append(job)
     except BaseException:
-        for job in jobs:
-            job.kill(signal.SIGKILL)
+        end_jobs(jobs)
         view.close()
         raise
     return jobs, view
@@ -265,15 +263,13 @@ def _run(jobs: list[Job], view: Any, timeout: float,
                 stacks = streams.stacks(running, timeout)
         except KeyboardInterrupt as exc:
             status, interrupt = "interrupted", exc
-        if status != "done":
-            for job in jobs:
-                job.terminate()
+        if status != "done":  # a timeout lets torchrun's agents end their workers first
+            end_jobs(jobs, grace=3.0 if status == "timeout" else 0.0)
             streams.drain()
         for job in jobs:
             job.reap()
     except BaseException:  # an error in the caller, or a second interrupt: end everything
-        for job in jobs:
-            job.terminate(grace=0.5)
+        end_jobs(jobs)
         raise
     finally:
         streams.close()

@@ -247,9 +247,16 @@ def _print_user_traceback(exc: BaseException) -> None:
 
 
 def main() -> None:
-    """``python -m ddplab.launcher.entry TARGET [ARGS...]`` (a torchrun subprocess's rank)."""
+    """``python -m ddplab.launcher.entry TARGET [ARGS...]``: a rank of a torchrun subprocess.
+
+    It dies with torchrun (each rank leads a session of its own there, out of reach of the
+    signal that ends torchrun's group).
+    """
     if len(sys.argv) < 2:
         sys.exit("usage: python -m ddplab.launcher.entry TARGET [ARGS...]")
+    set_parent_death_signal()
+    if os.getppid() == 1:  # torchrun died before the line above
+        sys.exit(1)
     run_target(sys.argv[1], sys.argv[2:])
 
 

@@ -38,9 +38,8 @@ def subprocess_path(why: str, target: str, args: list[str], nprocs: int,
         how = "torchrun in warm processes" if warm != "off" else \
             "torchrun in a cold subprocess (slower)"
         print(f"ddplab: launching through {how}: {why}.", file=sys.stderr)
-    if job_env.get("DDPLAB_LOCAL_RANK_ARG") and warm == "off":  # (the stub handles it)
+    if warm == "off":  # each rank dies with torchrun (see ``entry.main``)
         target, args = "ddplab.launcher.entry", [target, *args]
-    if warm == "off":
         cmd = torchrun_cmd(target, args, nprocs, nnodes, node_rank, endpoint, run_id,
                            max_restarts)
         return popen_job, dict(cmd=cmd, job_env=job_env, cwd=cwd, world_size=nprocs * nnodes,

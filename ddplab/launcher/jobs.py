@@ -145,16 +145,14 @@ class Job:
         order = sorted(self.spawned, key=lambda pid: (self.spawned[pid], pid))
         return dict(enumerate(order))
 
-    def kill(self, sig: int) -> None:
+    def kill(self, sig: int = signal.SIGKILL) -> None:
         kill_group(self.pgid, sig)
+        if sig == signal.SIGKILL and self.on_reap is not None:
+            self.on_reap()
 
     def terminate(self, grace: float = 3.0) -> None:
         """SIGTERM the job's process group, then SIGKILL whatever is left after ``grace``."""
-        self.kill(signal.SIGTERM)
-        end = time.monotonic() + grace
-        while self.alive() and time.monotonic() < end:
-            time.sleep(0.02)
-        self.kill(signal.SIGKILL)
+        end_jobs([self], grace)
 
     def reap(self) -> None:
         """End what the ranks left in the job's group (SIGTERM, then SIGKILL after 1 s)."""
@@ -168,6 +166,37 @@ class Job:
             self.terminate(grace=1.0)
         if self.on_reap is not None:
             self.on_reap()
+
+
+def end_jobs(jobs: list[Job], grace: float = 0.0, wait: float = 10.0) -> None:
+    """End every job: signal them all first, wait after (``grace``: SIGTERM, then SIGKILL).
+
+    An exception meanwhile (a second Ctrl-C) skips no job: the signal goes out to every job,
+    the first exception is raised again once they all had it.
+    """
+    pending: list[BaseException] = []
+
+    def signal_all(sig: int) -> None:
+        for job in jobs:
+            try:
+                job.kill(sig)
+            except BaseException as exc:  # noqa: BLE001  (raised below, after every job)
+                pending.append(exc)
+                job.kill(sig)
+
+    def wait_all(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while any(job.alive() for job in jobs) and time.monotonic() < end:
+            time.sleep(0.02)
+
+    if grace > 0:
+        signal_all(signal.SIGTERM)
+        if not pending:
+            wait_all(grace)
+    signal_all(signal.SIGKILL)
+    if pending:
+        raise pending[0]
+    wait_all(wait)
 
 
 def child_env(base: Any, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
@@ -221,14 +250,19 @@ def start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str
         "local_addr": "127.0.0.1" if endpoint.startswith(("127.", "localhost")) else None,
     }
     write_ends = [report_w, log_w, *[w for _r, w in out_pipes + err_pipes]]
+    read_ends = [report_r, log_r, *[r for r, _w in out_pipes + err_pipes]]
     try:
         with Helper.lock:
             reply = Helper.get(child_env(os.environ)).request(req, write_ends)
+    except BaseException:  # (the helper, and what it started for this request, has ended)
+        for fd in read_ends:
+            os.close(fd)
+        raise
     finally:
         for fd in write_ends:
             os.close(fd)
     if "refused" in reply:
-        for fd in [report_r, log_r, *[r for r, _w in out_pipes + err_pipes]]:
+        for fd in read_ends:
             os.close(fd)
         _REFUSED.append(str(reply["refused"]))
         raise FastPathRefused(reply["refused"])

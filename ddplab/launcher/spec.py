@@ -112,13 +112,14 @@ class LaunchSpec:
 
 
 def check_timeout(timeout: Any, default: float) -> float:
-    """The timeout in seconds: a finite number > 0 (None: ``default``); else LaunchError."""
+    """The timeout in seconds: a number > 0, ``math.inf`` for no limit (None: ``default``);
+    else LaunchError."""
     if timeout is None:
         timeout = default
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-            or not math.isfinite(timeout) or timeout <= 0:
-        raise LaunchError(f"timeout must be a finite number of seconds > 0 (or None for the "
-                          f"default, DDPLAB_TIMEOUT or 3600), got {timeout!r}.")
+            or math.isnan(timeout) or timeout <= 0:
+        raise LaunchError(f"timeout must be a number of seconds > 0 (math.inf for no limit, "
+                          f"None for the default, DDPLAB_TIMEOUT or 3600), got {timeout!r}.")
     return float(timeout)
 
 
