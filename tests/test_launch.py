@@ -666,3 +666,61 @@ def test_an_infinite_timeout_means_no_limit():
     result = launch(PLAIN, 2, quiet=True, timeout=math.inf)
     assert result.ok, result.error
     assert result.exit_codes == {0: 0, 1: 0}
+
+
+# ------------------------------------------------------------------ processes and their traces
+
+def test_nothing_is_run_between_fork_and_exec():
+    """``preexec_fn`` can deadlock in a process with threads (a notebook kernel has several)."""
+    import ast
+
+    package = Path(ddplab.__file__).parent
+    found = [f"{path.relative_to(package)}:{node.lineno}" for path in package.rglob("*.py")
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.keyword) and node.arg == "preexec_fn"]
+    assert found == []
+
+
+def test_a_pid_that_names_another_process_now_is_not_signalled():
+    from ddplab.launcher.procs import kill_group, signal_process, start_time
+
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        started = start_time(sleeper.pid)
+        assert started is not None
+        signal_process(sleeper.pid, signal.SIGKILL, started + 1)  # (as if the pid were reused)
+        kill_group(sleeper.pid, signal.SIGKILL, started + 1)
+        assert alive(sleeper.pid)
+        kill_group(sleeper.pid, signal.SIGKILL, started)
+        assert sleeper.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_socket_folders_go_at_exit_and_those_of_a_killed_owner_at_the_next_start(
+        request, monkeypatch):
+    import shutil
+    import tempfile
+
+    from ddplab.launcher.procs import socket_folder
+
+    code = ("import sys, time\nfrom ddplab.launcher.procs import socket_folder\n"
+            "print(socket_folder('ddplab-test-'), flush=True)\n"
+            "if sys.argv[1:] == ['hold']:\n    time.sleep(120)\n")
+    short = tempfile.mkdtemp(prefix="dd", dir="/tmp")  # (a long one would be left for /tmp)
+    request.addfinalizer(lambda: shutil.rmtree(short, ignore_errors=True))
+    env = {**os.environ, "TMPDIR": short}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not os.path.exists(done.stdout.strip())  # removed when its owner exited
+    killed = subprocess.Popen([sys.executable, "-c", code, "hold"], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    left = killed.stdout.readline().strip()
+    killed.kill()
+    killed.wait()
+    assert os.path.isdir(left) and left.startswith(short)
+    monkeypatch.setattr(tempfile, "tempdir", short)
+    mine = socket_folder("ddplab-test-")
+    assert not os.path.exists(left) and os.path.isdir(mine)  # reclaimed; a new one made

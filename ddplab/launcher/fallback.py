@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Union
 from . import spares
 from ..env import spares_mode
 from .jobs import PRELOAD_TRAINING, Job
-from .procs import set_parent_death_signal, socket_folder, whole_lines
+from .procs import dies_with_parent, socket_folder, whole_lines
 
 _NOTICE_SHOWN: set[str] = set()
 
@@ -64,10 +64,6 @@ def spare_job(args: list[str], job_env: dict[str, str], cwd: str, world_size: in
     return job
 
 
-def _torchrun_child() -> None:
-    set_parent_death_signal(signal.SIGTERM)
-
-
 def popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int,
               engine: str) -> Job:
     """Start a subprocess in its own session; its stdout and stderr are read apart.
@@ -82,12 +78,11 @@ def popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int
     if engine == "spawn" and hasattr(socket, "AF_UNIX"):
         channel, address = _rank_channel()
         job_env = {**job_env, "DDPLAB_RANK_SOCKET": address}
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=job_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, start_new_session=True,
-        preexec_fn=(_torchrun_child if engine == "torchrun" else set_parent_death_signal)
-        if sys.platform.startswith("linux") else None,
-    )
+    # torchrun, told by SIGTERM, ends its workers first
+    cmd = dies_with_parent(cmd, signal.SIGTERM if engine == "torchrun" else signal.SIGKILL)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=job_env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
     return _popen_as_job(proc, world_size, engine, channel)
 
 
@@ -95,17 +90,12 @@ def _rank_channel() -> tuple[socket.socket, str]:
     """A listening UNIX socket for an mp.spawn script's ranks, and its address as
     ``DDPLAB_RANK_SOCKET`` says it: ``@name`` in Linux's abstract namespace (nothing on disk),
     elsewhere a path in a private temporary folder (removed at exit)."""
-    import atexit
-    import shutil
-
     channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     if sys.platform.startswith("linux"):
         address = f"@ddplab-ranks-{os.getpid()}-{os.urandom(8).hex()}"
         channel.bind("\0" + address[1:])
     else:
-        folder = socket_folder("ddplab-ranks-")
-        atexit.register(shutil.rmtree, folder, True)
-        address = os.path.join(folder, "ranks")
+        address = os.path.join(socket_folder("ddplab-ranks-"), "ranks")
         channel.bind(address)
     channel.listen(128)
     return channel, address

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Union
 
 from ..env import no_fork_reason
 from .helper import Helper
-from .procs import cmdline, group_running, kill_group, process_table, running
+from .procs import cmdline, group_running, kill_group, process_table, running, start_time
 from .stores import HELPER_TOKEN
 
 # What training workers import on top of torch (DDP's constructor alone imports torch._dynamo,
@@ -48,6 +48,7 @@ class Job:
     nproc_per_node: int = 1
     rank_of: dict[Union[int, str], int] = field(default_factory=dict)  # source label -> rank
     pids: dict[int, int] = field(default_factory=dict)  # rank -> pid (its "rank" event)
+    started: dict[int, Optional[int]] = field(default_factory=dict)  # pid -> its start time
     stack_pids: dict[int, int] = field(default_factory=dict)  # ranks that dump their stack
     said_exit: dict[int, tuple[int, float]] = field(default_factory=dict)  # its "exit" event
     workers_gone_at: Optional[float] = None
@@ -145,8 +146,11 @@ class Job:
         order = sorted(self.spawned, key=lambda pid: (self.spawned[pid], pid))
         return dict(enumerate(order))
 
+    def __post_init__(self) -> None:
+        self.started[self.pgid] = start_time(self.pgid)
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        kill_group(self.pgid, sig)
+        kill_group(self.pgid, sig, self.started[self.pgid])
         if sig == signal.SIGKILL and self.on_reap is not None:
             self.on_reap()
 

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional, Union
 from .. import events as _events
 from .entry import STACK_SIGNAL
 from .jobs import Job
+from .procs import signal_process, start_time
 
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:? ?")
 # torchrun's --tee copies a rank's unfinished last line without a newline, so the next rank's
@@ -110,10 +111,8 @@ class Streams:
                       file=sys.stderr, flush=True)
             for rank in ranks:
                 asked[(index, rank)] = len(self.stderr.get((index, rank), []))
-                try:
-                    os.kill(job.stack_pids[rank], STACK_SIGNAL)
-                except OSError:
-                    pass
+                pid = job.stack_pids[rank]
+                signal_process(pid, STACK_SIGNAL, job.started.get(pid))
         end, quiet_since = time.monotonic() + 3.0, time.monotonic()
         while asked and time.monotonic() < end and time.monotonic() - quiet_since < 0.5:
             for key, _mask in self.sel.select(timeout=0.1):
@@ -198,7 +197,8 @@ class Streams:
             if words[2] == "err":
                 job.err_fds.add(fd)
             if len(words) == 4 and words[3].isdigit():  # its pid: it dumps its stack on demand
-                job.stack_pids[int(words[1])] = int(words[3])
+                job.stack_pids[int(words[1])] = pid = int(words[3])
+                job.started[pid] = start_time(pid)
         else:
             self.sel.modify(fd, selectors.EVENT_READ, (index, job, "launcher"))
         return rest
@@ -274,7 +274,8 @@ class Streams:
             return
         if event["kind"] == "rank" and isinstance(source, int):
             job.rank_of[source] = rank = int(event["rank"])
-            job.pids[rank] = job.stack_pids[rank] = int(event.get("pid", 0))
+            job.pids[rank] = job.stack_pids[rank] = pid = int(event.get("pid", 0))
+            job.started[pid] = start_time(pid)
             return
         if event["kind"] == "exit":
             job.said_exit[int(event["rank"])] = (int(event["code"]), float(event["time"]))

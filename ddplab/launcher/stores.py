@@ -35,7 +35,7 @@ import socket
 from typing import Any, Optional
 
 from .procs import (become_quiet_child, kill_group, kill_marked, name_this_process,
-                    set_parent_death_signal)
+                    set_parent_death_signal, start_time)
 
 STORE_HOST_NAME = "ddplab-stores"  # its process name (``ps -o comm``)
 RDZV_BACKEND = "ddplab"  # one node
@@ -67,11 +67,12 @@ def _host_stores(listener: socket.socket) -> None:
     """The store host's loop: one store per agent; an agent's stores go with its connection."""
     from torch.distributed import TCPStore
 
-    agents: dict[socket.socket, list[Any]] = {}  # connection -> [agent pid, stores...]
+    # connection -> [(agent pid, its start time), stores...]
+    agents: dict[socket.socket, list[Any]] = {}
 
     def end_everything(_sig: int, _frame: Any) -> None:  # the helper (so the caller) died
-        for pid, *_stores in agents.values():
-            kill_group(pid, signal.SIGKILL)
+        for (pid, started), *_stores in agents.values():
+            kill_group(pid, signal.SIGKILL, started)
         kill_marked(HELPER_TOKEN, os.environ.get(HELPER_TOKEN, ""), spare=os.getppid())
         os._exit(0)
 
@@ -82,14 +83,16 @@ def _host_stores(listener: socket.socket) -> None:
             if conn is listener:
                 new = listener.accept()[0]  # (one message per request: a SEQPACKET socket)
                 said = new.recv(64).decode(errors="replace")
-                agents[new] = [int(said) if said.isdigit() else 0]  # the agent says its pid
+                pid = int(said) if said.isdigit() else 0  # the agent says its pid
+                agents[new] = [(pid, start_time(pid) if pid else None)]
                 continue
             try:
                 msg = conn.recv(1 << 16)
             except OSError:
                 msg = b""
             if not msg:  # the agent is gone: so are its stores and what its group left
-                kill_group(agents.pop(conn)[0], signal.SIGKILL)
+                pid, started = agents.pop(conn)[0]
+                kill_group(pid, signal.SIGKILL, started)
                 conn.close()
                 continue
             try:
