@@ -58,6 +58,15 @@ def wait_gone(pids: list[int], seconds: float = 15.0) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
+def until(condition, what: str, seconds: float = 60.0) -> bool:
+    """Wait for ``condition()``; the time limit is a safety net (``what`` went wrong)."""
+    end = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < end, f"{what} (still so after {seconds:g} s)"
+        time.sleep(0.02)
+    return True
+
+
 def printed_pids(text: str) -> list[int]:
     return [int(p) for p in re.findall(r"\bpid (\d+)", text)]
 
@@ -250,8 +259,11 @@ def test_ten_launches_leave_nothing_behind():
     launch(PLAIN, 2, quiet=True)  # make sure the helper process exists before counting
     store_host = Helper.get(dict(os.environ)).request({"op": "ping"}, [])["store_host"]
     assert open(f"/proc/{store_host}/comm").read().strip() == "ddplab-stores"  # as ps names it
-    time.sleep(0.5)  # (the last agent's stores go when its connection closes, as it exits)
-    host_sockets = sockets_of(store_host)
+
+    def store_host_idle() -> bool:  # its listener only: every agent's stores went with it
+        return sockets_of(store_host) == 1
+
+    assert until(store_host_idle, "the last agent's stores were not dropped")
     fds_before = len(os.listdir("/proc/self/fd"))
     pids: list[int] = []
     for _ in range(10):
@@ -262,11 +274,7 @@ def test_ten_launches_leave_nothing_behind():
     assert len(os.listdir("/proc/self/fd")) <= fds_before  # no pipe or socket leaked
     helper = Helper.get(dict(os.environ)).proc.pid
     assert [p for p in _children(helper) if alive(p)] == [store_host]  # it serves the next
-    for _ in range(50):  # every store went with its agent: no listener, no connection kept
-        if sockets_of(store_host) <= host_sockets:
-            break
-        time.sleep(0.1)
-    assert sockets_of(store_host) <= host_sockets
+    assert until(store_host_idle, "stores or connections kept after their agents ended")
 
 
 def test_spawn_engine_runs_and_reports_the_failed_rank():
@@ -290,6 +298,7 @@ def test_subprocess_path_matches(monkeypatch):
 
 
 def test_without_fork_the_launch_goes_through_torchrun_and_says_why_once(monkeypatch, capsys):
+    """Said once, in one line; the ranks are those of a ``torch.distributed.run`` subprocess."""
     from ddplab import env
     from ddplab.launcher import fallback, jobs
 
@@ -301,7 +310,11 @@ def test_without_fork_the_launch_goes_through_torchrun_and_says_why_once(monkeyp
     assert first.ok and second.ok, (first.error, second.error)
     assert second.logs[1] == ["rank 1 of 2: sum 3"]
     err = capsys.readouterr().err
-    assert err.count("launching through torchrun") == 1 and "needs Linux" in err
+    said = [line for line in err.splitlines() if "launching through" in line]
+    assert len(said) == 1 and "torchrun subprocess" in said[0] and "needs Linux" in said[0]
+    torchruns = [argv for _pid, ppid, argv, _env in processes() if ppid == os.getpid()
+                 and b"ddplab.launcher.fallback" in argv]
+    assert torchruns == []  # ended with its job
 
 
 def test_helper_with_cuda_initialised_refuses_to_fork_and_the_launch_still_runs():
@@ -314,7 +327,7 @@ def test_helper_with_cuda_initialised_refuses_to_fork_and_the_launch_still_runs(
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str([(True, ["rank 1 of 2: sum 3"])] * 2)
-    assert out.stderr.count("launching through torchrun") == 1, out.stderr
+    assert out.stderr.count("launching through a torchrun subprocess") == 1, out.stderr
     assert "CUDA is initialised in the launch helper" in out.stderr
 
 
@@ -539,14 +552,21 @@ def test_a_job_whose_processes_are_all_zombies_counts_as_ended():
 
 
 def test_a_job_sees_the_debug_level_its_environment_asks_for(tmp_path):
-    """torch reads TORCH_DISTRIBUTED_DEBUG at import, in the helper: a worker must read it anew."""
+    """torch reads TORCH_DISTRIBUTED_DEBUG at import, in the helper: a worker must read it
+    anew, and see what a fresh ``python`` with the job's environment sees."""
     script = tmp_path / "level.py"
     script.write_text("import torch.distributed as dist\n"
                       "print('debug', dist.get_debug_level(), flush=True)\n")
-    detail = launch(script, 2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, quiet=True, timeout=120)
-    plain = launch(script, 2, quiet=True, timeout=120)
-    assert detail.log(0) == detail.log(1) == "debug DebugLevel.DETAIL", detail.error
-    assert plain.log(1) == "debug DebugLevel.OFF", plain.error
+    seen = set()
+    for level in ("DETAIL", "OFF"):
+        env = {"TORCH_DISTRIBUTED_DEBUG": level}
+        fresh = subprocess.run([sys.executable, str(script)], env={**os.environ, **env},
+                               capture_output=True, text=True, timeout=120)
+        result = launch(script, 2, env=env, quiet=True, timeout=120)
+        assert result.ok, result.error
+        assert result.log(0) == result.log(1) == fresh.stdout.strip(), level
+        seen.add(fresh.stdout)
+    assert len(seen) == 2  # (the two levels are told apart)
 
 
 # --------------------------------------------------------------------- interrupts at any moment
@@ -724,3 +744,158 @@ def test_socket_folders_go_at_exit_and_those_of_a_killed_owner_at_the_next_start
     monkeypatch.setattr(tempfile, "tempdir", short)
     mine = socket_folder("ddplab-test-")
     assert not os.path.exists(left) and os.path.isdir(mine)  # reclaimed; a new one made
+
+
+
+# ------------------------------------------------------- how ranks end, on both paths alike
+
+ENDINGS = str(SCRIPTS / "rank_endings.py")
+PATHS = ["fork", "subprocess"]
+
+
+def _on(path: str, monkeypatch) -> None:
+    if path == "subprocess":  # the path macOS takes: a cold torchrun subprocess
+        monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("mode,signal_name", [("kill", "SIGKILL"), ("segv", "SIGSEGV"),
+                                              ("interrupt", "SIGINT")])
+def test_a_rank_killed_by_a_signal_is_reported_with_that_signal(
+        monkeypatch, path, mode, signal_name):
+    if (path, mode) == ("fork", "interrupt"):
+        pytest.skip("a forked rank's uncaught KeyboardInterrupt is torch multiprocessing's "
+                    "to handle (it swallows it), not a signal")
+    _on(path, monkeypatch)
+    result = launch(ENDINGS, 2, args=[mode], quiet=True, timeout=120)
+    assert result.status == "failed", result.error
+    assert result.root_cause.rank == 1 and result.root_cause.signal == signal_name
+    assert f"killed by {signal_name}" in result.error
+    assert not wait_gone(list(result.pids.values()), 10)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_uncaught_exception_exits_1_with_the_scripts_traceback(monkeypatch, path):
+    _on(path, monkeypatch)
+    result = launch(ENDINGS, 2, args=["raise"], quiet=True, timeout=120)
+    assert result.status == "failed"
+    assert result.root_cause.rank == 1 and result.root_cause.exitcode == 1
+    assert result.exit_codes[1] == 1
+    trace = result.root_cause.traceback
+    assert "ValueError: rank 1 fails on purpose" in trace and 'rank_endings.py", line' in trace
+    assert "entry.py" not in trace and "runpy" not in trace
+
+
+def test_a_rank_that_ended_before_the_failure_keeps_its_exit_code(monkeypatch, tmp_path):
+    """torchrun's report names only the failed rank; each rank says how its script ended.
+    (A subprocess's ranks end apart; a forked rank's process waits for its peers.)"""
+    _on("subprocess", monkeypatch)
+    result = launch(ENDINGS, 2, args=["after0"], cwd=tmp_path, quiet=True, timeout=120)
+    assert result.status == "failed" and result.root_cause.rank == 1, result.error
+    assert result.exit_codes == {0: 0, 1: 1}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_negative_exit_code_is_an_exit_status_not_a_signal(monkeypatch, path):
+    """sys.exit(-1) is exit status 255 under python."""
+    _on(path, monkeypatch)
+    result = launch(ENDINGS, 2, args=["minus1"], quiet=True, timeout=120)
+    assert result.status == "failed"
+    assert result.root_cause.rank == 1 and result.root_cause.exitcode == 255
+    assert result.root_cause.signal is None and "rank 1 exited with code 255" in result.error
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_rank_sees_the_jobs_environment_directory_and_arguments(monkeypatch, path, tmp_path):
+    _on(path, monkeypatch)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("DDPLAB_TEST_LATE", "set in the caller")
+    result = launch(ENDINGS, 2, args=["report", "--flag"], env={"MY_VAR": "x"}, cwd=tmp_path,
+                    threads=3, quiet=True, timeout=120)
+    assert result.ok, result.error
+    fresh_threads = int(subprocess.run(  # what torch makes of OMP_NUM_THREADS=3 here
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        env={**os.environ, "OMP_NUM_THREADS": "3"}, capture_output=True, text=True,
+        timeout=120).stdout)
+    for rank in (0, 1):
+        seen = json.loads(result.log(rank))
+        assert seen["env"] == {"MY_VAR": "x", "DDPLAB_TEST_LATE": "set in the caller",
+                               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                               "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "3"}
+        assert seen["threads"] == (3 if path == "fork" else fresh_threads)
+        assert seen["cwd"] == str(tmp_path)
+        assert seen["argv"] == [ENDINGS, "report", "--flag"] and seen["name"] == "__main__"
+        assert seen["path0"] == str(SCRIPTS)  # as `python rank_endings.py` puts it
+        assert seen["stdin"] == ""  # not the caller's
+        assert seen["pid"] == result.pids[rank]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_interrupted_launch_ends_every_rank_on_both_paths(monkeypatch, path, tmp_path,
+                                                              real_sigint):
+    """The ranks of a torchrun subprocess lead sessions of their own, out of reach of the
+    kernel's SIGINT: the launch ends them itself, then raises the interrupt again."""
+    _on(path, monkeypatch)
+    script = _sleeper(tmp_path)
+    watcher = _interrupt_main_thread(lambda _frame: len(_pids_in(tmp_path)) == 2)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        launch(script, 2, args=[tmp_path], quiet=True, timeout=120)
+    watcher.join(timeout=60)
+    held = _pids_in(tmp_path)
+    assert caught.value.result.status == "interrupted"
+    assert set(caught.value.result.pids.values()) <= set(held)  # (those it had heard of)
+    assert len(held) == 2 and not wait_gone(held, 10)
+
+
+def test_a_caller_that_returns_leaves_nothing_running_on_the_subprocess_path():
+    code = (f"import json, ddplab\n"
+            f"result = ddplab.launch({PLAIN!r}, 2, quiet=True, timeout=120)\n"
+            f"print(json.dumps({{'ok': result.ok, 'ranks': list(result.pids.values())}}))\n")
+    env = {**os.environ, "DDPLAB_LAUNCH_PATH": "subprocess", "DDPLAB_TEST_MARK": str(os.getpid())}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["ok"] and len(seen["ranks"]) == 2
+    mark = f"DDPLAB_TEST_MARK={os.getpid()}".encode()
+    assert not wait_gone([pid for pid, _ppid, _argv, environ in processes() if mark in environ],
+                         10)
+
+
+# ------------------------------------------------------------------------------- on_event
+
+EMITS = ("import os, sys, time\nfrom pathlib import Path\nfrom ddplab import events\n"
+         "Path(sys.argv[1], 'pid-' + os.environ['RANK']).write_text(str(os.getpid()))\n"
+         "for step in range(3):\n    events.emit('metric', name='step', value=step)\n"
+         "while sys.argv[2:] == ['hold']:  # (an event a second until ended)\n"
+         "    events.emit('metric', name='tick', value=0)\n    time.sleep(1)\n")
+
+
+def test_on_event_receives_every_event_as_the_result_keeps_them(tmp_path):
+    script = tmp_path / "emits.py"
+    script.write_text(EMITS)
+    seen: list[dict] = []
+    result = launch(script, 2, args=[tmp_path], quiet=True, timeout=120, on_event=seen.append)
+    assert result.ok, result.error
+    kept = [event for rank in sorted(result.events) for event in result.events[rank]]
+    assert len(kept) == 6 and sorted(map(json.dumps, seen)) == sorted(map(json.dumps, kept))
+    for rank in (0, 1):  # each rank's in the order it sent them
+        assert [e["value"] for e in seen if e["rank"] == rank] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_exception_in_the_caller_ends_every_process_of_the_job(monkeypatch, path, tmp_path):
+    """A callback that raises (or any error in the calling process) ends the job, then the
+    error reaches the caller unchanged."""
+    _on(path, monkeypatch)
+    script = tmp_path / "emits.py"
+    script.write_text(EMITS)
+
+    def broken(event: dict) -> None:
+        if len(_pids_in(tmp_path)) == 2:  # (both ranks run)
+            raise RuntimeError("a broken callback")
+
+    with pytest.raises(RuntimeError, match="a broken callback"):
+        launch(script, 2, args=[tmp_path, "hold"], quiet=True, timeout=120, on_event=broken)
+    pids = _pids_in(tmp_path)
+    assert len(pids) == 2 and not wait_gone(pids, 10)

@@ -4,8 +4,7 @@ Read top-down: ``api`` (the public functions), ``spec`` (one launch, checked onc
 (a started launch), ``helper`` (the process that imported torch once), ``agent`` (torchrun's
 engine, one per launch), ``stores`` (rendezvous stores outside the agent), ``entry`` (a rank's
 first frame), ``output`` (live rank-prefixed streams), ``fallback`` (torchrun without fork,
-and mp.spawn scripts), ``spares`` and ``stub`` (warm processes for torchrun and its ranks where
-workers cannot be forked), ``outcome`` and ``results`` (exit facts, root cause, ``RunResult``),
+and mp.spawn scripts), ``outcome`` and ``results`` (exit facts, root cause, ``RunResult``),
 ``procs`` (process groups, death signals, descriptors).
 
 Importing this package imports nothing: ``ddplab.launch`` (``api.launch``) is what learners call.

@@ -12,9 +12,8 @@ Engines:
   started by the launch helper (``helper``), a process that imported torch once and forks one
   agent per launch, so a launch costs a fraction of a cold ``torchrun``. Elsewhere, with
   ``DDPLAB_LAUNCH_PATH=subprocess``, or if CUDA is initialised in the helper (forked workers
-  could not use it), torchrun and its ranks run in warm processes started by exec, which
-  imported torch before the launch (``spares``; ``DDPLAB_SPARES=off``: a cold
-  ``python -m torch.distributed.run`` subprocess), said once.
+  could not use it), the launch is a cold ``python -m torch.distributed.run`` subprocess (a
+  few seconds), said once.
 - ``spawn``: the script is run unchanged, as ``python script.py ARGS``, and calls
   ``torch.multiprocessing.spawn`` itself: it decides its own process count and parses its own
   command line. ddplab adds nothing to its arguments; its environment holds ``MASTER_ADDR``,

@@ -1,11 +1,11 @@
 """The launch as a subprocess: torchrun (``torch.distributed.run``), or an mp.spawn script.
 
 Used for engine "spawn" always, and for engine "torchrun" where the helper cannot fork workers
-(not Linux, ``DDPLAB_LAUNCH_PATH=subprocess``, or CUDA initialised in the helper), said once.
-There torchrun and its ranks run in warm processes that imported torch ahead of time (see
-``spares``); with ``DDPLAB_SPARES=off``, or without UNIX sockets, torchrun is a cold
-``python -m torch.distributed.run``. Either way torchrun leads a session of its own and dies
-with the caller (told by SIGTERM, it ends its workers first).
+(not Linux, ``DDPLAB_LAUNCH_PATH=subprocess``, or CUDA initialised in the helper), said once:
+there torchrun is a cold ``python -m torch.distributed.run`` subprocess (a few seconds a
+launch, as torchrun in a terminal). It leads a session of its own and dies with the caller
+(told by SIGTERM, it ends its workers first); each rank runs ddplab's entry (``entry.main``),
+which dies with torchrun, says which rank and pid it is and dumps its stack on request.
 
 Lesson: every notebook that launches workers; 03 for engine "spawn".
 """
@@ -19,49 +19,26 @@ import subprocess
 import sys
 from typing import Any, Callable, Optional, Union
 
-from . import spares
-from ..env import spares_mode
-from .jobs import PRELOAD_TRAINING, Job
-from .procs import dies_with_parent, socket_folder, whole_lines
+from .jobs import Job
+from .procs import dies_with_parent, kill_marked, socket_folder, whole_lines
 
+JOB_TOKEN = "DDPLAB_JOB"  # in a torchrun subprocess's environment: marks what its job started
 _NOTICE_SHOWN: set[str] = set()
 
 
 def subprocess_path(why: str, target: str, args: list[str], nprocs: int,
                     job_env: dict[str, str], cwd: str, nnodes: int, node_rank: int,
-                    endpoint: str, run_id: str, max_restarts: int = 0, preload: bool = True,
+                    endpoint: str, run_id: str, max_restarts: int = 0,
                     **_fast_only: Any) -> tuple[Callable[..., Job], dict[str, Any]]:
-    """The same launch through torchrun in warm processes (or a cold torchrun); say why once."""
-    warm = spares_mode()
+    """The same launch through a cold torchrun subprocess; say why once."""
     if "subprocess" not in _NOTICE_SHOWN:
         _NOTICE_SHOWN.add("subprocess")
-        how = "torchrun in warm processes" if warm != "off" else \
-            "torchrun in a cold subprocess (slower)"
-        print(f"ddplab: launching through {how}: {why}.", file=sys.stderr)
-    if warm == "off":  # each rank dies with torchrun (see ``entry.main``)
-        target, args = "ddplab.launcher.entry", [target, *args]
-        cmd = torchrun_cmd(target, args, nprocs, nnodes, node_rank, endpoint, run_id,
-                           max_restarts)
-        return popen_job, dict(cmd=cmd, job_env=job_env, cwd=cwd, world_size=nprocs * nnodes,
-                               engine="torchrun")
-    options, extra_env = torchrun_options(nprocs, nnodes, node_rank, endpoint, run_id,
-                                          max_restarts)
-    token = os.urandom(8).hex()
-    return spare_job, dict(
-        args=[*options, spares.STUB, target, *args], world_size=nprocs * nnodes, cwd=cwd,
-        job_env={**job_env, **extra_env, spares.JOB_TOKEN: token}, nprocs=nprocs,
-        preload=list(PRELOAD_TRAINING) if preload else [], keep_warm=warm == "warm",
-        token=token)
-
-
-def spare_job(args: list[str], job_env: dict[str, str], cwd: str, world_size: int,
-              nprocs: int, preload: list[str], keep_warm: bool, token: str) -> Job:
-    """Start ``torchrun ARGS`` in a warm process (``spares``); its ranks take warm ones too."""
-    pool = spares.Pool.get()
-    proc = pool.torchrun(args, job_env, cwd, nprocs, preload, keep_warm)
-    job = _popen_as_job(proc, world_size, "torchrun", None)
-    job.on_reap = lambda: pool.end_job(token)
-    return job
+        print(f"ddplab: launching through a torchrun subprocess (a few seconds a launch): "
+              f"{why}.", file=sys.stderr)
+    cmd = torchrun_cmd("ddplab.launcher.entry", [target, *args], nprocs, nnodes, node_rank,
+                       endpoint, run_id, max_restarts)
+    return popen_job, dict(cmd=cmd, job_env={**job_env, JOB_TOKEN: os.urandom(8).hex()},
+                           cwd=cwd, world_size=nprocs * nnodes, engine="torchrun")
 
 
 def popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int,
@@ -83,7 +60,10 @@ def popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int
     proc = subprocess.Popen(cmd, cwd=cwd, env=job_env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
-    return _popen_as_job(proc, world_size, engine, channel)
+    job = _popen_as_job(proc, world_size, engine, channel)
+    if JOB_TOKEN in job_env:  # what the ranks left, also in sessions of their own, goes too
+        job.on_reap = lambda: kill_marked(JOB_TOKEN, job_env[JOB_TOKEN])
+    return job
 
 
 def _rank_channel() -> tuple[socket.socket, str]:
@@ -174,7 +154,10 @@ def main() -> None:
 
     whole_lines()
     sys.argv = ["torchrun", *sys.argv[1:]]
-    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    finally:  # (also when the caller died: SIGTERM, which torchrun raises as an exception)
+        kill_marked(JOB_TOKEN, os.environ.get(JOB_TOKEN, ""))
 
 
 if __name__ == "__main__":

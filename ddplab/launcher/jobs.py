@@ -59,7 +59,7 @@ class Job:
     _not_ranks: set[int] = field(default_factory=set)
     _forks: set[int] = field(default_factory=set)
     _watched_at: float = 0.0
-    on_reap: Optional[Callable[[], None]] = None  # (warm processes: end the job's ranks)
+    on_reap: Optional[Callable[[], None]] = None  # (a torchrun subprocess: end what it left)
 
     def ended(self) -> bool:
         """True once the agent has reported (every rank exited) or the subprocess exited."""

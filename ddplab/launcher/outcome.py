@@ -101,7 +101,7 @@ def _subprocess_outcome(result: RunResult, job: Job, logs: Logs, stderr: Logs) -
         found = [RankFailure(rank=None, exitcode=code, signal=signal_name(code),
                              message=message, traceback=tail)]
     result.exit_codes = {r: (None if found else 0) for r in range(job.world_size)}
-    # a rank in a warm process said how its script ended (its ``exit`` event, see ``entry``)
+    # each rank said how its script ended (its ``exit`` event, see ``entry.main``)
     result.exit_codes.update({rank: said[0] for rank, said in job.said_exit.items()
                               if rank in result.exit_codes})
     result.exit_codes.update({f.rank: f.exitcode for f in found if f.rank is not None})
