@@ -1,20 +1,9 @@
-"""A rank's first frame: its own pipes, its stack on demand, then the target run as ``__main__``.
+"""A rank's first frame: its own stdio, its stack on demand, then the target as ``__main__``.
 
-``run_rank`` is the function the elastic agent forks every rank into (torch already imported,
-the torchrun environment set: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...). It
-
-- puts the rank's stdout and stderr on pipes of its own and closes every other launcher
-  descriptor; the rest become close-on-exec, so nothing but 0, 1, 2 reaches what it starts;
-- tells the launcher which global rank and pid it is (one ``rank`` event line);
-- dumps its Python stack, every thread, on its stderr at SIGUSR1 (``faulthandler``): what the
-  launcher asks for before it ends a job that timed out, so a hang names its line;
-- runs the target as ``python`` would (``run_target``) and leaves as ``python`` would: the
-  script's ``atexit`` handlers run, and cycles are collected.
-
-``python -m ddplab.launcher.entry TARGET [ARGS...]`` (``main``) does the same for each rank of a
-torchrun subprocess, and leaves as ``python`` leaves.
-
-Lesson: every notebook that launches workers; 10 for the stacks of a hang.
+``run_rank`` (forked ranks) and ``main`` (ranks of a torchrun subprocess) announce the rank and
+its pid (a ``rank`` event), dump every thread's stack at SIGUSR1 (``faulthandler``: a timeout
+names the line each rank waits at), run the target as ``python`` would, and say how it ended
+(an ``exit`` event). Only 0, 1 and 2 reach what a rank starts.
 """
 
 from __future__ import annotations

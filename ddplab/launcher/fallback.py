@@ -1,13 +1,8 @@
-"""The launch as a subprocess: torchrun (``torch.distributed.run``), or an mp.spawn script.
+"""A launch as a subprocess: a cold torchrun (``torch.distributed.run``), or an mp.spawn script.
 
-Used for engine "spawn" always, and for engine "torchrun" where the helper cannot fork workers
-(not Linux, ``DDPLAB_LAUNCH_PATH=subprocess``, or CUDA initialised in the helper), said once:
-there torchrun is a cold ``python -m torch.distributed.run`` subprocess (a few seconds a
-launch, as torchrun in a terminal). It leads a session of its own and dies with the caller
-(told by SIGTERM, it ends its workers first); each rank runs ddplab's entry (``entry.main``),
-which dies with torchrun, says which rank and pid it is and dumps its stack on request.
-
-Lesson: every notebook that launches workers; 03 for engine "spawn".
+Engine "spawn" always runs here; engine "torchrun" where the helper cannot fork workers (not
+Linux, ``DDPLAB_LAUNCH_PATH=subprocess``, CUDA in the helper), said once. The subprocess leads
+a session of its own and dies with the caller; torchrun's ranks run ``entry.main``.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ JOB_TOKEN = "DDPLAB_JOB"  # in a torchrun subprocess's environment: marks what i
 _NOTICE_SHOWN: set[str] = set()
 
 
-def subprocess_path(why: str, target: str, args: list[str], nprocs: int,
+def torchrun_subprocess(why: str, target: str, args: list[str], nprocs: int,
                     job_env: dict[str, str], cwd: str, nnodes: int, node_rank: int,
                     endpoint: str, run_id: str, max_restarts: int = 0,
                     **_fast_only: Any) -> tuple[Callable[..., Job], dict[str, Any]]:
@@ -37,11 +32,11 @@ def subprocess_path(why: str, target: str, args: list[str], nprocs: int,
               f"{why}.", file=sys.stderr)
     cmd = torchrun_cmd("ddplab.launcher.entry", [target, *args], nprocs, nnodes, node_rank,
                        endpoint, run_id, max_restarts)
-    return popen_job, dict(cmd=cmd, job_env={**job_env, JOB_TOKEN: os.urandom(8).hex()},
+    return start_subprocess, dict(cmd=cmd, job_env={**job_env, JOB_TOKEN: os.urandom(8).hex()},
                            cwd=cwd, world_size=nprocs * nnodes, engine="torchrun")
 
 
-def popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int,
+def start_subprocess(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int,
               engine: str) -> Job:
     """Start a subprocess in its own session; its stdout and stderr are read apart.
 

@@ -1,21 +1,9 @@
 """The launch helper: a process that imported torch once and forks one agent per launch.
 
-``ddplab.launch`` (kernel side) never imports torch. It starts this module once per calling
-process as ``python -m ddplab.launcher.helper FD`` (``Helper.get``) and sends it launch requests
-over a UNIX socket, together with the write ends of the pipes it reads: the agent's report,
-the agent's log, then each local rank's stdout and each local rank's stderr.
-
-Process tree (nothing may outlive the caller)::
-
-    caller --(own session)--> helper --(own session per launch)--> agent --> rank 0..N-1
-                                 `--> store host (see ``stores``)
-
-- every process below the caller dies with its parent (``PR_SET_PDEATHSIG``); the store
-  host, told of the helper's death, also ends what the ranks started (see ``stores``);
-- each agent leads its own session and process group, so one ``killpg`` ends a launch and a
-  Jupyter interrupt (SIGINT to the caller's group) never reaches the workers directly.
-
-Lesson: every notebook that launches workers.
+The caller starts it once (``Helper.get``) as ``python -m ddplab.launcher.helper FD`` and sends
+it requests over a UNIX socket, with the write ends of the job's pipes. Every process below
+the caller dies with its parent (``PR_SET_PDEATHSIG``) and each agent leads a session of its
+own, so one ``killpg`` ends a launch and a Jupyter interrupt never reaches the workers.
 """
 
 from __future__ import annotations

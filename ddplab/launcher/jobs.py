@@ -1,11 +1,8 @@
-"""A started launch (``Job``): where its output comes from, what it knows, how to end it.
+"""A started launch (``Job``): its pipes, its process group, how to end it.
 
-A job is one process group: the agent's (forked by the helper, ``start_fast``) or a
-subprocess's (``fallback``). It has ended when its agent has written its report (every rank
-has then exited) or its subprocess has exited; what the ranks left running in the group is
-then ended, as torchrun's agent ends its workers.
-
-Lesson: every notebook that launches workers.
+A job is one process group, the agent's (forked by the helper, ``start_forked``) or a
+subprocess's (``fallback``). It has ended when its agent reported or its subprocess exited;
+what the ranks left in the group is then ended, as torchrun's agent ends its workers.
 """
 
 from __future__ import annotations
@@ -216,14 +213,14 @@ def child_env(base: Any, extra: Optional[dict[str, str]] = None) -> dict[str, st
     return merged
 
 
-class FastPathRefused(RuntimeError):
+class ForkRefused(RuntimeError):
     """The helper will not fork workers in this session; launch through a subprocess."""
 
 
 _REFUSED: list[str] = []  # why the helper refused to fork, once it has (for this session)
 
 
-def fast_path_unavailable() -> Optional[str]:
+def why_no_fork() -> Optional[str]:
     """Why launches cannot fork from the preloaded helper here, or None when they can.
 
     The helper is a fresh interpreter (started by exec, never forked from the caller), so a
@@ -234,13 +231,13 @@ def fast_path_unavailable() -> Optional[str]:
     return no_fork_reason() or (_REFUSED[0] if _REFUSED else None)
 
 
-def start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str], cwd: str,
+def start_forked(target: str, args: list[str], nprocs: int, job_env: dict[str, str], cwd: str,
                threads: int, nnodes: int, node_rank: int, endpoint: str, run_id: str,
                preload: bool = True, max_restarts: int = 0) -> Job:
     """Start a torchrun-engine job through the preloaded helper (``helper``).
 
     Raises:
-        FastPathRefused: the helper cannot fork workers safely (CUDA is initialised in it).
+        ForkRefused: the helper cannot fork workers safely (CUDA is initialised in it).
     """
     out_pipes = [os.pipe() for _ in range(nprocs)]
     err_pipes = [os.pipe() for _ in range(nprocs)]
@@ -269,7 +266,7 @@ def start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str
         for fd in read_ends:
             os.close(fd)
         _REFUSED.append(str(reply["refused"]))
-        raise FastPathRefused(reply["refused"])
+        raise ForkRefused(reply["refused"])
     sources: dict[int, Union[int, str]] = {log_r: "launcher"}
     sources.update({r: i for i, (r, _w) in enumerate(out_pipes)})
     sources.update({r: i for i, (r, _w) in enumerate(err_pipes)})

@@ -1,11 +1,4 @@
-"""Processes as the launcher sees them: death signals, process groups, ``/proc`` and descriptors.
-
-Every process the launcher starts dies with its parent (Linux's ``PR_SET_PDEATHSIG``), every
-launch is one process group, and descriptors are closed or made close-on-exec so that only a
-process's own stdin, stdout and stderr reach what it starts.
-
-Lesson: every notebook that launches workers.
-"""
+"""Process plumbing: death signals, process groups, ``/proc``, descriptors, socket folders."""
 
 from __future__ import annotations
 
@@ -147,13 +140,13 @@ _WITH_PARENT = ("import ctypes, os, sys\n"
                 "os.execv(sys.argv[3], sys.argv[3:])\n")
 
 
-def kill_marked(name: str, value: str, spare: int = 0) -> None:
-    """SIGKILL every process whose environment holds ``name=value`` (not this one, ``spare``)."""
+def kill_marked(name: str, value: str, keep: int = 0) -> None:
+    """SIGKILL every process whose environment holds ``name=value`` (not this one, ``keep``)."""
     if not value:
         return
     mark = f"{name}={value}".encode()
     for pid in process_table():
-        if pid in (os.getpid(), spare):
+        if pid in (os.getpid(), keep):
             continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as environ:

@@ -1,12 +1,8 @@
-"""One launch, as a typed spec checked once: ``LaunchSpec.check()`` before anything starts.
+"""One launch's arguments, checked once before anything starts (``LaunchSpec.check``).
 
-Every mistake found here is a ``LaunchError`` whose message says what to do: an unknown
-engine, a missing script, ``nprocs`` out of range, a timeout that is not a positive number,
-nccl without enough GPUs, a busy port. ``check`` also resolves the target the way torchrun
-does: an existing path (a file with or without ``.py``, a directory or zip with
-``__main__.py``), else an importable module name.
-
-Lesson: every notebook that launches workers.
+Every mistake is a ``LaunchError`` that says what to do; the target is resolved as torchrun
+resolves it (a file with or without ``.py``, a directory or zip with ``__main__.py``, or a
+module name).
 """
 
 from __future__ import annotations
