@@ -67,6 +67,15 @@ def until(condition, what: str, seconds: float = 60.0) -> bool:
     return True
 
 
+def needs_fork() -> None:
+    """Skip a test of the fork path where launches cannot fork (as with
+    ``DDPLAB_LAUNCH_PATH=subprocess`` set for a whole run)."""
+    from ddplab.launcher.jobs import why_no_fork
+
+    if why_no_fork() is not None:
+        pytest.skip(f"tests the fork path, and launches cannot fork here: {why_no_fork()}")
+
+
 def printed_pids(text: str) -> list[int]:
     return [int(p) for p in re.findall(r"\bpid (\d+)", text)]
 
@@ -257,6 +266,7 @@ def sockets_of(pid: int) -> int:
 def test_ten_launches_leave_nothing_behind():
     from ddplab.launcher.helper import Helper
 
+    needs_fork()
     launch(PLAIN, 2, quiet=True)  # make sure the helper process exists before counting
     store_host = Helper.get(dict(os.environ)).request({"op": "ping"}, [])["store_host"]
     assert open(f"/proc/{store_host}/comm").read().strip() == "ddplab-stores"  # as ps names it
@@ -319,6 +329,7 @@ def test_without_fork_the_launch_goes_through_torchrun_and_says_why_once(monkeyp
 
 
 def test_helper_with_cuda_initialised_refuses_to_fork_and_the_launch_still_runs():
+    needs_fork()
     code = (f"import ddplab\n"
             f"runs = [ddplab.launch({PLAIN!r}, 2, quiet=True) for _ in range(2)]\n"
             f"print([(r.ok, r.logs[1]) for r in runs])\n")
@@ -642,6 +653,7 @@ def test_an_interrupt_while_the_first_launch_waits_for_the_helper_costs_later_la
     later launch must end exactly its own processes."""
     from ddplab.launcher.helper import Helper
 
+    needs_fork()
     if Helper._current is not None:  # a fresh helper: the first launch of a kernel
         Helper._current.proc.kill()
         Helper._current.proc.wait()
@@ -810,6 +822,7 @@ def test_a_rank_sees_the_jobs_environment_directory_and_arguments(monkeypatch, p
     result = launch(ENDINGS, 2, args=["report", "--flag"], env={"MY_VAR": "x"}, cwd=tmp_path,
                     threads=3, quiet=True, timeout=120)
     assert result.ok, result.error
+    forked = path == "fork" and not os.environ.get("DDPLAB_LAUNCH_PATH")
     fresh_threads = int(subprocess.run(  # what torch makes of OMP_NUM_THREADS=3 here
         [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
         env={**os.environ, "OMP_NUM_THREADS": "3"}, capture_output=True, text=True,
@@ -819,7 +832,7 @@ def test_a_rank_sees_the_jobs_environment_directory_and_arguments(monkeypatch, p
         assert seen["env"] == {"MY_VAR": "x", "DDPLAB_TEST_LATE": "set in the caller",
                                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
                                "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "3"}
-        assert seen["threads"] == (3 if path == "fork" else fresh_threads)
+        assert seen["threads"] == (3 if forked else fresh_threads)
         assert seen["cwd"] == str(tmp_path)
         assert seen["argv"] == [ENDINGS, "report", "--flag"] and seen["name"] == "__main__"
         assert seen["path0"] == str(SCRIPTS)  # as `python rank_endings.py` puts it
