@@ -314,6 +314,7 @@ def test_without_fork_the_launch_goes_through_torchrun_and_says_why_once(monkeyp
     from ddplab import env
     from ddplab.launcher import fallback, jobs
 
+    monkeypatch.delenv("DDPLAB_LAUNCH_PATH", raising=False)  # (the reason said is the platform)
     monkeypatch.setattr(env.sys, "platform", "win32")
     monkeypatch.setattr(fallback, "_NOTICE_SHOWN", set())
     assert "needs Linux" in jobs.why_no_fork()
@@ -413,6 +414,7 @@ def test_two_nodes_name_the_first_failure_of_the_whole_job():
 
 
 def test_a_job_listens_on_loopback_only():
+    needs_fork()  # (a cold torchrun's own rendezvous store listens on every interface)
     result = launch(str(SCRIPTS / "listeners.py"), 2, quiet=True)
     assert result.ok, result.error
     addresses = [line.split()[1] for line in result.logs[0] if line.startswith("listen ")]
