@@ -10,15 +10,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from .causes import (NO_RANK_HINT, Logs, RankFailure, failures_from_output, hint_for,
-                     mark_exit_aborts, root_cause, short_message, signal_name, stderr_cause,
-                     traceback_tail)
+from .causes import (EXIT_ABORT, NO_RANK_HINT, Logs, RankFailure, failures_from_output,
+                     hint_for, mark_exit_aborts, root_cause, short_message, signal_name,
+                     stderr_cause, traceback_tail)
 
 if TYPE_CHECKING:
     from .jobs import Job
 
-__all__ = ["RunResult", "RankFailure", "hint_for", "job_outcome", "share_root_cause",
-           "spawn_outcome"]
+__all__ = ["RunResult", "RankFailure", "EXIT_ABORT", "hint_for", "job_outcome",
+           "share_root_cause", "spawn_outcome"]
 
 
 @dataclass
