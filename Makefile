@@ -95,7 +95,7 @@ COMPAT_TESTS = tests/test_launch.py tests/test_public_torch_api.py tests/test_cl
 	tests/test_train.py tests/test_amp.py tests/test_schedule.py tests/test_dist.py \
 	tests/test_collectives.py tests/test_fork_safety.py tests/test_spawn_engine.py \
 	tests/test_tensor_parallel.py tests/test_distributed_checkpoint.py tests/test_comm_hooks.py \
-	tests/test_compile_ddp.py tests/test_spares.py tests/test_torch_words.py tests/compat
+	tests/test_compile_ddp.py tests/test_torch_words.py tests/compat
 COMPAT_NOTEBOOKS = $(wildcard notebooks/03_*.ipynb notebooks/07_*.ipynb notebooks/08_*.ipynb \
 	notebooks/10_*.ipynb notebooks/11_*.ipynb notebooks/12_*.ipynb)
 

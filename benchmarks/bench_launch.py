@@ -2,11 +2,9 @@
 
 Targets: cold ``python -m ddplab launch`` <= 0.75x ``python -m torch.distributed.run
 --standalone``; a warm ``ddplab.launch`` (second and later calls in one process, as in a
-notebook kernel) <= 0.10x the same torchrun; the same warm launch where workers cannot be
-forked (macOS; here ``DDPLAB_LAUNCH_PATH=subprocess``: torchrun and its ranks in warm processes,
-see ``ddplab/launcher/spares.py``) <= 2 s. Beside it: that path launched back to back (its
-warm processes still starting) and with ``DDPLAB_SPARES=off`` (a cold torchrun subprocess per
-launch, as before). Run: ``python benchmarks/bench_launch.py [-n 5]``.
+notebook kernel) <= 0.10x the same torchrun. Beside them, no target: a launch where workers
+cannot be forked (macOS; here ``DDPLAB_LAUNCH_PATH=subprocess``: a cold torchrun subprocess).
+Run: ``python benchmarks/bench_launch.py [-n 5]``.
 """
 
 from __future__ import annotations
@@ -48,48 +46,22 @@ def warm_phases(repeats: int) -> dict[str, float]:
 
 
 NOTEBOOK_LAUNCHER = "accelerate notebook_launcher (warm)"
-NO_FORK = "ddplab.launch, no fork (warm)"
-NO_FORK_TARGET = 2.0  # seconds
+NO_FORK = "ddplab.launch, no fork (cold torchrun subprocess)"
 
 
-def _settle() -> None:
-    """Wait, untimed, until the warm processes of the no-fork path have all started, so
-    that their imports never run during another setup's measurement."""
-    from ddplab.launcher.spares import Pool
-
-    pool = Pool.current()
-    if pool is not None:
-        pool.wait_ready()
-
-
-def _no_fork(**env: str) -> Callable[[], float]:
-    """A launch through the path taken where workers cannot be forked (its notice printed once).
-
-    ``back_to_back``: one untimed launch first, then the timed one at once, while the
-    processes that replace the used ones are still importing torch.
-    """
+def _no_fork() -> float:
+    """One launch through the path taken where workers cannot be forked."""
     import ddplab
 
-    back_to_back = env.pop("back_to_back", "")
-
-    def run() -> float:
-        saved = {name: os.environ.get(name) for name in ("DDPLAB_LAUNCH_PATH", *env)}
-        os.environ.update(DDPLAB_LAUNCH_PATH="subprocess", **env)
-        try:
-            _settle()
-            if back_to_back:
-                ddplab.launch(JOB, 2, quiet=True).check()
-            return timed(lambda: ddplab.launch(JOB, 2, quiet=True).check())
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-            _settle()
-
-    run()  # the first launch starts the warm processes
-    return run
+    saved = os.environ.get("DDPLAB_LAUNCH_PATH")
+    os.environ["DDPLAB_LAUNCH_PATH"] = "subprocess"
+    try:
+        return timed(lambda: ddplab.launch(JOB, 2, quiet=True).check())
+    finally:
+        if saved is None:
+            os.environ.pop("DDPLAB_LAUNCH_PATH", None)
+        else:
+            os.environ["DDPLAB_LAUNCH_PATH"] = saved
 
 
 def _peers() -> dict[str, Callable[[], float]]:
@@ -112,15 +84,11 @@ def _peers() -> dict[str, Callable[[], float]]:
 
 
 def _no_fork_finding(result: dict) -> str:
-    """One sentence: the path without fork, warm, back to back, and cold."""
+    """One sentence: the path without fork, beside torchrun."""
     medians = result["medians"]
-    return (f"Without fork (macOS; here DDPLAB_LAUNCH_PATH=subprocess) a warm launch took "
-            f"{medians[NO_FORK]:.2f} s (target {NO_FORK_TARGET:.0f} s): torchrun and both ranks "
-            f"ran in processes that had imported torch before the launch. Launched back to "
-            f"back, while the processes replacing the used ones still import torch, it took "
-            f"{medians['ddplab.launch, no fork (back to back)']:.2f} s; with "
-            f"DDPLAB_SPARES=off (a cold torchrun subprocess, every process importing torch) "
-            f"{medians['ddplab.launch, no fork, DDPLAB_SPARES=off']:.2f} s.")
+    return (f"Without fork (macOS; here DDPLAB_LAUNCH_PATH=subprocess) a launch is a cold "
+            f"torchrun subprocess: {medians[NO_FORK]:.2f} s, against "
+            f"{medians['torchrun (cold)']:.2f} s for torchrun itself.")
 
 
 def _peer_finding(result: dict) -> str:
@@ -149,7 +117,7 @@ def main() -> dict:
         return timed(lambda: ddplab.launch(JOB, 2, quiet=True).check())
 
     def cold(cmd: list[str]) -> Callable[[], float]:
-        return lambda: (_settle(), timed(lambda: run_cmd(cmd, env=env)))[1]
+        return lambda: timed(lambda: run_cmd(cmd, env=env))
 
     os.environ.update(env_one)  # the peers fork this process: same threads as the others
     peers = _peers()
@@ -160,14 +128,11 @@ def main() -> dict:
         "ddplab launch CLI (cold)": cold(
             [PY, "-m", "ddplab", "launch", "--nproc-per-node", "2", "--quiet", JOB]),
         "ddplab.launch (warm)": warm,
-        NO_FORK: _no_fork(),
-        "ddplab.launch, no fork (back to back)": _no_fork(back_to_back="1"),
-        "ddplab.launch, no fork, DDPLAB_SPARES=off": _no_fork(DDPLAB_SPARES="off"),
+        NO_FORK: _no_fork,
         **peers,
     }
     result = summary(interleaved(candidates, ns.repeats), baseline="torchrun (cold)")
-    result["targets"] = {"ddplab launch CLI (cold)": 0.75, "ddplab.launch (warm)": 0.10,
-                         NO_FORK: {"limit": NO_FORK_TARGET, "on": "value"}}
+    result["targets"] = {"ddplab launch CLI (cold)": 0.75, "ddplab.launch (warm)": 0.10}
     if NOTEBOOK_LAUNCHER in peers:
         ratio = (result["medians"]["ddplab.launch (warm)"]
                  / result["medians"][NOTEBOOK_LAUNCHER])
@@ -188,8 +153,6 @@ def main() -> dict:
         name: (f"{result['medians'][name]:.2f} s against {cold:.2f} s for torchrun. " + finding)
         for name, limit in result["targets"].items()
         if isinstance(limit, float) and result["ratios"][name] > limit}
-    if result["medians"][NO_FORK] > NO_FORK_TARGET:
-        result["why"][NO_FORK] = _no_fork_finding(result)
     path = save("launch", result)
     for name, ratio in result["peer_ratio"].items():
         print(f"{name}: {ratio if isinstance(ratio, str) else f'{ratio:.2f}'}")

@@ -30,13 +30,11 @@ BENCHES = {
 }
 # name -> (section title, what the target says)
 SECTIONS = {
-    "launch": ("Targets 1, 2 and 6: launch cost",
+    "launch": ("Targets 1 and 2: launch cost",
                "Cold: `python -m ddplab launch --nproc-per-node 2 script.py` at most 0.75x plain "
                "`python -m torch.distributed.run --standalone --nproc-per-node 2 script.py` on a "
                "trivial gloo job. Warm: the second and later `ddplab.launch(...)` calls from one "
-               "process at most 0.10x that torchrun. Target 6: where workers cannot be forked "
-               "(macOS; here `DDPLAB_LAUNCH_PATH=subprocess`), a warm `ddplab.launch` in at most "
-               "2 s."),
+               "process at most 0.10x that torchrun."),
     "ddp_cpu": ("Target 3: DDP on CPU",
                 "2 processes x 1 thread reach at least 0.90x the combined samples/s of two "
                 "independent 1-thread processes running at the same time (the machine's own "
@@ -48,8 +46,7 @@ SECTIONS = {
                "All notebooks through nbval in at most 5 minutes on this machine."),
 }
 # setups whose target number differs from their section's
-TARGET_LABELS = {"ddplab launch CLI (cold)": "1", "ddplab.launch (warm)": "2",
-                 "ddplab.launch, no fork (warm)": "6"}
+TARGET_LABELS = {"ddplab launch CLI (cold)": "1", "ddplab.launch (warm)": "2"}
 
 
 def run_bench(name: str, quick: bool) -> bool:

@@ -33,8 +33,6 @@ def _launch(ns: argparse.Namespace) -> int:
 
     # One launch per process: preload the training stack only for ddplab's training workers.
     os.environ.setdefault("DDPLAB_PRELOAD_TRAINING", "auto")
-    # ...and where workers cannot be forked, start the warm processes it needs, no more.
-    os.environ.setdefault("DDPLAB_SPARES", "once")
     report = _Report(quiet=ns.quiet)
     try:
         result = launch(ns.target, ns.nproc_per_node, args=ns.args, engine=ns.engine,

@@ -143,15 +143,11 @@ def problems(facts: dict[str, Any]) -> list[tuple[str, str]]:
                       "run docker with --shm-size=2g or use --loader tensor (no workers)"))
     found += p2p_problems(facts)
     path = facts.get("launch_path") or launch_path()
-    if path.startswith("warm"):
+    if path.startswith("cold"):
         found.append((f"launches cannot fork workers here: {path}",
-                      "nothing to fix, every lesson runs; on Linux (or WSL 2) a launch forks "
-                      "its workers and takes a tenth of a second"))
-    elif path.startswith("cold"):
-        found.append((f"launches cannot fork workers here: {path}",
-                      "unset DDPLAB_SPARES (warm processes make a launch about a second)"
-                      if os.environ.get("DDPLAB_SPARES") else
-                      "nothing to fix, every lesson runs, slower; WSL 2 runs the fast path"))
+                      "nothing to fix, every lesson runs, a few seconds slower a launch; on "
+                      "Linux (or WSL 2) a launch forks its workers and takes a tenth of a "
+                      "second"))
     return found
 
 
@@ -169,17 +165,6 @@ def no_fork_reason() -> Optional[str]:
     return None
 
 
-def spares_mode() -> str:
-    """Launches that cannot fork: ``warm`` (default), ``once`` or ``off`` (``DDPLAB_SPARES``);
-    ``off`` where warm processes cannot work (no UNIX sockets passing descriptors)."""
-    wanted = os.environ.get("DDPLAB_SPARES", "warm").strip().lower() or "warm"
-    if wanted in ("0", "off", "no", "false"):
-        return "off"
-    if not hasattr(socket, "AF_UNIX") or not hasattr(socket, "send_fds") or os.name != "posix":
-        return "off"
-    return "once" if wanted == "once" else "warm"
-
-
 def launch_path() -> str:
     """How ``ddplab.launch`` starts workers here, by the launcher's own rule (one line).
 
@@ -188,8 +173,6 @@ def launch_path() -> str:
     why = no_fork_reason()
     if why is None:
         return "fork from a helper that imported torch once (about 0.1 s a launch)"
-    if spares_mode() != "off":
-        return f"warm processes, no fork ({why}): about 1 s a launch"
     return f"cold torchrun subprocess ({why}): seconds a launch"
 
 

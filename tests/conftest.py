@@ -25,7 +25,7 @@ LAUNCHING = {
     "test_env.py", "test_exercise_variants.py", "test_exercises_06_08.py",
     "test_exercises_ddp.py", "test_exit_abort.py", "test_fork_safety.py",
     "test_init_methods.py", "test_kernel_interrupt.py", "test_launch.py", "test_loops.py",
-    "test_plain_ddp.py", "test_rank_behaviour.py", "test_sharding.py", "test_spares.py",
+    "test_plain_ddp.py", "test_rank_behaviour.py", "test_sharding.py",
     "test_spawn_engine.py", "test_spawn_worker.py", "test_sync_batchnorm.py",
     "test_tensor_parallel.py", "test_torch_words.py", "test_train_worker.py", "test_wheel.py",
     "test_workers_02_07_09.py",

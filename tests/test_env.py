@@ -64,14 +64,12 @@ def test_problems_name_their_fix(monkeypatch):
 
 @pytest.mark.parametrize("setting, expected", [
     ({}, "fork from a helper"),
-    ({"DDPLAB_LAUNCH_PATH": "subprocess"}, "warm processes, no fork"),
-    ({"DDPLAB_LAUNCH_PATH": "subprocess", "DDPLAB_SPARES": "off"}, "cold torchrun subprocess"),
+    ({"DDPLAB_LAUNCH_PATH": "subprocess"}, "cold torchrun subprocess"),
 ])
 def test_doctor_says_how_launches_start_here(monkeypatch, setting, expected):
     """The same rule as the launcher's: the doctor's row, and a problem with its fix off the
-    fork path (``DDPLAB_SPARES=off`` is the learner's own setting: the fix is to unset it)."""
-    for name in ("DDPLAB_LAUNCH_PATH", "DDPLAB_SPARES"):
-        monkeypatch.delenv(name, raising=False)
+    fork path."""
+    monkeypatch.delenv("DDPLAB_LAUNCH_PATH", raising=False)
     for name, value in setting.items():
         monkeypatch.setenv(name, value)
     assert ddenv.launch_path().startswith(expected)
@@ -83,8 +81,7 @@ def test_doctor_says_how_launches_start_here(monkeypatch, setting, expected):
         assert about == {}
     else:
         assert len(about) == 1 and "DDPLAB_LAUNCH_PATH=subprocess" in next(iter(about))
-        fix = next(iter(about.values()))
-        assert ("unset DDPLAB_SPARES" in fix) == ("DDPLAB_SPARES" in setting)
+        assert "nothing to fix" in next(iter(about.values()))
 
 
 FAKE_GPUS = str(Path(__file__).parent / "scripts" / "fake_gpus.py")

@@ -34,8 +34,7 @@ def test_spawn_worker_ranks_exit_with_no_process_group_thread_left():
 
 
 def test_training_worker_ranks_exit_with_no_process_group_thread_left(monkeypatch):
-    monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")  # a real interpreter exit per rank:
-    monkeypatch.setenv("DDPLAB_SPARES", "off")  # (warm processes leave by os._exit, as forks do)
+    monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")  # a real interpreter exit per rank
     result = launch(THREADS, 2, args=["train", "--epochs", "1"], quiet=True, live=False,
                     timeout=300)
     assert result.ok, result.error
@@ -47,8 +46,7 @@ def test_training_worker_ranks_exit_with_no_process_group_thread_left(monkeypatc
 @pytest.mark.parametrize("worker", ["spawn", "train"])
 def test_thirty_launches_in_a_row_none_aborting(monkeypatch, worker):
     if worker == "train":
-        monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")  # ranks exit as python does:
-        monkeypatch.setenv("DDPLAB_SPARES", "off")  # cold processes, a real interpreter exit
+        monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")  # ranks exit as python does
         target, engine, args = "ddplab.workers.train", "torchrun", ["--epochs", "1"]
     else:
         target, engine, args = "ddplab.workers.spawn_ddp", "spawn", ["--epochs", "1"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -18,6 +19,7 @@ import pytest
 import ddplab
 from ddplab import LaunchError, launch
 from ddplab import env as ddenv
+from ddplab.torch_words import PEER_LOST
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PLAIN = str(SCRIPTS / "plain.py")
@@ -55,6 +57,24 @@ def wait_gone(pids: list[int], seconds: float = 15.0) -> list[int]:
     while time.monotonic() < end and any(alive(p) for p in pids):
         time.sleep(0.05)
     return [p for p in pids if alive(p)]
+
+
+def until(condition, what: str, seconds: float = 60.0) -> bool:
+    """Wait for ``condition()``; the time limit is a safety net (``what`` went wrong)."""
+    end = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < end, f"{what} (still so after {seconds:g} s)"
+        time.sleep(0.02)
+    return True
+
+
+def needs_fork() -> None:
+    """Skip a test of the fork path where launches cannot fork (as with
+    ``DDPLAB_LAUNCH_PATH=subprocess`` set for a whole run)."""
+    from ddplab.launcher.jobs import why_no_fork
+
+    if why_no_fork() is not None:
+        pytest.skip(f"tests the fork path, and launches cannot fork here: {why_no_fork()}")
 
 
 def printed_pids(text: str) -> list[int]:
@@ -100,7 +120,7 @@ def test_rank_raises_root_cause_is_that_rank():
     assert result.root_cause.rank == 1 and result.job_root_cause is result.root_cause
     assert "ValueError: boom on rank 1" in result.error
     assert 'faulty.py", line' in result.root_cause.traceback
-    assert "Connection closed" not in result.error and "agent.py" not in result.error
+    assert not PEER_LOST.search(result.error) and "agent.py" not in result.error
 
 
 def test_exit_code_is_reported():
@@ -138,13 +158,15 @@ def test_sys_exit_zero_is_success():
 
 
 def test_workers_leaving_through_os_exit_do_not_hang_the_launch():
+    needs_fork()  # (torch's agent waits for a forked worker's return value; torchrun does not)
     result = launch(FAULTY, 2, args=["osexit0"], quiet=True, timeout=60)
     assert result.status == "failed"  # not "timeout": the launcher noticed in seconds
     assert "os._exit" in result.error
 
 
 def test_timeout_ends_the_whole_group():
-    result = launch(FAULTY, 2, args=["hang"], timeout=4, quiet=True)
+    # (long enough for both ranks to print their pid on a loaded machine)
+    result = launch(FAULTY, 2, args=["hang"], timeout=20, quiet=True)
     assert result.status == "timeout" and not result.ok
     assert "timed out" in result.error
     pids = printed_pids(result.log(0) + "\n" + result.log(1))
@@ -246,11 +268,15 @@ def sockets_of(pid: int) -> int:
 def test_ten_launches_leave_nothing_behind():
     from ddplab.launcher.helper import Helper
 
+    needs_fork()
     launch(PLAIN, 2, quiet=True)  # make sure the helper process exists before counting
     store_host = Helper.get(dict(os.environ)).request({"op": "ping"}, [])["store_host"]
     assert open(f"/proc/{store_host}/comm").read().strip() == "ddplab-stores"  # as ps names it
-    time.sleep(0.5)  # (the last agent's stores go when its connection closes, as it exits)
-    host_sockets = sockets_of(store_host)
+
+    def store_host_idle() -> bool:  # its listener only: every agent's stores went with it
+        return sockets_of(store_host) == 1
+
+    assert until(store_host_idle, "the last agent's stores were not dropped")
     fds_before = len(os.listdir("/proc/self/fd"))
     pids: list[int] = []
     for _ in range(10):
@@ -261,11 +287,7 @@ def test_ten_launches_leave_nothing_behind():
     assert len(os.listdir("/proc/self/fd")) <= fds_before  # no pipe or socket leaked
     helper = Helper.get(dict(os.environ)).proc.pid
     assert [p for p in _children(helper) if alive(p)] == [store_host]  # it serves the next
-    for _ in range(50):  # every store went with its agent: no listener, no connection kept
-        if sockets_of(store_host) <= host_sockets:
-            break
-        time.sleep(0.1)
-    assert sockets_of(store_host) <= host_sockets
+    assert until(store_host_idle, "stores or connections kept after their agents ended")
 
 
 def test_spawn_engine_runs_and_reports_the_failed_rank():
@@ -289,21 +311,28 @@ def test_subprocess_path_matches(monkeypatch):
 
 
 def test_without_fork_the_launch_goes_through_torchrun_and_says_why_once(monkeypatch, capsys):
+    """Said once, in one line; the ranks are those of a ``torch.distributed.run`` subprocess."""
     from ddplab import env
     from ddplab.launcher import fallback, jobs
 
+    monkeypatch.delenv("DDPLAB_LAUNCH_PATH", raising=False)  # (the reason said is the platform)
     monkeypatch.setattr(env.sys, "platform", "win32")
     monkeypatch.setattr(fallback, "_NOTICE_SHOWN", set())
-    assert "needs Linux" in jobs.fast_path_unavailable()
+    assert "needs Linux" in jobs.why_no_fork()
     first = launch(PLAIN, 2, quiet=True)
     second = launch(PLAIN, 2, quiet=True)
     assert first.ok and second.ok, (first.error, second.error)
     assert second.logs[1] == ["rank 1 of 2: sum 3"]
     err = capsys.readouterr().err
-    assert err.count("launching through torchrun") == 1 and "needs Linux" in err
+    said = [line for line in err.splitlines() if "launching through" in line]
+    assert len(said) == 1 and "torchrun subprocess" in said[0] and "needs Linux" in said[0]
+    torchruns = [argv for _pid, ppid, argv, _env in processes() if ppid == os.getpid()
+                 and b"ddplab.launcher.fallback" in argv]
+    assert torchruns == []  # ended with its job
 
 
 def test_helper_with_cuda_initialised_refuses_to_fork_and_the_launch_still_runs():
+    needs_fork()
     code = (f"import ddplab\n"
             f"runs = [ddplab.launch({PLAIN!r}, 2, quiet=True) for _ in range(2)]\n"
             f"print([(r.ok, r.logs[1]) for r in runs])\n")
@@ -313,7 +342,7 @@ def test_helper_with_cuda_initialised_refuses_to_fork_and_the_launch_still_runs(
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str([(True, ["rank 1 of 2: sum 3"])] * 2)
-    assert out.stderr.count("launching through torchrun") == 1, out.stderr
+    assert out.stderr.count("launching through a torchrun subprocess") == 1, out.stderr
     assert "CUDA is initialised in the launch helper" in out.stderr
 
 
@@ -386,6 +415,7 @@ def test_two_nodes_name_the_first_failure_of_the_whole_job():
 
 
 def test_a_job_listens_on_loopback_only():
+    needs_fork()  # (a cold torchrun's own rendezvous store listens on every interface)
     result = launch(str(SCRIPTS / "listeners.py"), 2, quiet=True)
     assert result.ok, result.error
     addresses = [line.split()[1] for line in result.logs[0] if line.startswith("listen ")]
@@ -449,15 +479,15 @@ def test_stderr_of_the_ranks_goes_to_stderr_and_stdout_to_stdout(monkeypatch, ca
         assert "[launcher] Traceback (most recent call last):" in shown.err  # mp.spawn's report
         assert "Traceback" not in shown.out
         assert result.root_cause.rank == 1
-        return
-    result = launch(str(SCRIPTS / "streams.py"), 2, timeout=120)
-    assert result.ok, result.error
-    shown = capsys.readouterr()
-    for rank in (0, 1):
-        assert f"[rank{rank}] out line of rank {rank}\n" in shown.out
-        assert f"[rank{rank}] err line of rank {rank}\n" in shown.err
-        assert f"err line of rank {rank}" in result.logs[rank]  # the log keeps both
-    assert "err line" not in shown.out and "out line" not in shown.err
+    else:
+        result = launch(str(SCRIPTS / "streams.py"), 2, timeout=120)
+        assert result.ok, result.error
+        shown = capsys.readouterr()
+        for rank in (0, 1):
+            assert f"[rank{rank}] out line of rank {rank}\n" in shown.out
+            assert f"[rank{rank}] err line of rank {rank}\n" in shown.err
+            assert f"err line of rank {rank}" in result.logs[rank]  # the log keeps both
+        assert "err line" not in shown.out and "out line" not in shown.err
 
 
 LEGACY = ("import argparse\np = argparse.ArgumentParser()\n"
@@ -538,11 +568,348 @@ def test_a_job_whose_processes_are_all_zombies_counts_as_ended():
 
 
 def test_a_job_sees_the_debug_level_its_environment_asks_for(tmp_path):
-    """torch reads TORCH_DISTRIBUTED_DEBUG at import, in the helper: a worker must read it anew."""
+    """torch reads TORCH_DISTRIBUTED_DEBUG at import, in the helper: a worker must read it
+    anew, and see what a fresh ``python`` with the job's environment sees."""
     script = tmp_path / "level.py"
     script.write_text("import torch.distributed as dist\n"
                       "print('debug', dist.get_debug_level(), flush=True)\n")
-    detail = launch(script, 2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, quiet=True, timeout=120)
-    plain = launch(script, 2, quiet=True, timeout=120)
-    assert detail.log(0) == detail.log(1) == "debug DebugLevel.DETAIL", detail.error
-    assert plain.log(1) == "debug DebugLevel.OFF", plain.error
+    seen = set()
+    for level in ("DETAIL", "OFF"):
+        env = {"TORCH_DISTRIBUTED_DEBUG": level}
+        fresh = subprocess.run([sys.executable, str(script)], env={**os.environ, **env},
+                               capture_output=True, text=True, timeout=120)
+        result = launch(script, 2, env=env, quiet=True, timeout=120)
+        assert result.ok, result.error
+        assert result.log(0) == result.log(1) == fresh.stdout.strip(), level
+        seen.add(fresh.stdout)
+    assert len(seen) == 2  # (the two levels are told apart)
+
+
+# --------------------------------------------------------------------- interrupts at any moment
+
+SLEEPER = ("import os, sys, time\nfrom pathlib import Path\n"
+           "Path(sys.argv[1], 'pid-' + os.environ['RANK']).write_text(str(os.getpid()))\n"
+           "print('pid', os.getpid(), flush=True)\ntime.sleep(300)\n")
+
+
+def _sleeper(folder: Path) -> Path:
+    """A rank script that writes its pid to ``folder/pid-RANK``, then sleeps."""
+    script = folder / "sleeper.py"
+    script.write_text(SLEEPER)
+    return script
+
+
+def _pids_in(folder: Path) -> list[int]:
+    return sorted(int(p.read_text()) for p in folder.glob("pid-*") if p.read_text())
+
+
+def _interrupt_main_thread(when, times: int = 1, every: float = 0.02,
+                           safety: float = 180.0) -> threading.Thread:
+    """Send SIGINT to the main thread (what a Jupyter interrupt does) once ``when(frame)`` holds
+    for its innermost frame, then ``times - 1`` more times while it still runs the launcher."""
+    import linecache  # noqa: F401  (used by the conditions)
+
+    main = threading.main_thread().ident
+
+    def in_launcher() -> bool:
+        frame = sys._current_frames().get(main)
+        while frame is not None:
+            if f"{os.sep}launcher{os.sep}" in frame.f_code.co_filename:
+                return True
+            frame = frame.f_back
+        return False
+
+    def watch() -> None:
+        end = time.monotonic() + safety
+        while time.monotonic() < end and not when(sys._current_frames().get(main)):
+            time.sleep(0.005)
+        for _ in range(times):
+            if not in_launcher():
+                return
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(every)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def _waits_for_the_helpers_reply(frame) -> bool:
+    import linecache
+
+    return (frame is not None and frame.f_code.co_name == "request"
+            and frame.f_code.co_filename.endswith("helper.py")
+            and "recv" in linecache.getline(frame.f_code.co_filename, frame.f_lineno))
+
+
+@pytest.fixture
+def real_sigint():
+    """The process's SIGINT raises KeyboardInterrupt, as in a notebook kernel."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_an_interrupt_while_the_first_launch_waits_for_the_helper_costs_later_launches_nothing(
+        tmp_path, monkeypatch, real_sigint):
+    """The first launch of a kernel waits seconds for the helper's reply (it imports the
+    training stack first). Interrupted there, nothing of that launch may run on, and every
+    later launch must end exactly its own processes."""
+    from ddplab.launcher.helper import Helper
+
+    needs_fork()
+    if Helper._current is not None:  # a fresh helper: the first launch of a kernel
+        Helper._current.proc.kill()
+        Helper._current.proc.wait()
+    monkeypatch.delenv("DDPLAB_PRELOAD_TRAINING", raising=False)
+    script = _sleeper(tmp_path)
+    folders = {name: tmp_path / name for name in "ABC"}
+    for folder in folders.values():
+        folder.mkdir()
+    fds = len(os.listdir("/proc/self/fd"))
+    watcher = _interrupt_main_thread(_waits_for_the_helpers_reply)
+    with pytest.raises(KeyboardInterrupt):
+        launch(script, 2, args=[folders["A"]], quiet=True, timeout=120)
+    watcher.join(timeout=60)
+    assert len(os.listdir("/proc/self/fd")) <= fds  # no pipe of the half-started job kept
+    monkeypatch.setenv("DDPLAB_PRELOAD_TRAINING", "0")
+    for name in "BC":
+        result = launch(script, 2, args=[folders[name]], quiet=True, timeout=5)
+        assert result.status == "timeout", result.error
+        own = _pids_in(folders[name])
+        assert len(own) == 2 and sorted(result.pids.values()) == own  # its own ranks...
+        assert not wait_gone(own, 10)  # ...ended by its own timeout
+    assert not wait_gone(_pids_in(folders["A"]), 10)  # the interrupted launch ran on nowhere
+    assert len(os.listdir("/proc/self/fd")) <= fds + 1  # (+1: the helper's socket)
+
+
+def test_interrupts_during_the_clean_up_of_two_jobs_skip_nothing(tmp_path, real_sigint):
+    """An impatient learner presses Ctrl-C again and again: every process of every job ends."""
+    script = _sleeper(tmp_path)
+
+    def both_jobs_run(_frame) -> bool:
+        return len(_pids_in(tmp_path)) == 2
+
+    watcher = _interrupt_main_thread(both_jobs_run, times=6)
+    with pytest.raises(KeyboardInterrupt):
+        ddplab.launch_multinode(script, nnodes=2, nproc_per_node=1, args=[tmp_path],
+                                quiet=True, timeout=120)
+    watcher.join(timeout=60)
+    pids = _pids_in(tmp_path)
+    assert len(pids) == 2 and not wait_gone(pids, 10)
+
+
+def test_an_infinite_timeout_means_no_limit():
+    result = launch(PLAIN, 2, quiet=True, timeout=math.inf)
+    assert result.ok, result.error
+    assert result.exit_codes == {0: 0, 1: 0}
+
+
+# ------------------------------------------------------------------ processes and their traces
+
+def test_nothing_is_run_between_fork_and_exec():
+    """``preexec_fn`` can deadlock in a process with threads (a notebook kernel has several)."""
+    import ast
+
+    package = Path(ddplab.__file__).parent
+    found = [f"{path.relative_to(package)}:{node.lineno}" for path in package.rglob("*.py")
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.keyword) and node.arg == "preexec_fn"]
+    assert found == []
+
+
+def test_a_pid_that_names_another_process_now_is_not_signalled():
+    from ddplab.launcher.procs import kill_group, signal_process, start_time
+
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        started = start_time(sleeper.pid)
+        assert started is not None
+        signal_process(sleeper.pid, signal.SIGKILL, started + 1)  # (as if the pid were reused)
+        kill_group(sleeper.pid, signal.SIGKILL, started + 1)
+        assert alive(sleeper.pid)
+        kill_group(sleeper.pid, signal.SIGKILL, started)
+        assert sleeper.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_socket_folders_go_at_exit_and_those_of_a_killed_owner_at_the_next_start(
+        request, monkeypatch):
+    import shutil
+    import tempfile
+
+    from ddplab.launcher.procs import socket_folder
+
+    code = ("import sys, time\nfrom ddplab.launcher.procs import socket_folder\n"
+            "print(socket_folder('ddplab-test-'), flush=True)\n"
+            "if sys.argv[1:] == ['hold']:\n    time.sleep(120)\n")
+    short = tempfile.mkdtemp(prefix="dd", dir="/tmp")  # (a long one would be left for /tmp)
+    request.addfinalizer(lambda: shutil.rmtree(short, ignore_errors=True))
+    env = {**os.environ, "TMPDIR": short}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not os.path.exists(done.stdout.strip())  # removed when its owner exited
+    killed = subprocess.Popen([sys.executable, "-c", code, "hold"], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    left = killed.stdout.readline().strip()
+    killed.kill()
+    killed.wait()
+    assert os.path.isdir(left) and left.startswith(short)
+    monkeypatch.setattr(tempfile, "tempdir", short)
+    mine = socket_folder("ddplab-test-")
+    assert not os.path.exists(left) and os.path.isdir(mine)  # reclaimed; a new one made
+
+
+
+# ------------------------------------------------------- how ranks end, on both paths alike
+
+ENDINGS = str(SCRIPTS / "rank_endings.py")
+PATHS = ["fork", "subprocess"]
+
+
+def _on(path: str, monkeypatch) -> None:
+    if path == "subprocess":  # the path macOS takes: a cold torchrun subprocess
+        monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("mode,signal_name", [("kill", "SIGKILL"), ("segv", "SIGSEGV"),
+                                              ("interrupt", "SIGINT")])
+def test_a_rank_killed_by_a_signal_is_reported_with_that_signal(
+        monkeypatch, path, mode, signal_name):
+    if (path, mode) == ("fork", "interrupt"):
+        pytest.skip("a forked rank's uncaught KeyboardInterrupt is torch multiprocessing's "
+                    "to handle (it swallows it), not a signal")
+    _on(path, monkeypatch)
+    result = launch(ENDINGS, 2, args=[mode], quiet=True, timeout=120)
+    assert result.status == "failed", result.error
+    assert result.root_cause.rank == 1 and result.root_cause.signal == signal_name
+    assert f"killed by {signal_name}" in result.error
+    assert not wait_gone(list(result.pids.values()), 10)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("mode,code", [("raise", 1), ("minus1", 255)])
+def test_a_rank_exits_with_the_status_python_gives(monkeypatch, path, mode, code):
+    """An uncaught exception is 1, with the script's traceback; sys.exit(-1) is 255, not a
+    signal."""
+    _on(path, monkeypatch)
+    result = launch(ENDINGS, 2, args=[mode], quiet=True, timeout=120)
+    assert result.status == "failed"
+    assert result.root_cause.rank == 1 and result.root_cause.exitcode == code
+    assert result.exit_codes[1] == code and result.root_cause.signal is None
+    assert f"rank 1 exited with code {code}" in result.error
+    trace = result.root_cause.traceback
+    if mode == "raise":
+        assert "ValueError: rank 1 fails on purpose" in trace
+        assert 'rank_endings.py", line' in trace
+        assert "entry.py" not in trace and "runpy" not in trace
+
+
+def test_a_rank_that_ended_before_the_failure_keeps_its_exit_code(monkeypatch, tmp_path):
+    """torchrun's report names only the failed rank; each rank says how its script ended.
+    (A subprocess's ranks end apart; a forked rank's process waits for its peers.)"""
+    _on("subprocess", monkeypatch)
+    result = launch(ENDINGS, 2, args=["after0"], cwd=tmp_path, quiet=True, timeout=120)
+    assert result.status == "failed" and result.root_cause.rank == 1, result.error
+    assert result.exit_codes == {0: 0, 1: 1}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_rank_sees_the_jobs_environment_directory_and_arguments(monkeypatch, path, tmp_path):
+    _on(path, monkeypatch)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("DDPLAB_TEST_LATE", "set in the caller")
+    result = launch(ENDINGS, 2, args=["report", "--flag"], env={"MY_VAR": "x"}, cwd=tmp_path,
+                    threads=3, quiet=True, timeout=120)
+    assert result.ok, result.error
+    forked = path == "fork" and not os.environ.get("DDPLAB_LAUNCH_PATH")
+    fresh_threads = int(subprocess.run(  # what torch makes of OMP_NUM_THREADS=3 here
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        env={**os.environ, "OMP_NUM_THREADS": "3"}, capture_output=True, text=True,
+        timeout=120).stdout)
+    for rank in (0, 1):
+        seen = json.loads(result.log(rank))
+        assert seen["env"] == {"MY_VAR": "x", "DDPLAB_TEST_LATE": "set in the caller",
+                               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                               "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "3"}
+        assert seen["threads"] == (3 if forked else fresh_threads)
+        assert seen["cwd"] == str(tmp_path)
+        assert seen["argv"] == [ENDINGS, "report", "--flag"] and seen["name"] == "__main__"
+        assert seen["path0"] == str(SCRIPTS)  # as `python rank_endings.py` puts it
+        assert seen["stdin"] == ""  # not the caller's
+        assert seen["pid"] == result.pids[rank]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_interrupted_launch_ends_every_rank_on_both_paths(monkeypatch, path, tmp_path,
+                                                              real_sigint):
+    """The ranks of a torchrun subprocess lead sessions of their own, out of reach of the
+    kernel's SIGINT: the launch ends them itself, then raises the interrupt again."""
+    _on(path, monkeypatch)
+    script = _sleeper(tmp_path)
+    watcher = _interrupt_main_thread(lambda _frame: len(_pids_in(tmp_path)) == 2)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        launch(script, 2, args=[tmp_path], quiet=True, timeout=120)
+    watcher.join(timeout=60)
+    held = _pids_in(tmp_path)
+    assert caught.value.result.status == "interrupted"
+    assert set(caught.value.result.pids.values()) <= set(held)  # (those it had heard of)
+    assert len(held) == 2 and not wait_gone(held, 10)
+
+
+def test_a_caller_that_returns_leaves_nothing_running_on_the_subprocess_path():
+    code = (f"import json, ddplab\n"
+            f"result = ddplab.launch({PLAIN!r}, 2, quiet=True, timeout=120)\n"
+            f"print(json.dumps({{'ok': result.ok, 'ranks': list(result.pids.values())}}))\n")
+    env = {**os.environ, "DDPLAB_LAUNCH_PATH": "subprocess", "DDPLAB_TEST_MARK": str(os.getpid())}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["ok"] and len(seen["ranks"]) == 2
+    mark = f"DDPLAB_TEST_MARK={os.getpid()}".encode()
+    assert not wait_gone([pid for pid, _ppid, _argv, environ in processes() if mark in environ],
+                         10)
+
+
+# ------------------------------------------------------------------------------- on_event
+
+EMITS = ("import os, sys, time\nfrom pathlib import Path\nfrom ddplab import events\n"
+         "Path(sys.argv[1], 'pid-' + os.environ['RANK']).write_text(str(os.getpid()))\n"
+         "for step in range(3):\n    events.emit('metric', name='step', value=step)\n"
+         "while sys.argv[2:] == ['hold']:  # (an event a second until ended)\n"
+         "    events.emit('metric', name='tick', value=0)\n    time.sleep(1)\n")
+
+
+def test_on_event_receives_every_event_as_the_result_keeps_them(tmp_path):
+    script = tmp_path / "emits.py"
+    script.write_text(EMITS)
+    seen: list[dict] = []
+    result = launch(script, 2, args=[tmp_path], quiet=True, timeout=120, on_event=seen.append)
+    assert result.ok, result.error
+    kept = [event for rank in sorted(result.events) for event in result.events[rank]]
+    assert len(kept) == 6 and sorted(map(json.dumps, seen)) == sorted(map(json.dumps, kept))
+    for rank in (0, 1):  # each rank's in the order it sent them
+        assert [e["value"] for e in seen if e["rank"] == rank] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_exception_in_the_caller_ends_every_process_of_the_job(monkeypatch, path, tmp_path):
+    """A callback that raises (or any error in the calling process) ends the job, then the
+    error reaches the caller unchanged."""
+    _on(path, monkeypatch)
+    script = tmp_path / "emits.py"
+    script.write_text(EMITS)
+
+    def broken(event: dict) -> None:
+        if len(_pids_in(tmp_path)) == 2:  # (both ranks run)
+            raise RuntimeError("a broken callback")
+
+    with pytest.raises(RuntimeError, match="a broken callback"):
+        launch(script, 2, args=[tmp_path, "hold"], quiet=True, timeout=120, on_event=broken)
+    pids = _pids_in(tmp_path)
+    assert len(pids) == 2 and not wait_gone(pids, 10)

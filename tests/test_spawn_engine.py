@@ -178,7 +178,7 @@ def test_a_timeout_ends_the_script_and_every_rank_it_started():
 
 
 def test_where_processes_cannot_be_watched_nothing_is_claimed_about_ranks():
-    from ddplab.launcher.outcome import spawn_outcome
+    from ddplab.launcher.results import spawn_outcome
     from ddplab.launcher.results import RunResult
 
     def outcome(code):

@@ -1,12 +1,13 @@
-"""The launcher: ``ddplab.launch`` and ``ddplab.launch_multinode``, one module per role.
+"""The launcher behind ``ddplab.launch``: one module per process role, read top-down.
 
-Read top-down: ``api`` (the public functions), ``spec`` (one launch, checked once), ``jobs``
-(a started launch), ``helper`` (the process that imported torch once), ``agent`` (torchrun's
-engine, one per launch), ``stores`` (rendezvous stores outside the agent), ``entry`` (a rank's
-first frame), ``output`` (live rank-prefixed streams), ``fallback`` (torchrun without fork,
-and mp.spawn scripts), ``spares`` and ``stub`` (warm processes for torchrun and its ranks where
-workers cannot be forked), ``outcome`` and ``results`` (exit facts, root cause, ``RunResult``),
-``procs`` (process groups, death signals, descriptors).
+::
 
-Importing this package imports nothing: ``ddplab.launch`` (``api.launch``) is what learners call.
+    caller (notebook kernel)            api, spec, jobs, output, results, causes
+      |-- Linux, one node: helper --> agent per launch --> ranks
+      |       helper.py (imported torch once)  agent.py (torch's elastic_launch, fork)
+      |       `-- store host (stores.py)       entry.py (each rank's first frame)
+      `-- elsewhere, or engine "spawn": a subprocess (fallback.py)
+              python -m torch.distributed.run --> ranks (entry.py), or python script.py
+
+``procs`` holds the process plumbing all of them share. Importing this package imports nothing.
 """

@@ -1,19 +1,9 @@
-"""One elastic agent per launch: torchrun's engine, run in a child of the launch helper.
+"""One elastic agent per launch, forked by the helper: torchrun's engine with forked ranks.
 
-The helper forks this child for each launch request; ``run_agent`` makes it a session and
-process group of its own (one ``killpg`` ends the launch), then calls PyTorch's own elastic
-launcher (``torch.distributed.launcher.api.elastic_launch``, the engine behind ``torchrun``)
-with ``start_method="fork"``: every rank starts with torch already imported and runs
-``entry.run_rank``. One node uses the ``ddplab`` rendezvous (its store served by the store
-host, see ``stores``); several nodes use torch's ``c10d`` rendezvous, as torchrun does, its
-store served by node 0's store host.
-
-Exit facts take one route: this agent's accounting of its children (``_note_exits``, which
-reads every rank's exit status the moment it ends, without reaping it) completed by the
-failures torch reports (``ChildFailedError``). They go back to the launcher in one JSON report,
-by pid; the launcher maps pids to ranks.
-
-Lesson: every notebook that launches workers.
+``run_agent`` makes the child a session of its own, then calls PyTorch's ``elastic_launch``
+with ``start_method="fork"``; each rank runs ``entry.run_rank``. Exit statuses are read as
+ranks end (``_note_exits``), completed by torch's ``ChildFailedError``, and sent back in one
+JSON report, by pid.
 """
 
 from __future__ import annotations
@@ -33,11 +23,13 @@ from .procs import close_quietly, set_parent_death_signal, write_all
 _EXITS: dict[int, tuple[int, float]] = {}  # pid -> (exit code or -signal, time it ended)
 
 
-def run_agent(req: dict[str, Any], fds: list[int]) -> None:
+def run_agent(req: dict[str, Any], fds: list[int], helper: int) -> None:
     """Body of the forked agent child: run one elastic launch, write a JSON report, exit."""
     report_fd, log_fd, rank_fds = fds[0], fds[1], fds[2:]
     os.setsid()
     set_parent_death_signal()
+    if os.getppid() != helper:  # the helper died before the line above: so must this launch
+        os._exit(70)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     close_quietly(log_fd)

@@ -1,60 +1,32 @@
-"""Run a script or module on N processes from a notebook cell or a terminal (``ddplab.launch``).
+"""``ddplab.launch``: run a script or module on N processes from a cell or a terminal.
 
-``launch("ddplab.workers.train", 2, args=["--epochs", "3"])`` starts the job with PyTorch's own
-engines, prints every rank's output live in the calling cell (prefixed ``[rank1]``), turns the
-workers' ``@ddplab`` event lines into a progress bar and a live loss plot, and returns a
-``RunResult`` to assert on. It never leaves a process behind: a timeout, a Jupyter interrupt, an
-exception in the caller or the caller's death ends the whole worker tree.
-
-Engines:
-
-- ``torchrun``: PyTorch's elastic launcher (``torch.distributed.run``). On Linux the job is
-  started by the launch helper (``helper``), a process that imported torch once and forks one
-  agent per launch, so a launch costs a fraction of a cold ``torchrun``. Elsewhere, with
-  ``DDPLAB_LAUNCH_PATH=subprocess``, or if CUDA is initialised in the helper (forked workers
-  could not use it), torchrun and its ranks run in warm processes started by exec, which
-  imported torch before the launch (``spares``; ``DDPLAB_SPARES=off``: a cold
-  ``python -m torch.distributed.run`` subprocess), said once.
-- ``spawn``: the script is run unchanged, as ``python script.py ARGS``, and calls
-  ``torch.multiprocessing.spawn`` itself: it decides its own process count and parses its own
-  command line. ddplab adds nothing to its arguments; its environment holds ``MASTER_ADDR``,
-  a free ``MASTER_PORT``, ``DDPLAB_NPROCS`` (the requested process count, for scripts that
-  want it: ``ddplab.workers.spawn_ddp`` reads it) and ``DDPLAB_RANK_PREFIX=1`` (ranks set up
-  by ``ddplab.dist`` then tag their lines ``[rankN]``, so their output is told apart).
-
-A launch ends when its ranks end, whatever they left running or holding: once the agent has
-reported (or the subprocess exited), the pipes are read to their end and closed, and what the
-ranks left in the job's process group is ended, as torchrun ends its workers. On a timeout,
-each rank still running first dumps its Python stack (``RunResult.stacks``), then the job ends.
-
-``KeyboardInterrupt`` (a Jupyter interrupt) ends every process of the job, says so, and is
-raised again, so an interrupted cell stops "Run All" like any other; the exception carries the
-``RunResult`` as ``.result``.
+It starts the job with PyTorch's own engines (torchrun's elastic agent, or the script's own
+``mp.spawn``), prints every rank's output live, turns ``@ddplab`` event lines into progress
+and plots, and returns a ``RunResult``. Nothing outlives it: a timeout, an interrupt (raised
+again, carrying ``.result``), an error in the caller or the caller's death ends the whole job;
+on a timeout each rank still running first shows its Python stack.
 
 Example::
 
     result = ddplab.launch("ddplab.workers.train", nprocs=2, args=["--epochs", "2"])
     assert result.ok, result.error
-    print(result.summary["final_accuracy"])
 
-Lessons: every notebook that runs workers (01-09); 07 for the multi-node options; 10 for stacks.
+Lessons: every notebook that runs workers; 07 for several nodes; 10 for stacks.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 import uuid
 from typing import Any, Callable, Optional, Sequence, Union
 
 from .. import env as _env
-from .fallback import popen_job, subprocess_path
-from .jobs import FastPathRefused, Job, child_env, fast_path_unavailable, start_fast
-from .outcome import job_outcome, share_root_cause
+from .fallback import start_subprocess, torchrun_subprocess
+from .jobs import ForkRefused, Job, child_env, end_jobs, start_forked, why_no_fork
 from .output import Streams
-from .results import RunResult
+from .results import RunResult, job_outcome, share_root_cause
 from .spec import LaunchError, LaunchSpec, check_timeout, declares_local_rank
 
 __all__ = ["launch", "launch_multinode", "LaunchError", "RunResult"]
@@ -91,8 +63,8 @@ def launch(
         nprocs: processes on this node (torchrun's ``--nproc-per-node``), 1 to ``MAX_NPROCS``.
         args: command-line arguments for the target.
         engine: ``"torchrun"`` or ``"spawn"`` (the script calls ``mp.spawn`` itself).
-        timeout: seconds (finite, > 0) before the whole job is ended and reported as a
-            timeout (default ``DDPLAB_TIMEOUT`` or 3600).
+        timeout: seconds (> 0) before the whole job is ended and reported as a timeout
+            (None: ``DDPLAB_TIMEOUT`` or 3600; ``math.inf``: no limit).
         env: extra environment variables for the workers.
         quiet: print nothing (output is still kept in the result).
         backend: None (auto: nccl with GPUs, gloo without), or force ``gloo``/``nccl``; passed
@@ -102,24 +74,17 @@ def launch(
         nnodes, node_rank, rdzv_endpoint, master_addr, master_port: multi-node options as in
             torchrun; by default one node with a rendezvous on 127.0.0.1 and a free port.
         live: show a progress bar and live loss plot from the workers' events.
-        max_restarts: how many times the elastic agent restarts every worker of the job after
-            one fails (torchrun's ``--max-restarts``; engine ``torchrun`` only). A restarted
-            worker sees ``TORCHELASTIC_RESTART_COUNT`` > 0 and resumes from its checkpoint
-            (lesson 10).
-        local_rank_arg: pass each rank ``--local_rank=N`` before its arguments, as the old
-            ``torch.distributed.launch`` did, for scripts written for it (lesson 07): True or
-            ``"underscore"`` for ``--local_rank``, ``"dash"`` for ``--local-rank`` (what it
-            passed since torch 2.0). torchrun passes nothing: the rank is in ``LOCAL_RANK``.
-        on_event: called with every event a worker emits, as it arrives (the CLI prints one
-            line per epoch with it).
+        max_restarts: torchrun's ``--max-restarts`` (engine ``torchrun``): every worker is
+            restarted after one fails, with ``TORCHELASTIC_RESTART_COUNT`` > 0 (lesson 10).
+        local_rank_arg: pass each rank ``--local_rank=N`` (True or ``"underscore"``) or
+            ``--local-rank=N`` (``"dash"``), as ``torch.distributed.launch`` did (lesson 07).
+        on_event: called with every event a worker emits, as it arrives.
 
     Returns:
         A ``RunResult``; ``result.ok`` is False for any failure or timeout.
 
     Raises:
-        LaunchError: bad input (missing script, nprocs out of range, a timeout that is not a
-            positive number, unknown engine, nccl without enough GPUs, a busy port you asked
-            for), before anything starts.
+        LaunchError: bad input, before anything starts.
         KeyboardInterrupt: the launch was interrupted (a Jupyter interrupt, Ctrl-C), raised
             again once every process of the job has ended; ``.result`` holds the RunResult.
     """
@@ -145,13 +110,8 @@ def launch_multinode(
 ) -> list[RunResult]:
     """Pretend this machine is ``nnodes`` machines: one torchrun agent per "node".
 
-    Each agent is started exactly as on a real cluster (``--nnodes``, ``--node-rank`` and one
-    ``--rdzv-endpoint``), here all on 127.0.0.1; they meet at the rendezvous and form one job.
-
-    Returns:
-        One ``RunResult`` per node, in node-rank order.
-
-    Lesson: 07.
+    Each agent starts as on a cluster (``--nnodes``, ``--node-rank``, one ``--rdzv-endpoint``
+    on 127.0.0.1); one ``RunResult`` per node, in node-rank order. Lesson: 07.
     """
     seconds = check_timeout(timeout, DEFAULT_TIMEOUT)
     port = port or _env.free_port()
@@ -172,14 +132,13 @@ def _start_jobs(specs: list[LaunchSpec], quiet: bool, live: bool) -> tuple[list[
         for index, (starter, kwargs) in enumerate(prepared):
             try:
                 job = starter(**kwargs)
-            except FastPathRefused as refused:
-                starter, kwargs = subprocess_path(str(refused), **kwargs)
+            except ForkRefused as refused:
+                starter, kwargs = torchrun_subprocess(str(refused), **kwargs)
                 job = starter(**kwargs)
             job.node = f"node{index} " if len(prepared) > 1 else ""
             jobs.append(job)
     except BaseException:
-        for job in jobs:
-            job.kill(signal.SIGKILL)
+        end_jobs(jobs)
         view.close()
         raise
     return jobs, view
@@ -217,26 +176,24 @@ def _prepare(spec: LaunchSpec) -> tuple[Callable[..., Job], dict[str, Any]]:
         job_env.update(MASTER_ADDR=spec.host,
                        MASTER_PORT=str(spec.port or _env.free_port(spec.host)),
                        DDPLAB_NPROCS=str(spec.nprocs), DDPLAB_RANK_PREFIX="1")
-        return popen_job, dict(cmd=[sys.executable, *script, *spec.argv], job_env=job_env,
-                               cwd=spec.cwd, world_size=spec.nprocs, engine="spawn")
+        return start_subprocess, dict(cmd=[sys.executable, *script, *spec.argv],
+                                      job_env=job_env, cwd=spec.cwd, world_size=spec.nprocs,
+                                      engine="spawn")
     endpoint = f"{spec.host}:{spec.port if spec.port is not None else 0}"
     run_id = uuid.uuid4().hex if spec.nnodes == 1 else f"ddplab-{endpoint}"
     fast = dict(target=spec.resolved, args=spec.argv, nprocs=spec.nprocs, job_env=job_env,
                 cwd=spec.cwd, threads=spec.threads, nnodes=spec.nnodes,
                 node_rank=spec.node_rank, endpoint=endpoint, run_id=run_id,
                 preload=_preload(spec.resolved), max_restarts=spec.max_restarts)
-    why_not = fast_path_unavailable()
+    why_not = why_no_fork()
     if why_not is None:
-        return start_fast, fast
-    return subprocess_path(why_not, **fast)
+        return start_forked, fast
+    return torchrun_subprocess(why_not, **fast)
 
 
 def _preload(target: str) -> bool:
-    """Whether the helper should preload the training stack before this launch.
-
-    A notebook launches many training runs, so it pays the imports once (default). The CLI
-    sets ``DDPLAB_PRELOAD_TRAINING=auto``: preload only for ddplab's own training workers.
-    """
+    """Whether the helper imports the training stack first (a notebook: yes, once; the
+    CLI's ``DDPLAB_PRELOAD_TRAINING=auto``: only for ddplab's own workers)."""
     mode = os.environ.get("DDPLAB_PRELOAD_TRAINING", "1")
     if mode == "auto":
         return target.startswith("ddplab.workers")
@@ -265,15 +222,13 @@ def _run(jobs: list[Job], view: Any, timeout: float,
                 stacks = streams.stacks(running, timeout)
         except KeyboardInterrupt as exc:
             status, interrupt = "interrupted", exc
-        if status != "done":
-            for job in jobs:
-                job.terminate()
+        if status != "done":  # a timeout lets torchrun's agents end their workers first
+            end_jobs(jobs, grace=3.0 if status == "timeout" else 0.0)
             streams.drain()
         for job in jobs:
             job.reap()
     except BaseException:  # an error in the caller, or a second interrupt: end everything
-        for job in jobs:
-            job.terminate(grace=0.5)
+        end_jobs(jobs)
         raise
     finally:
         streams.close()

@@ -1,22 +1,9 @@
-"""A rank's first frame: its own pipes, its stack on demand, then the target run as ``__main__``.
+"""A rank's first frame: its own stdio, its stack on demand, then the target as ``__main__``.
 
-``run_rank`` is the function the elastic agent forks every rank into (torch already imported,
-the torchrun environment set: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...). It
-
-- puts the rank's stdout and stderr on pipes of its own and closes every other launcher
-  descriptor; the rest become close-on-exec, so nothing but 0, 1, 2 reaches what it starts;
-- tells the launcher which global rank and pid it is (one ``rank`` event line);
-- dumps its Python stack, every thread, on its stderr at SIGUSR1 (``faulthandler``): what the
-  launcher asks for before it ends a job that timed out, so a hang names its line;
-- runs the target as ``python`` would (``run_target``) and leaves as ``python`` would: the
-  script's ``atexit`` handlers run, and cycles are collected.
-
-``run_spare_rank`` does the same in a warm process that torchrun's stub handed its rank to
-(``spares``): there the rank's stdio is already in place, and it leaves as ``python`` leaves.
-``python -m ddplab.launcher.entry TARGET [ARGS...]`` runs the same ``run_target`` for ranks that
-a cold torchrun subprocess starts (``local_rank_arg`` with ``DDPLAB_SPARES=off``).
-
-Lesson: every notebook that launches workers; 10 for the stacks of a hang.
+``run_rank`` (forked ranks) and ``main`` (ranks of a torchrun subprocess) announce the rank and
+its pid (a ``rank`` event), dump every thread's stack at SIGUSR1 (``faulthandler``: a timeout
+names the line each rank waits at), run the target as ``python`` would, and say how it ended
+(an ``exit`` event). Only 0, 1 and 2 reach what a rank starts.
 """
 
 from __future__ import annotations
@@ -53,7 +40,7 @@ def run_target(target: str, args: list[str]) -> None:
     """Run a script path (file, directory or zip with ``__main__.py``) or a module name.
 
     The process started before the rank's environment was set (a fork of the helper, or a
-    warm process): the job's ``PYTHONPATH`` entries are put on ``sys.path`` as a fresh
+    torchrun subprocess): the job's ``PYTHONPATH`` entries are put on ``sys.path`` as a fresh
     ``python`` would have put them.
     """
     import runpy
@@ -123,41 +110,6 @@ def _announce() -> None:
     _say({"kind": "rank", "rank": int(os.environ["RANK"]),
           "local_rank": int(os.environ["LOCAL_RANK"]), "pid": os.getpid()})
     faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
-
-
-def run_spare_rank(target: str, args: list[str]) -> None:
-    """Run one rank in a warm process whose stdio and environment are the rank's (``spares``).
-
-    Torch was imported before the environment was the rank's: what torch reads at import is
-    read again (threads, ``TORCH_DISTRIBUTED_DEBUG``), as for a forked rank. The rank leaves
-    as a forked one does (the script's exit handlers, a collection, then ``os._exit``: the
-    teardown of the modules preloaded for it would cost half a second), with the code
-    ``python script.py`` would give: an uncaught exception prints the script's part of the
-    traceback and exits 1; an uncaught KeyboardInterrupt ends it by SIGINT.
-    """
-    _announce()
-    _like_a_fresh_process(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
-    code: Any = 0
-    interrupted = False
-    try:
-        run_target(target, args)
-    except SystemExit as exc:  # sys.exit(-1) is exit status 255, as in python, not a signal
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if not isinstance(exc.code, (int, type(None))):
-            print(exc.code, file=sys.stderr)
-    except KeyboardInterrupt as exc:
-        _print_user_traceback(exc)
-        code, interrupted = -int(signal.SIGINT), True
-    except BaseException as exc:  # noqa: BLE001  (as python does: print it, exit 1)
-        code = 1
-        _print_user_traceback(exc)
-    _finish_like_an_interpreter()
-    _say({"kind": "exit", "rank": int(os.environ["RANK"]), "code": code, "time": time.time()})
-    _flush()
-    if interrupted:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(code & 0xFF)
 
 
 def _like_a_fresh_process(threads: int) -> None:
@@ -247,10 +199,36 @@ def _print_user_traceback(exc: BaseException) -> None:
 
 
 def main() -> None:
-    """``python -m ddplab.launcher.entry TARGET [ARGS...]`` (a torchrun subprocess's rank)."""
+    """``python -m ddplab.launcher.entry TARGET [ARGS...]``: a rank of a torchrun subprocess.
+
+    As ``run_rank`` on the fork path: the rank dies with torchrun (which starts each rank in a
+    session of its own, out of reach of the signal that ends torchrun's group), says which
+    rank and pid it is, dumps its stack at SIGUSR1, says how its script ended; then it leaves
+    as ``python script.py`` would, with the same exit status.
+    """
     if len(sys.argv) < 2:
-        sys.exit("usage: python -m ddplab.launcher.entry TARGET [ARGS...]")
-    run_target(sys.argv[1], sys.argv[2:])
+        sys.exit("usage: python -m ddplab.launcher.entry TARGET [ARGS...] (a rank of a "
+                 "torchrun that a ddplab launch started)")
+    set_parent_death_signal()
+    if os.getppid() == 1:  # torchrun died before the line above
+        sys.exit(1)
+    _announce()
+    code: Any = 0
+    try:
+        run_target(sys.argv[1], sys.argv[2:])
+    except SystemExit as exc:  # sys.exit(-1) is exit status 255, as in python, not a signal
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, (int, type(None))):
+            print(exc.code, file=sys.stderr)
+    except KeyboardInterrupt:  # python then ends the process by SIGINT
+        _say({"kind": "exit", "rank": int(os.environ["RANK"]), "code": -int(signal.SIGINT),
+              "time": time.time()})
+        raise
+    except BaseException as exc:  # noqa: BLE001  (as python does: print it, exit 1)
+        code = 1
+        _print_user_traceback(exc)
+    _say({"kind": "exit", "rank": int(os.environ["RANK"]), "code": code, "time": time.time()})
+    sys.exit(code & 0xFF)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,8 @@
-"""The launch as a subprocess: torchrun (``torch.distributed.run``), or an mp.spawn script.
+"""A launch as a subprocess: a cold torchrun (``torch.distributed.run``), or an mp.spawn script.
 
-Used for engine "spawn" always, and for engine "torchrun" where the helper cannot fork workers
-(not Linux, ``DDPLAB_LAUNCH_PATH=subprocess``, or CUDA initialised in the helper), said once.
-There torchrun and its ranks run in warm processes that imported torch ahead of time (see
-``spares``); with ``DDPLAB_SPARES=off``, or without UNIX sockets, torchrun is a cold
-``python -m torch.distributed.run``. Either way torchrun leads a session of its own and dies
-with the caller (told by SIGTERM, it ends its workers first).
-
-Lesson: every notebook that launches workers; 03 for engine "spawn".
+Engine "spawn" always runs here; engine "torchrun" where the helper cannot fork workers (not
+Linux, ``DDPLAB_LAUNCH_PATH=subprocess``, CUDA in the helper), said once. The subprocess leads
+a session of its own and dies with the caller; torchrun's ranks run ``entry.main``.
 """
 
 from __future__ import annotations
@@ -19,57 +14,29 @@ import subprocess
 import sys
 from typing import Any, Callable, Optional, Union
 
-from . import spares
-from ..env import spares_mode
-from .jobs import PRELOAD_TRAINING, Job
-from .procs import set_parent_death_signal, socket_folder, whole_lines
+from .jobs import Job
+from .procs import dies_with_parent, kill_marked, socket_folder, whole_lines
 
+JOB_TOKEN = "DDPLAB_JOB"  # in a torchrun subprocess's environment: marks what its job started
 _NOTICE_SHOWN: set[str] = set()
 
 
-def subprocess_path(why: str, target: str, args: list[str], nprocs: int,
+def torchrun_subprocess(why: str, target: str, args: list[str], nprocs: int,
                     job_env: dict[str, str], cwd: str, nnodes: int, node_rank: int,
-                    endpoint: str, run_id: str, max_restarts: int = 0, preload: bool = True,
+                    endpoint: str, run_id: str, max_restarts: int = 0,
                     **_fast_only: Any) -> tuple[Callable[..., Job], dict[str, Any]]:
-    """The same launch through torchrun in warm processes (or a cold torchrun); say why once."""
-    warm = spares_mode()
+    """The same launch through a cold torchrun subprocess; say why once."""
     if "subprocess" not in _NOTICE_SHOWN:
         _NOTICE_SHOWN.add("subprocess")
-        how = "torchrun in warm processes" if warm != "off" else \
-            "torchrun in a cold subprocess (slower)"
-        print(f"ddplab: launching through {how}: {why}.", file=sys.stderr)
-    if job_env.get("DDPLAB_LOCAL_RANK_ARG") and warm == "off":  # (the stub handles it)
-        target, args = "ddplab.launcher.entry", [target, *args]
-    if warm == "off":
-        cmd = torchrun_cmd(target, args, nprocs, nnodes, node_rank, endpoint, run_id,
-                           max_restarts)
-        return popen_job, dict(cmd=cmd, job_env=job_env, cwd=cwd, world_size=nprocs * nnodes,
-                               engine="torchrun")
-    options, extra_env = torchrun_options(nprocs, nnodes, node_rank, endpoint, run_id,
-                                          max_restarts)
-    token = os.urandom(8).hex()
-    return spare_job, dict(
-        args=[*options, spares.STUB, target, *args], world_size=nprocs * nnodes, cwd=cwd,
-        job_env={**job_env, **extra_env, spares.JOB_TOKEN: token}, nprocs=nprocs,
-        preload=list(PRELOAD_TRAINING) if preload else [], keep_warm=warm == "warm",
-        token=token)
+        print(f"ddplab: launching through a torchrun subprocess (a few seconds a launch): "
+              f"{why}.", file=sys.stderr)
+    cmd = torchrun_cmd("ddplab.launcher.entry", [target, *args], nprocs, nnodes, node_rank,
+                       endpoint, run_id, max_restarts)
+    return start_subprocess, dict(cmd=cmd, job_env={**job_env, JOB_TOKEN: os.urandom(8).hex()},
+                           cwd=cwd, world_size=nprocs * nnodes, engine="torchrun")
 
 
-def spare_job(args: list[str], job_env: dict[str, str], cwd: str, world_size: int,
-              nprocs: int, preload: list[str], keep_warm: bool, token: str) -> Job:
-    """Start ``torchrun ARGS`` in a warm process (``spares``); its ranks take warm ones too."""
-    pool = spares.Pool.get()
-    proc = pool.torchrun(args, job_env, cwd, nprocs, preload, keep_warm)
-    job = _popen_as_job(proc, world_size, "torchrun", None)
-    job.on_reap = lambda: pool.end_job(token)
-    return job
-
-
-def _torchrun_child() -> None:
-    set_parent_death_signal(signal.SIGTERM)
-
-
-def popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int,
+def start_subprocess(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int,
               engine: str) -> Job:
     """Start a subprocess in its own session; its stdout and stderr are read apart.
 
@@ -83,30 +50,27 @@ def popen_job(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int
     if engine == "spawn" and hasattr(socket, "AF_UNIX"):
         channel, address = _rank_channel()
         job_env = {**job_env, "DDPLAB_RANK_SOCKET": address}
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=job_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, start_new_session=True,
-        preexec_fn=(_torchrun_child if engine == "torchrun" else set_parent_death_signal)
-        if sys.platform.startswith("linux") else None,
-    )
-    return _popen_as_job(proc, world_size, engine, channel)
+    # torchrun, told by SIGTERM, ends its workers first
+    cmd = dies_with_parent(cmd, signal.SIGTERM if engine == "torchrun" else signal.SIGKILL)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=job_env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    job = _popen_as_job(proc, world_size, engine, channel)
+    if JOB_TOKEN in job_env:  # what the ranks left, also in sessions of their own, goes too
+        job.on_reap = lambda: kill_marked(JOB_TOKEN, job_env[JOB_TOKEN])
+    return job
 
 
 def _rank_channel() -> tuple[socket.socket, str]:
     """A listening UNIX socket for an mp.spawn script's ranks, and its address as
     ``DDPLAB_RANK_SOCKET`` says it: ``@name`` in Linux's abstract namespace (nothing on disk),
     elsewhere a path in a private temporary folder (removed at exit)."""
-    import atexit
-    import shutil
-
     channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     if sys.platform.startswith("linux"):
         address = f"@ddplab-ranks-{os.getpid()}-{os.urandom(8).hex()}"
         channel.bind("\0" + address[1:])
     else:
-        folder = socket_folder("ddplab-ranks-")
-        atexit.register(shutil.rmtree, folder, True)
-        address = os.path.join(folder, "ranks")
+        address = os.path.join(socket_folder("ddplab-ranks-"), "ranks")
         channel.bind(address)
     channel.listen(128)
     return channel, address
@@ -185,7 +149,10 @@ def main() -> None:
 
     whole_lines()
     sys.argv = ["torchrun", *sys.argv[1:]]
-    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    finally:  # (also when the caller died: SIGTERM, which torchrun raises as an exception)
+        kill_marked(JOB_TOKEN, os.environ.get(JOB_TOKEN, ""))
 
 
 if __name__ == "__main__":

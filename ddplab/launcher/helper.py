@@ -1,21 +1,9 @@
 """The launch helper: a process that imported torch once and forks one agent per launch.
 
-``ddplab.launch`` (kernel side) never imports torch. It starts this module once per calling
-process as ``python -m ddplab.launcher.helper FD`` (``Helper.get``) and sends it launch requests
-over a UNIX socket, together with the write ends of the pipes it reads: the agent's report,
-the agent's log, then each local rank's stdout and each local rank's stderr.
-
-Process tree (nothing may outlive the caller)::
-
-    caller --(own session)--> helper --(own session per launch)--> agent --> rank 0..N-1
-                                 `--> store host (see ``stores``)
-
-- every process below the caller dies with its parent (``PR_SET_PDEATHSIG``); the store
-  host, told of the helper's death, also ends what the ranks started (see ``stores``);
-- each agent leads its own session and process group, so one ``killpg`` ends a launch and a
-  Jupyter interrupt (SIGINT to the caller's group) never reaches the workers directly.
-
-Lesson: every notebook that launches workers.
+The caller starts it once (``Helper.get``) as ``python -m ddplab.launcher.helper FD`` and sends
+it requests over a UNIX socket, with the write ends of the job's pipes. Every process below
+the caller dies with its parent (``PR_SET_PDEATHSIG``) and each agent leads a session of its
+own, so one ``killpg`` ends a launch and a Jupyter interrupt never reaches the workers.
 """
 
 from __future__ import annotations
@@ -49,6 +37,7 @@ class Helper:
     def __init__(self, env: dict[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
+        self.next_id = 0
         env = {**env, stores.HELPER_TOKEN: uuid.uuid4().hex}  # marks all it starts
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ddplab.launcher.helper", str(theirs.fileno())],
@@ -56,10 +45,15 @@ class Helper:
             stdin=subprocess.DEVNULL, cwd=os.getcwd(), env=env,
         )
         theirs.close()
-        self.sock.settimeout(300)
-        if self.sock.recv(4096) != b'{"ready": true}':
-            raise RuntimeError("the ddplab launch helper did not start: see the messages above.")
-        self.sock.settimeout(None)
+        try:
+            self.sock.settimeout(300)
+            if self.sock.recv(4096) != b'{"ready": true}':
+                raise RuntimeError("the ddplab launch helper did not start: see the messages "
+                                   "above.")
+            self.sock.settimeout(None)
+        except BaseException:
+            self.end()
+            raise
 
     @classmethod
     def get(cls, env: dict[str, str]) -> "Helper":
@@ -68,13 +62,39 @@ class Helper:
         return cls._current
 
     def request(self, req: dict[str, Any], fds: list[int]) -> dict[str, Any]:
-        """Send one request and its descriptors (in several messages if many); the answer."""
+        """Send one request and its descriptors (in several messages if many); its answer.
+
+        Requests carry an id and the answer must name it. Any exception meanwhile (a Jupyter
+        interrupt while the helper imports the training stack, say) ends this helper, and
+        with it whatever it started for the request: the next launch starts a fresh one, so
+        no answer is ever read by the wrong launch.
+        """
+        self.next_id += 1
+        req = {**req, "id": self.next_id, "fds": len(fds)}
         chunks = [fds[i:i + FDS_PER_MESSAGE] for i in range(0, len(fds), FDS_PER_MESSAGE)]
-        req = {**req, "fds": len(fds)}
-        socket.send_fds(self.sock, [json.dumps(req).encode()], chunks[0] if chunks else [])
-        for chunk in chunks[1:]:
-            socket.send_fds(self.sock, [b"fds"], chunk)
-        return dict(json.loads(self.sock.recv(1 << 16).decode()))
+        try:
+            socket.send_fds(self.sock, [json.dumps(req).encode()], chunks[0] if chunks else [])
+            for chunk in chunks[1:]:
+                socket.send_fds(self.sock, [b"fds"], chunk)
+            reply = json.loads(self.sock.recv(1 << 16).decode() or "{}")
+            if reply.get("id") != req["id"]:
+                raise RuntimeError(f"the ddplab launch helper answered {reply!r} to request "
+                                   f"{req['id']}")
+            return dict(reply)
+        except BaseException:
+            self.end()
+            raise
+
+    def end(self) -> None:
+        """End the helper (its agents and their ranks die with it, see ``stores``)."""
+        if Helper._current is self:
+            Helper._current = None
+        self.proc.kill()
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # (a process in uninterruptible sleep)
+            pass
 
 
 # --------------------------------------------------------------------------- helper side
@@ -95,29 +115,31 @@ def serve(sock: socket.socket) -> None:
         req, fds = _receive(sock)
         if req is None:
             break
+        answer = {"id": req.get("id")}
         if req.get("op") == "ping":
-            sock.sendall(json.dumps({"ok": True, "pid": os.getpid(),
-                                     "store_host": stores.store_host_pid()}).encode())
+            answer.update(pid=os.getpid(), store_host=stores.store_host_pid())
+            sock.sendall(json.dumps(answer).encode())
             continue
         preload(req.get("preload", ()))
         refusal = fork_refusal()
         if refusal:
             for fd in fds:
                 close_quietly(fd)
-            sock.sendall(json.dumps({"refused": refusal}).encode())
+            sock.sendall(json.dumps({**answer, "refused": refusal}).encode())
             continue
+        helper = os.getpid()
         pid = os.fork()
         if pid == 0:
             sock.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             try:
-                run_agent(req, fds)
+                run_agent(req, fds, helper)
             finally:
                 os._exit(70)
         for fd in fds:
             close_quietly(fd)
         children.add(pid)
-        sock.sendall(json.dumps({"pid": pid}).encode())
+        sock.sendall(json.dumps({**answer, "pid": pid}).encode())
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # reaped below, not by the handler
     for pid in list(children):  # the caller is gone: end every launch it started
         kill_group(pid, signal.SIGKILL)

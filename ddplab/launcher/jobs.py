@@ -1,11 +1,8 @@
-"""A started launch (``Job``): where its output comes from, what it knows, how to end it.
+"""A started launch (``Job``): its pipes, its process group, how to end it.
 
-A job is one process group: the agent's (forked by the helper, ``start_fast``) or a
-subprocess's (``fallback``). It has ended when its agent has written its report (every rank
-has then exited) or its subprocess has exited; what the ranks left running in the group is
-then ended, as torchrun's agent ends its workers.
-
-Lesson: every notebook that launches workers.
+A job is one process group, the agent's (forked by the helper, ``start_forked``) or a
+subprocess's (``fallback``). It has ended when its agent reported or its subprocess exited;
+what the ranks left in the group is then ended, as torchrun's agent ends its workers.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ from typing import Any, Callable, Optional, Union
 
 from ..env import no_fork_reason
 from .helper import Helper
-from .procs import cmdline, group_running, kill_group, process_table, running
+from .procs import cmdline, group_running, kill_group, process_table, running, start_time
 from .stores import HELPER_TOKEN
 
 # What training workers import on top of torch (DDP's constructor alone imports torch._dynamo,
@@ -48,6 +45,7 @@ class Job:
     nproc_per_node: int = 1
     rank_of: dict[Union[int, str], int] = field(default_factory=dict)  # source label -> rank
     pids: dict[int, int] = field(default_factory=dict)  # rank -> pid (its "rank" event)
+    started: dict[int, Optional[int]] = field(default_factory=dict)  # pid -> its start time
     stack_pids: dict[int, int] = field(default_factory=dict)  # ranks that dump their stack
     said_exit: dict[int, tuple[int, float]] = field(default_factory=dict)  # its "exit" event
     workers_gone_at: Optional[float] = None
@@ -58,7 +56,7 @@ class Job:
     _not_ranks: set[int] = field(default_factory=set)
     _forks: set[int] = field(default_factory=set)
     _watched_at: float = 0.0
-    on_reap: Optional[Callable[[], None]] = None  # (warm processes: end the job's ranks)
+    on_reap: Optional[Callable[[], None]] = None  # (a torchrun subprocess: end what it left)
 
     def ended(self) -> bool:
         """True once the agent has reported (every rank exited) or the subprocess exited."""
@@ -145,16 +143,17 @@ class Job:
         order = sorted(self.spawned, key=lambda pid: (self.spawned[pid], pid))
         return dict(enumerate(order))
 
-    def kill(self, sig: int) -> None:
-        kill_group(self.pgid, sig)
+    def __post_init__(self) -> None:
+        self.started[self.pgid] = start_time(self.pgid)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        kill_group(self.pgid, sig, self.started[self.pgid])
+        if sig == signal.SIGKILL and self.on_reap is not None:
+            self.on_reap()
 
     def terminate(self, grace: float = 3.0) -> None:
         """SIGTERM the job's process group, then SIGKILL whatever is left after ``grace``."""
-        self.kill(signal.SIGTERM)
-        end = time.monotonic() + grace
-        while self.alive() and time.monotonic() < end:
-            time.sleep(0.02)
-        self.kill(signal.SIGKILL)
+        end_jobs([self], grace)
 
     def reap(self) -> None:
         """End what the ranks left in the job's group (SIGTERM, then SIGKILL after 1 s)."""
@@ -170,6 +169,37 @@ class Job:
             self.on_reap()
 
 
+def end_jobs(jobs: list[Job], grace: float = 0.0, wait: float = 10.0) -> None:
+    """End every job: signal them all first, wait after (``grace``: SIGTERM, then SIGKILL).
+
+    An exception meanwhile (a second Ctrl-C) skips no job: the signal goes out to every job,
+    the first exception is raised again once they all had it.
+    """
+    pending: list[BaseException] = []
+
+    def signal_all(sig: int) -> None:
+        for job in jobs:
+            try:
+                job.kill(sig)
+            except BaseException as exc:  # noqa: BLE001  (raised below, after every job)
+                pending.append(exc)
+                job.kill(sig)
+
+    def wait_all(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while any(job.alive() for job in jobs) and time.monotonic() < end:
+            time.sleep(0.02)
+
+    if grace > 0:
+        signal_all(signal.SIGTERM)
+        if not pending:
+            wait_all(grace)
+    signal_all(signal.SIGKILL)
+    if pending:
+        raise pending[0]
+    wait_all(wait)
+
+
 def child_env(base: Any, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     """The environment of the job: the caller's, ``extra`` on top, this package importable."""
     merged = {str(k): str(v) for k, v in dict(base).items()}
@@ -183,14 +213,14 @@ def child_env(base: Any, extra: Optional[dict[str, str]] = None) -> dict[str, st
     return merged
 
 
-class FastPathRefused(RuntimeError):
+class ForkRefused(RuntimeError):
     """The helper will not fork workers in this session; launch through a subprocess."""
 
 
 _REFUSED: list[str] = []  # why the helper refused to fork, once it has (for this session)
 
 
-def fast_path_unavailable() -> Optional[str]:
+def why_no_fork() -> Optional[str]:
     """Why launches cannot fork from the preloaded helper here, or None when they can.
 
     The helper is a fresh interpreter (started by exec, never forked from the caller), so a
@@ -201,13 +231,13 @@ def fast_path_unavailable() -> Optional[str]:
     return no_fork_reason() or (_REFUSED[0] if _REFUSED else None)
 
 
-def start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str], cwd: str,
+def start_forked(target: str, args: list[str], nprocs: int, job_env: dict[str, str], cwd: str,
                threads: int, nnodes: int, node_rank: int, endpoint: str, run_id: str,
                preload: bool = True, max_restarts: int = 0) -> Job:
     """Start a torchrun-engine job through the preloaded helper (``helper``).
 
     Raises:
-        FastPathRefused: the helper cannot fork workers safely (CUDA is initialised in it).
+        ForkRefused: the helper cannot fork workers safely (CUDA is initialised in it).
     """
     out_pipes = [os.pipe() for _ in range(nprocs)]
     err_pipes = [os.pipe() for _ in range(nprocs)]
@@ -221,17 +251,22 @@ def start_fast(target: str, args: list[str], nprocs: int, job_env: dict[str, str
         "local_addr": "127.0.0.1" if endpoint.startswith(("127.", "localhost")) else None,
     }
     write_ends = [report_w, log_w, *[w for _r, w in out_pipes + err_pipes]]
+    read_ends = [report_r, log_r, *[r for r, _w in out_pipes + err_pipes]]
     try:
         with Helper.lock:
             reply = Helper.get(child_env(os.environ)).request(req, write_ends)
+    except BaseException:  # (the helper, and what it started for this request, has ended)
+        for fd in read_ends:
+            os.close(fd)
+        raise
     finally:
         for fd in write_ends:
             os.close(fd)
     if "refused" in reply:
-        for fd in [report_r, log_r, *[r for r, _w in out_pipes + err_pipes]]:
+        for fd in read_ends:
             os.close(fd)
         _REFUSED.append(str(reply["refused"]))
-        raise FastPathRefused(reply["refused"])
+        raise ForkRefused(reply["refused"])
     sources: dict[int, Union[int, str]] = {log_r: "launcher"}
     sources.update({r: i for i, (r, _w) in enumerate(out_pipes)})
     sources.update({r: i for i, (r, _w) in enumerate(err_pipes)})

@@ -1,17 +1,9 @@
-"""Reading a launch's pipes in the caller's thread: rank output, events and the agent's report.
+"""Every rank's output, read live in the caller's main thread (so nbval sees it too).
 
-Every rank writes its stdout and its stderr to pipes of its own (the subprocess paths: the
-launching process's two pipes, whose lines carry a ``[rankN]`` prefix when a rank wrote them);
-``Streams.pump`` reads them all with one selector, prints each line live with its rank (stderr
-lines on stderr), turns ``@ddplab`` event lines into progress and metrics, and notices an
-agent left waiting for workers that are already gone. Reading happens in the caller's main
-thread, so the output reaches the notebook cell also under nbval.
-
-A job's pipes are read until the job has ended (its agent reported, or its subprocess exited),
-then to what they hold and closed: a process the ranks left behind may keep a pipe open (a
-daemon in a session of its own), and the launch does not wait for it.
-
-Lesson: every notebook that launches workers (01-09); 10 for the stacks of a hang.
+``Streams.pump`` reads all pipes with one selector, prints each line with its rank (stderr on
+stderr), turns ``@ddplab`` event lines into progress and metrics, and ends an agent left
+waiting for workers that are gone. An ended job's pipes are read to their end, then closed,
+whoever else still holds them.
 """
 
 from __future__ import annotations
@@ -27,6 +19,7 @@ from typing import Any, Callable, Optional, Union
 from .. import events as _events
 from .entry import STACK_SIGNAL
 from .jobs import Job
+from .procs import signal_process, start_time
 
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:? ?")
 # torchrun's --tee copies a rank's unfinished last line without a newline, so the next rank's
@@ -99,13 +92,8 @@ class Streams:
                 "events": mine(self.events)}
 
     def stacks(self, running: list[list[int]], timeout: float) -> list[dict[int, str]]:
-        """Ask each rank still running for its Python stack; the dumps, job by job.
-
-        Ranks started by the helper dump every thread's stack on their stderr at SIGUSR1
-        (``faulthandler``, see ``entry``), and so do an mp.spawn script's ranks set up by
-        ``ddplab.dist`` (they said so when they connected); ranks of a torchrun subprocess
-        have no such handler and are not asked (the signal would end them).
-        """
+        """Ask each rank still running for its Python stack; the dumps, job by job. Only the
+        ranks that said they dump it at SIGUSR1 are asked (ddplab's entry, ``ddplab.dist``)."""
         asked: dict[tuple[int, int], int] = {}
         for index, ranks in enumerate(running):
             job = self.jobs[index]
@@ -118,10 +106,8 @@ class Streams:
             for rank in ranks:
                 asked[(index, rank)] = len(self.stderr.get((index, rank), [])) + \
                     self.dropped.get((index, rank), 0)
-                try:
-                    os.kill(job.stack_pids[rank], STACK_SIGNAL)
-                except OSError:
-                    pass
+                pid = job.stack_pids[rank]
+                signal_process(pid, STACK_SIGNAL, job.started.get(pid))
         end, quiet_since = time.monotonic() + 3.0, time.monotonic()
         while asked and time.monotonic() < end and time.monotonic() - quiet_since < 0.5:
             for key, _mask in self.sel.select(timeout=0.1):
@@ -137,11 +123,8 @@ class Streams:
         return found
 
     def _watch(self, grace: float = 3.0) -> None:
-        """End an agent whose workers are all gone but which still waits for them.
-
-        torch's elastic agent waits for a return value from every worker; a worker that left
-        through ``os._exit`` never sends one, and the agent would wait until the timeout.
-        """
+        """End an agent still waiting for a return value from workers that left by
+        ``os._exit`` (it would wait until the timeout)."""
         now = time.monotonic()
         for job in self.jobs:
             job.watch_spawned()
@@ -207,7 +190,8 @@ class Streams:
             if words[2] == "err":
                 job.err_fds.add(fd)
             if len(words) == 4 and words[3].isdigit():  # its pid: it dumps its stack on demand
-                job.stack_pids[int(words[1])] = int(words[3])
+                job.stack_pids[int(words[1])] = pid = int(words[3])
+                job.started[pid] = start_time(pid)
         else:
             self.sel.modify(fd, selectors.EVENT_READ, (index, job, "launcher"))
         return rest
@@ -239,13 +223,9 @@ class Streams:
 
     def _torchrun_parts(self, fd: int, index: int, job: Job, label: Union[int, str],
                         text: str, err: bool) -> None:
-        """Rebuild each rank's lines from torchrun's copy of them.
-
-        torchrun's ``--tee`` copies what a rank has written so far, each piece with the rank's
-        prefix: a line the rank had not finished yet ends without a newline, and the next
-        piece, the rest of it or another rank's line, follows on the same line. A piece that
-        did not end a line is kept until the same rank's next piece completes it.
-        """
+        """Rebuild each rank's lines from torchrun's ``--tee`` copy, in which a rank's
+        unfinished line is followed on the same line by the next piece (its rest, or another
+        rank's line): a piece is kept until the same rank's next piece completes it."""
         parts = _TORCHRUN_PREFIX.split(text)
         for number, part in enumerate(parts):
             match = _RANK_PREFIX.match(part)
@@ -285,7 +265,8 @@ class Streams:
             return
         if event["kind"] == "rank" and isinstance(source, int):
             job.rank_of[source] = rank = int(event["rank"])
-            job.pids[rank] = job.stack_pids[rank] = int(event.get("pid", 0))
+            job.pids[rank] = job.stack_pids[rank] = pid = int(event.get("pid", 0))
+            job.started[pid] = start_time(pid)
             return
         if event["kind"] == "exit":
             job.said_exit[int(event["rank"])] = (int(event["code"]), float(event["time"]))
@@ -304,8 +285,14 @@ class Streams:
         prefix = f"{job.node}rank{rank}" if isinstance(rank, int) else f"{job.node}{rank}"
         if not err:
             self.view.line(prefix, text)
-        else:
-            show_stderr(self.view, prefix, text)
+        elif not getattr(self.view, "quiet", False):  # on stderr, as the view prints stdout
+            from ..lab.widgets import in_notebook
+
+            bar = getattr(self.view, "bar", None)
+            if bar is not None and not in_notebook():
+                bar.write(f"[{prefix}] {text}", file=sys.stderr)
+            else:
+                print(f"[{prefix}] {text}", file=sys.stderr, flush=True)
 
     def _keep(self, lines: list[str], text: str) -> int:
         """Append ``text``; past twice ``keep`` lines, let the oldest go. How many went."""
@@ -321,11 +308,8 @@ class Streams:
 
 
 def split_event(text: str) -> tuple[str, Optional[dict[str, Any]]]:
-    """Split a line into (output, event): an event line may follow output that had no newline.
-
-    ``print("progress 99%", end="")`` followed by an event gives one line,
-    ``progress 99%@ddplab {...}``: the output is kept as it was printed, the event taken out.
-    """
+    """Split a line into (output, event): ``print("99%", end="")`` then an event gives one
+    line, ``99%@ddplab {...}``."""
     event = _events.parse(text)
     if event is not None:
         return "", event
@@ -335,18 +319,3 @@ def split_event(text: str) -> tuple[str, Optional[dict[str, Any]]]:
         if event is not None:
             return text[:at], event
     return text, None
-
-
-def show_stderr(view: Any, prefix: str, text: str) -> None:
-    """Print one stderr line of a rank on the caller's stderr, as the view prints stdout."""
-    if getattr(view, "quiet", False):
-        return
-    from ..lab.widgets import in_notebook
-
-    line = f"[{prefix}] {text}"
-    bar = getattr(view, "bar", None)
-    if bar is not None and not in_notebook():
-        bar.write(line, file=sys.stderr)
-    else:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()

@@ -1,11 +1,4 @@
-"""Processes as the launcher sees them: death signals, process groups, ``/proc`` and descriptors.
-
-Every process the launcher starts dies with its parent (Linux's ``PR_SET_PDEATHSIG``), every
-launch is one process group, and descriptors are closed or made close-on-exec so that only a
-process's own stdin, stdout and stderr reach what it starts.
-
-Lesson: every notebook that launches workers.
-"""
+"""Process plumbing: death signals, process groups, ``/proc``, descriptors, socket folders."""
 
 from __future__ import annotations
 
@@ -13,7 +6,7 @@ import ctypes
 import os
 import signal
 import sys
-from typing import Any
+from typing import Any, Optional
 
 
 def _prctl(option: int, value: Any) -> None:
@@ -98,21 +91,62 @@ def write_all(fd: int, data: bytes) -> None:
     close_quietly(fd)
 
 
-def kill_group(pgid: int, sig: int) -> None:
-    if pgid > 1:
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+def start_time(pid: int) -> Optional[int]:
+    """When ``pid`` started (clock ticks since boot, from ``/proc``); None if it is gone or
+    this is not Linux. A pid that names another start time was reused by another process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
-def kill_marked(name: str, value: str, spare: int = 0) -> None:
-    """SIGKILL every process whose environment holds ``name=value`` (not this one, ``spare``)."""
+def kill_group(pgid: int, sig: int = signal.SIGKILL, started: Optional[int] = None) -> None:
+    """Signal process group ``pgid``, unless its leader's pid now names another process
+    (``started``: the leader's start time when the group was made)."""
+    if pgid <= 1 or (started is not None and start_time(pgid) not in (None, started)):
+        return
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def signal_process(pid: int, sig: int, started: Optional[int]) -> None:
+    """Signal ``pid`` only while it is the process that started at ``started`` (where
+    ``/proc`` tells)."""
+    if os.path.isdir("/proc") and (started is None or start_time(pid) != started):
+        return
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
+
+
+def dies_with_parent(cmd: list[str], sig: int = signal.SIGKILL) -> list[str]:
+    """``cmd`` started so that it gets ``sig`` when this process dies (Linux; elsewhere
+    ``cmd``): a tiny Python asks for it (``PR_SET_PDEATHSIG``, kept across exec), then
+    executes ``cmd``. No ``preexec_fn``: code between fork and exec can deadlock in a process
+    with threads."""
+    if not sys.platform.startswith("linux"):
+        return cmd
+    return [sys.executable, "-I", "-S", "-c", _WITH_PARENT, str(int(sig)), str(os.getpid()),
+            *cmd]
+
+
+_WITH_PARENT = ("import ctypes, os, sys\n"
+                "ctypes.CDLL(None).prctl(1, int(sys.argv[1]), 0, 0, 0)\n"
+                "if os.getppid() != int(sys.argv[2]):\n    os._exit(1)\n"
+                "os.execv(sys.argv[3], sys.argv[3:])\n")
+
+
+def kill_marked(name: str, value: str, keep: int = 0) -> None:
+    """SIGKILL every process whose environment holds ``name=value`` (not this one, ``keep``)."""
     if not value:
         return
     mark = f"{name}={value}".encode()
     for pid in process_table():
-        if pid in (os.getpid(), spare):
+        if pid in (os.getpid(), keep):
             continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as environ:
@@ -191,13 +225,40 @@ def whole_lines() -> None:
 
 
 def socket_folder(prefix: str) -> str:
-    """A new private (0700) temporary folder for UNIX sockets: in the usual temporary folder,
-    or in /tmp where that one's path is too long for a socket's (104 bytes on macOS, whose
-    per-user TMPDIR is long, 108 on Linux)."""
+    """A new private (0700) temporary folder for UNIX sockets, removed at exit.
+
+    In the usual temporary folder, or in /tmp where that one's path is too long for a socket's
+    (104 bytes on macOS, whose per-user TMPDIR is long). Its name holds its owner's pid and
+    start time: folders of owners that died without removing theirs (a killed kernel) are
+    removed here, at the next start.
+    """
+    import atexit
+    import shutil
     import tempfile
 
-    folder = tempfile.mkdtemp(prefix=prefix)
-    if len(folder) > 80 and os.path.isdir("/tmp"):
-        os.rmdir(folder)
-        folder = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    base = tempfile.gettempdir()
+    if len(base) + len(prefix) > 60 and os.path.isdir("/tmp"):
+        base = "/tmp"
+    for name in os.listdir(base):
+        owner = name[len(prefix):].split("-")[0] if name.startswith(prefix) else ""
+        pid, _, started = owner.partition(".")
+        if pid.isdigit() and not _owner_alive(int(pid), started):
+            path = os.path.join(base, name)
+            if os.path.isdir(path) and os.stat(path).st_uid == os.getuid():
+                shutil.rmtree(path, ignore_errors=True)
+    folder = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.{start_time(os.getpid())}-",
+                              dir=base)
+    atexit.register(shutil.rmtree, folder, True)
     return folder
+
+
+def _owner_alive(pid: int, started: str) -> bool:
+    if start_time(pid) is not None or os.path.isdir("/proc"):
+        return str(start_time(pid)) == started
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True

@@ -1,57 +1,24 @@
-"""What a launch returns, and how a failed job's root cause is found.
+"""What a launch returns (``RunResult``), built from what was read and what the agent said.
 
-``RunResult`` is the record a notebook asserts on; the functions below read per-rank exit codes
-and output to name the rank that really failed (not the peers that lost their connection to it).
-
-Lessons: every notebook that launches workers (01-09).
+A rank's exit facts come from the agent's report (its accounting of every rank's exit status,
+by pid, see ``agent``) and from the rank's own ``exit`` event; a torchrun subprocess adds its
+error report, an mp.spawn script only its own exit code.
 """
 
 from __future__ import annotations
 
-import re
-import signal
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
-from .. import torch_words
+from .causes import (EXIT_ABORT, NO_RANK_HINT, Logs, RankFailure, failures_from_output,
+                     hint_for, mark_exit_aborts, root_cause, short_message, signal_name,
+                     stderr_cause, traceback_tail)
 
-# Errors a healthy rank reports when a peer died first: never the root cause.
-_SECONDARY = torch_words.PEER_LOST.pattern
+if TYPE_CHECKING:
+    from .jobs import Job
 
-
-@dataclass
-class RankFailure:
-    """Why one rank failed: exit code or signal, and the tail of its traceback.
-
-    ``rank`` is None when the process that failed is the launching process itself (engine
-    "spawn": the script that calls ``mp.spawn``), not one of the ranks; ``when`` then says
-    whether it had started any rank. ``hint`` says what to do about a failure ddplab
-    recognises (a torchrun-style script given to engine "spawn", nccl without GPUs, ...).
-    ``at_exit`` is True for a process that aborted while its interpreter was exiting
-    ("terminate called without an active exception"): its script had run, and what it reported
-    (events, output) is complete, but the process did not end cleanly.
-    """
-
-    rank: Optional[int]
-    exitcode: Optional[int]
-    signal: Optional[str] = None
-    message: str = ""
-    traceback: str = ""
-    when: str = ""
-    hint: str = ""
-    at_exit: bool = False
-
-    def __str__(self) -> str:
-        how = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exitcode}"
-        who = f"rank {self.rank}" if self.rank is not None else "the launching process"
-        text = f"{who} {how}" + (f" {self.when}" if self.when else "")
-        if self.message:
-            text += f": {self.message}"
-        if self.traceback:
-            text += "\n" + self.traceback
-        if self.hint:
-            text += "\nhint: " + self.hint
-        return text
+__all__ = ["RunResult", "RankFailure", "EXIT_ABORT", "hint_for", "job_outcome",
+           "share_root_cause", "spawn_outcome"]
 
 
 @dataclass
@@ -141,77 +108,6 @@ class RunResult:
                 f"wall_time={self.wall_time:.2f}s{cause})")
 
 
-def signal_name(code: Optional[int]) -> Optional[str]:
-    if code is None or code >= 0:
-        return None
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
-
-
-def failures_from_output(code: int, logs: dict[Union[int, str], list[str]],
-                         ranks_only: bool = False) -> list[RankFailure]:
-    """Failures of a subprocess job, read from torchrun's or mp.spawn's error report.
-
-    When the report names no rank, the launching process itself failed: one failure with
-    ``rank=None`` (none with ``ranks_only``).
-    """
-    if code == 0:
-        return []
-    text = "\n".join(logs.get("launcher", []))
-    found: list[RankFailure] = []
-    for match in re.finditer(r"^\s*rank\s*:\s*(\d+).*\n\s*exitcode\s*:\s*(-?\d+)", text, re.M):
-        code = int(match.group(2))
-        found.append(RankFailure(rank=int(match.group(1)), exitcode=code,
-                                 signal=signal_name(code)))
-    for match in re.finditer(r"[Pp]rocess (\d+) terminated with (?:exit code (\d+)|signal "
-                             r"(SIG\w+)|the following error)", text):
-        exitcode = int(match.group(2)) if match.group(2) else 1
-        if match.group(3):
-            exitcode = -getattr(signal.Signals, match.group(3), signal.SIGKILL).value
-        found.append(RankFailure(rank=int(match.group(1)), exitcode=exitcode,
-                                 signal=match.group(3)))
-    if not found and not ranks_only:
-        found.append(RankFailure(rank=None, exitcode=code, signal=signal_name(code)))
-    for failure in found:
-        lines = (logs.get(failure.rank, []) if failure.rank is not None else []) or \
-            logs.get("launcher", [])
-        failure.traceback = traceback_tail(lines)
-        failure.message = short_message(lines)
-    return found
-
-
-def root_cause(failures: list[RankFailure],
-                exits: dict[int, tuple[int, float]]) -> RankFailure:
-    """The failure that came first and is not a peer's echo of it (e.g. "connection closed").
-
-    A rank killed by SIGTERM was stopped by the launcher after another rank failed, and a
-    rank that reports a closed connection lost a peer: both rank after a genuine failure, and
-    an abort at exit after a failure during the run. A failure of the launching process ranks
-    after its ranks' (mp.spawn fails when a rank did).
-    """
-    def key(f: RankFailure) -> tuple[bool, bool, bool, float, int]:
-        echo = bool(_SECONDARY.search(f.message + "\n" + f.traceback)) or f.signal == "SIGTERM"
-        if f.rank is None:
-            return echo, f.at_exit, True, 0.0, -1
-        return echo, f.at_exit, False, exits.get(f.rank, (0, 0.0))[1], f.rank
-    return sorted(failures, key=key)[0]
-
-
-def traceback_tail(lines: list[str], limit: int = 25) -> str:
-    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback")]
-    return "\n".join(lines[starts[-1]:][-limit:]) if starts else ""
-
-
-def short_message(lines: list[str]) -> str:
-    """The exception line of the last traceback in ``lines``, or ""."""
-    for line in reversed(lines):
-        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b", line):
-            return line.strip()
-    return ""
-
-
 def fail(result: RunResult, cause: RankFailure, engine: str,
           logs: dict[Union[int, str], list[str]], stderr: dict[Union[int, str], list[str]]
           ) -> None:
@@ -233,81 +129,152 @@ def fail(result: RunResult, cause: RankFailure, engine: str,
     result.error = str(cause)
 
 
-EXIT_ABORT = "terminate called without an active exception"
-EXIT_ABORT_HINT = (
-    "an abort while the interpreter exits comes from C++ threads still running then "
-    "(typically gloo's, of a process group that outlived destroy_process_group()); the work "
-    "before it was done, and what the rank reported is complete. To exit cleanly, call "
-    "torch.distributed.destroy_process_group() at the end and let nothing keep the group: "
-    "import torch.distributed.nn before init_process_group() (its functions keep "
-    "group.WORLD as a default argument when imported later, as DDP's constructor does).")
+def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, timeout: float,
+                running: list[int], stacks: dict[int, str], timed_out_at: float = 0.0
+                ) -> RunResult:
+    """Build one job's RunResult (``read``: its logs, stderr and events, see ``output``;
+    ``timed_out_at``: the ``time.time()`` of a timeout, before anything was ended)."""
+    logs, stderr = read["logs"], read["stderr"]
+    result = RunResult(status="ok", returncode=0, wall_time=wall, world_size=job.world_size,
+                       logs=logs, events=read["events"], engine=job.engine,
+                       pids=dict(job.pids) or job.spawned_ranks() or {})
+    if status == "interrupted":
+        result.status, result.returncode = "interrupted", 130
+        result.error = "interrupted: every process of the job was ended."  # shown once
+        return result
+    if job.engine == "spawn" and status != "timeout":
+        code = job.popen.returncode if job.popen is not None else None
+        return spawn_outcome(result, code, job.spawned_ranks(), job.said_exit, logs, stderr)
+    if status == "timeout":
+        return _timed_out(result, job, timeout, running, stacks, timed_out_at)
+    if job.popen is not None:
+        return _subprocess_outcome(result, job, logs, stderr)
+    report, exits = job.agent_report(), job.exits()
+    if report.get("status") not in ("ok", "failed") and not job.stuck:
+        result.status, result.returncode = "error", 1
+        result.error = "the launcher failed:\n" + "\n".join(logs.get("launcher", [])[-30:])
+        if report.get("error"):
+            result.error += f"\n{report.get('traceback') or report['error']}"
+        return result
+    clean = report.get("status") == "ok"
+    result.exit_codes = {rank: exits[rank][0] if rank in exits else (0 if clean else None)
+                         for rank in sorted(job.pids)}
+    failures = _failed(result.exit_codes, logs)
+    if job.stuck:
+        failures += [RankFailure(rank=rank, exitcode=None, message=(
+            "ended without returning to the launcher (os._exit or a crash of the "
+            "interpreter); end worker scripts normally or with sys.exit"))
+            for rank in sorted(job.pids) if rank not in job.said_exit
+            and result.exit_codes.get(rank) in (0, None)]
+    if failures:
+        mark_exit_aborts(failures, logs, job.said_exit, stderr)
+        fail(result, root_cause(failures, exits), job.engine, logs, stderr)
+    return result
 
 
-def mark_exit_aborts(failures: list[RankFailure], logs: dict[Union[int, str], list[str]],
-                     exits: dict[int, tuple[int, float]],
-                     stderr: Optional[dict[Union[int, str], list[str]]] = None) -> None:
-    """Tell an abort at the interpreter's exit from a crash during the run (``at_exit``).
+def _timed_out(result: RunResult, job: Job, timeout: float, running: list[int],
+               stacks: dict[int, str], wall_clock_at_timeout: float) -> RunResult:
+    """A timeout keeps what is known: exit codes of ranks that had ended, and who still ran."""
+    exits = job.exits(before=wall_clock_at_timeout)
+    ranks = sorted(job.pids) or sorted(result.pids) if job.engine == "spawn" else \
+        sorted(job.pids) or list(range(job.world_size))  # (a subprocess's ranks: unknown)
+    result.exit_codes = {rank: None if rank in running else exits.get(rank, (None,))[0]
+                         for rank in ranks}
+    result.still_running, result.stacks = list(running), dict(stacks)
+    failures = _failed(result.exit_codes, result.logs)
+    if failures:
+        result.root_cause = root_cause(failures, exits)
+    result.status, result.returncode = "timeout", 124
+    where = f"; still running: {', '.join(f'rank {r}' for r in running)}" if running else ""
+    seen = " (their Python stacks are in result.stacks)" if stacks else ""
+    result.error = f"timed out after {timeout:g} s{where}{seen}: every process of the job " \
+                   f"was ended."
+    if result.root_cause is not None:
+        result.error += f"\nbefore that, {result.root_cause}"
+    return result
 
-    A rank killed by SIGABRT aborted at exit if it had reported a clean end to the launcher
-    (ddplab's workers report their exit code before leaving), or if its output ends with the
-    C++ runtime's "terminate called without an active exception", followed at most by
-    Python's crash report of a process that was finishing (atexit handlers, finalization).
-    Its stderr is read alone where it was kept apart (stdout's lines may have been read later).
+
+def _failed(codes: dict[int, Optional[int]], logs: Logs) -> list[RankFailure]:
+    """A failure for every rank whose exit code is known and not 0, with its last error."""
+    return [RankFailure(rank=rank, exitcode=code, signal=signal_name(code),
+                        message=short_message(logs.get(rank, [])),
+                        traceback=traceback_tail(logs.get(rank, [])))
+            for rank, code in codes.items() if code not in (0, None)]
+
+
+def _subprocess_outcome(result: RunResult, job: Job, logs: Logs, stderr: Logs) -> RunResult:
+    """A torchrun subprocess: the failed ranks as its error report names them."""
+    code = job.popen.returncode if job.popen is not None else None
+    found = failures_from_output(code or 0, logs, ranks_only=True)
+    if code and not found:  # torchrun itself failed, before any rank did
+        message, tail = stderr_cause(stderr.get("launcher", []))
+        found = [RankFailure(rank=None, exitcode=code, signal=signal_name(code),
+                             message=message, traceback=tail)]
+    result.exit_codes = {r: (None if found else 0) for r in range(job.world_size)}
+    # each rank said how its script ended (its ``exit`` event, see ``entry.main``)
+    result.exit_codes.update({rank: said[0] for rank, said in job.said_exit.items()
+                              if rank in result.exit_codes})
+    result.exit_codes.update({f.rank: f.exitcode for f in found if f.rank is not None})
+    if found:
+        mark_exit_aborts(found, logs, job.said_exit, stderr)
+        fail(result, root_cause(found, job.said_exit), job.engine, logs, stderr)
+    return result
+
+
+def share_root_cause(results: list[RunResult], jobs: list[Job]) -> None:
+    """Give every node's result the first genuine failure across all nodes of the job."""
+    causes = [r.root_cause for r in results if r.root_cause is not None]
+    if not causes:
+        return
+    exits = {rank: ended for job in jobs for rank, ended in job.exits().items()}
+    first = root_cause(causes, exits)
+    for result in results:
+        result.job_root_cause = first
+        if len(results) > 1 and result.root_cause is not first:
+            where = next(i for i, r in enumerate(results) if r.root_cause is first)
+            result.error = (f"{result.error}\n" if result.error else "") + \
+                f"first failure of the whole job, on node {where}: {first}"
+
+
+def spawn_outcome(result: RunResult, code: Optional[int], ranks: Optional[dict[int, int]],
+                  exits: dict[int, tuple[int, float]], logs: dict[Union[int, str], list[str]],
+                  stderr: dict[Union[int, str], list[str]]) -> RunResult:
+    """What is known of an ``mp.spawn`` script's ranks, and nothing more.
+
+    The ranks are the script's children: their exit codes reach the script, not the launcher.
+    What the launcher knows: the processes it saw the script start, the lines that carry a
+    rank, mp.spawn's report of a failed rank, and the script's own exit code (0 means mp.spawn
+    returned, so every rank it started exited with 0). ``ranks`` is None where the launcher
+    cannot watch processes: then it cannot tell either whether any rank started.
     """
-    for failure in failures:
-        if failure.signal != "SIGABRT":
-            continue
-        own = [] if failure.rank is None else \
-            (stderr or {}).get(failure.rank) or logs.get(failure.rank, [])
-        said = [i for i, line in enumerate(own) if EXIT_ABORT in line]
-        after = "\n".join(own[said[-1] + 1:]) if said else ""
-        finishing = not after.strip() or bool(re.search(
-            r"finaliz|_finish_like_an_interpreter|atexit|_exit_function", after))
-        if failure.rank is not None and (exits.get(failure.rank, (None, 0.0))[0] == 0
-                                         or (said and finishing)):
-            failure.when = "while exiting, after its script had finished"
-        elif not said and any(EXIT_ABORT in line for line in logs.get("launcher", [])):
-            failure.when = "while exiting"  # mp.spawn ranks: the line does not say whose
-        else:
-            continue
-        failure.at_exit, failure.message = True, EXIT_ABORT
-        failure.traceback, failure.hint = "", EXIT_ABORT_HINT
+    found = failures_from_output(code or 0, logs, ranks_only=True) if code else []
+    mark_exit_aborts(found, logs, exits, stderr)
+    seen = set(ranks or {}) | {r for r in logs if isinstance(r, int)} | {
+        f.rank for f in found if f.rank is not None}
+    count = max(seen) + 1 if seen else 0
+    if ranks is None and not count:
+        result.exit_codes = {}
+        if code:
+            message, tail = stderr_cause(stderr.get("launcher", []))
+            fail(result, RankFailure(rank=None, exitcode=code, signal=signal_name(code),
+                                     message=message, traceback=tail), "spawn", logs, stderr)
+        return result
+    result.world_size, result.pids = count, ranks or {}
+    codes: dict[int, Optional[int]] = {rank: None for rank in range(count)}
+    if code == 0:
+        codes.update({rank: 0 for rank in seen})
+    codes.update({f.rank: f.exitcode for f in found if f.rank is not None})
+    result.exit_codes = codes
+    if found:
+        fail(result, root_cause(found, exits), "spawn", logs, stderr)
+    elif code != 0 or not count:
+        message, tail = stderr_cause(stderr.get("launcher", []))
+        cause = RankFailure(rank=None, exitcode=code, signal=signal_name(code),
+                            message=message, traceback=tail)
+        if not count:
+            cause.when = "before starting any rank" if code else "without starting any rank"
+            cause.hint = "" if code else NO_RANK_HINT
+        fail(result, cause, "spawn", logs, stderr)
+    return result
 
 
-def stderr_cause(lines: list[str]) -> tuple[str, str]:
-    """(the error line, the lines before it) from the end of a process's stderr."""
-    lines = [line for line in lines if line.strip()]
-    tail = traceback_tail(lines)
-    if tail:
-        return short_message(lines) or lines[-1].strip(), tail
-    return (lines[-1].strip() if lines else ""), "\n".join(lines[-10:-1])
-
-
-# Failures whose fix ddplab knows: (pattern in the output, engines it applies to, what to do).
-_HINTS = (
-    (torch_words.TORCHRUN_VARIABLES_MISSING.pattern, ("spawn",),
-     "this is a torchrun-style script: it reads RANK and WORLD_SIZE, which torchrun sets for "
-     "every process it starts. Launch it with engine='torchrun' (the default; CLI: --engine "
-     "torchrun). engine='spawn' is for scripts that call torch.multiprocessing.spawn "
-     "themselves."),
-    (torch_words.NCCL_WITHOUT_GPU.pattern, ("spawn", "torchrun"),
-     "the script uses the nccl backend or CUDA devices, and this machine has no usable GPU "
-     "(python -m ddplab doctor says what it has). On CPU use the gloo backend: "
-     "backend = 'nccl' if torch.cuda.is_available() else 'gloo' (ddplab.dist.setup() picks it "
-     "for you), keep tensors and models on the CPU, or run the script where GPUs are."),
-)
-
-NO_RANK_HINT = (
-    "an mp.spawn script decides how many processes it starts; one that counts GPUs "
-    "(world_size = torch.cuda.device_count(), as PyTorch's multi-GPU examples do) starts none on "
-    "a machine without GPUs. Run it where GPUs are, or start as many processes as asked: ddplab "
-    "offers the requested count in the DDPLAB_NPROCS environment variable "
-    "(ddplab.workers.spawn_ddp reads it), and pick gloo on CPU.")
-
-
-def hint_for(text: str, engine: str) -> str:
-    """What to do about a failure whose output is ``text`` ("" when ddplab has no advice)."""
-    for pattern, engines, hint in _HINTS:
-        if engine in engines and pattern.search(text):
-            return hint
-    return ""

@@ -1,12 +1,8 @@
-"""One launch, as a typed spec checked once: ``LaunchSpec.check()`` before anything starts.
+"""One launch's arguments, checked once before anything starts (``LaunchSpec.check``).
 
-Every mistake found here is a ``LaunchError`` whose message says what to do: an unknown
-engine, a missing script, ``nprocs`` out of range, a timeout that is not a positive number,
-nccl without enough GPUs, a busy port. ``check`` also resolves the target the way torchrun
-does: an existing path (a file with or without ``.py``, a directory or zip with
-``__main__.py``), else an importable module name.
-
-Lesson: every notebook that launches workers.
+Every mistake is a ``LaunchError`` that says what to do; the target is resolved as torchrun
+resolves it (a file with or without ``.py``, a directory or zip with ``__main__.py``, or a
+module name).
 """
 
 from __future__ import annotations
@@ -112,13 +108,14 @@ class LaunchSpec:
 
 
 def check_timeout(timeout: Any, default: float) -> float:
-    """The timeout in seconds: a finite number > 0 (None: ``default``); else LaunchError."""
+    """The timeout in seconds: a number > 0, ``math.inf`` for no limit (None: ``default``);
+    else LaunchError."""
     if timeout is None:
         timeout = default
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-            or not math.isfinite(timeout) or timeout <= 0:
-        raise LaunchError(f"timeout must be a finite number of seconds > 0 (or None for the "
-                          f"default, DDPLAB_TIMEOUT or 3600), got {timeout!r}.")
+            or math.isnan(timeout) or timeout <= 0:
+        raise LaunchError(f"timeout must be a number of seconds > 0 (math.inf for no limit, "
+                          f"None for the default, DDPLAB_TIMEOUT or 3600), got {timeout!r}.")
     return float(timeout)
 
 

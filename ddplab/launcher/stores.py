@@ -1,28 +1,12 @@
-"""Rendezvous stores served outside the agent, and ddplab's one-node rendezvous.
+"""Rendezvous stores served outside the agent, and ddplab's rendezvous handlers.
 
-The agent forks the workers. A ``TCPStore`` server in the agent runs a thread, and a worker
-forked while that thread held one of libc's locks (``getnameinfo``'s, as it accepted a peer)
-inherits the lock held by nobody: its first connection then waits forever (one 4-rank launch
-in 200 hung so on torch 2.14, one in 15 on torch 2.6). So the stores of one-node launches are
-served by the **store host**, one process per helper, forked from it at start (torch loaded,
-no thread yet). Each agent connects to it over a UNIX socket and keeps the connection for its
-life; the host serves that agent's store, and when the connection closes (the agent ended or
-died) it drops the store and ends what is left of the agent's process group.
-
-The agent reaches the store through rendezvous handlers registered with torch's public
-``rendezvous_handler_registry`` (``register_rendezvous``): ``ddplab`` for one node (rank 0,
-the store a client of the host's server, shared with the workers as torchrun's static
-rendezvous shares its own), and ``ddplab-c10d`` for several nodes: torch's own c10d
-rendezvous (``dynamic_rendezvous.create_handler`` over a ``C10dRendezvousBackend``), its store
-served by node 0's store host; the workers then host their own store (rank 0), as torchrun's
-do with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``.
-
-The store host also ends the job when the caller dies: the helper dies with the caller, the
-host is told (parent-death signal) and kills every agent's process group and every process
-that carries this helper's token (``DDPLAB_HELPER``) in its environment: the ranks' children,
-also those that left the group for a session of their own.
-
-Lesson: every notebook that launches workers.
+A ``TCPStore`` server runs a thread; a rank forked while that thread held one of libc's locks
+hangs on its first connection. So stores live in the **store host**, forked once by the helper
+before any thread; each agent keeps a connection to it, and when that closes the host drops
+the agent's stores and ends what is left of its group. When the helper dies, the host ends
+every process marked with its token (``DDPLAB_HELPER``). The agent reaches the stores through
+handlers registered with torch's public ``rendezvous_handler_registry``: ``ddplab`` (one node)
+and ``ddplab-c10d`` (torch's c10d rendezvous for several nodes).
 """
 
 from __future__ import annotations
@@ -35,7 +19,7 @@ import socket
 from typing import Any, Optional
 
 from .procs import (become_quiet_child, kill_group, kill_marked, name_this_process,
-                    set_parent_death_signal)
+                    set_parent_death_signal, start_time)
 
 STORE_HOST_NAME = "ddplab-stores"  # its process name (``ps -o comm``)
 RDZV_BACKEND = "ddplab"  # one node
@@ -67,12 +51,13 @@ def _host_stores(listener: socket.socket) -> None:
     """The store host's loop: one store per agent; an agent's stores go with its connection."""
     from torch.distributed import TCPStore
 
-    agents: dict[socket.socket, list[Any]] = {}  # connection -> [agent pid, stores...]
+    # connection -> [(agent pid, its start time), stores...]
+    agents: dict[socket.socket, list[Any]] = {}
 
     def end_everything(_sig: int, _frame: Any) -> None:  # the helper (so the caller) died
-        for pid, *_stores in agents.values():
-            kill_group(pid, signal.SIGKILL)
-        kill_marked(HELPER_TOKEN, os.environ.get(HELPER_TOKEN, ""), spare=os.getppid())
+        for (pid, started), *_stores in agents.values():
+            kill_group(pid, signal.SIGKILL, started)
+        kill_marked(HELPER_TOKEN, os.environ.get(HELPER_TOKEN, ""), keep=os.getppid())
         os._exit(0)
 
     signal.signal(signal.SIGTERM, end_everything)
@@ -82,14 +67,16 @@ def _host_stores(listener: socket.socket) -> None:
             if conn is listener:
                 new = listener.accept()[0]  # (one message per request: a SEQPACKET socket)
                 said = new.recv(64).decode(errors="replace")
-                agents[new] = [int(said) if said.isdigit() else 0]  # the agent says its pid
+                pid = int(said) if said.isdigit() else 0  # the agent says its pid
+                agents[new] = [(pid, start_time(pid) if pid else None)]
                 continue
             try:
                 msg = conn.recv(1 << 16)
             except OSError:
                 msg = b""
             if not msg:  # the agent is gone: so are its stores and what its group left
-                kill_group(agents.pop(conn)[0], signal.SIGKILL)
+                pid, started = agents.pop(conn)[0]
+                kill_group(pid, signal.SIGKILL, started)
                 conn.close()
                 continue
             try:

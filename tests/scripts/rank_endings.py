@@ -1,4 +1,5 @@
-"""A rank for the warm-process tests (test_spares): what it sees, or how rank 1 ends.
+"""A rank for the tests of how ranks end (test_launch), on either path: what it sees, or how
+rank 1 ends.
 
 report: print one JSON line of what the rank sees (environment, directory, argv, stdin,
 torch's threads). hold: write its pid to held-RANK in the working directory, then sleep.
@@ -20,7 +21,7 @@ if mode == "report":
     print(json.dumps({
         "env": {name: os.environ.get(name) for name in (
             "MY_VAR", "DDPLAB_TEST_LATE", "RANK", "LOCAL_RANK", "WORLD_SIZE",
-            "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", "DDPLAB_SPARE_PRELOAD")},
+            "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS")},
         "cwd": os.getcwd(), "argv": sys.argv, "name": __name__, "path0": sys.path[0],
         "stdin": sys.stdin.read(), "threads": torch.get_num_threads(), "pid": os.getpid(),
     }), flush=True)

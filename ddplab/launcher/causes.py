@@ -1,0 +1,206 @@
+"""Why a job failed, read from its ranks' exit codes and output: the root cause and a hint.
+
+The rank that really failed is the first genuine failure, not a peer that only lost its
+connection to it; a failure ddplab recognises (nccl without GPUs, a torchrun-style script given
+to mp.spawn, an abort at the interpreter's exit) gets a hint that says what to do.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from .. import torch_words
+
+Logs = dict[Union[int, str], list[str]]
+
+# Errors a healthy rank reports when a peer died first: never the root cause.
+_SECONDARY = torch_words.PEER_LOST.pattern
+
+
+@dataclass
+class RankFailure:
+    """Why one rank failed: exit code or signal, and the tail of its traceback.
+
+    ``rank`` is None when the process that failed is the launching process itself (engine
+    "spawn": the script that calls ``mp.spawn``), not one of the ranks; ``when`` then says
+    whether it had started any rank. ``hint`` says what to do about a failure ddplab
+    recognises (a torchrun-style script given to engine "spawn", nccl without GPUs, ...).
+    ``at_exit`` is True for a process that aborted while its interpreter was exiting
+    ("terminate called without an active exception"): its script had run, and what it reported
+    (events, output) is complete, but the process did not end cleanly.
+    """
+
+    rank: Optional[int]
+    exitcode: Optional[int]
+    signal: Optional[str] = None
+    message: str = ""
+    traceback: str = ""
+    when: str = ""
+    hint: str = ""
+    at_exit: bool = False
+
+    def __str__(self) -> str:
+        how = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exitcode}"
+        who = f"rank {self.rank}" if self.rank is not None else "the launching process"
+        text = f"{who} {how}" + (f" {self.when}" if self.when else "")
+        if self.message:
+            text += f": {self.message}"
+        if self.traceback:
+            text += "\n" + self.traceback
+        if self.hint:
+            text += "\nhint: " + self.hint
+        return text
+
+
+def signal_name(code: Optional[int]) -> Optional[str]:
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def failures_from_output(code: int, logs: dict[Union[int, str], list[str]],
+                         ranks_only: bool = False) -> list[RankFailure]:
+    """Failures of a subprocess job, read from torchrun's or mp.spawn's error report.
+
+    When the report names no rank, the launching process itself failed: one failure with
+    ``rank=None`` (none with ``ranks_only``).
+    """
+    if code == 0:
+        return []
+    text = "\n".join(logs.get("launcher", []))
+    found: list[RankFailure] = []
+    for match in re.finditer(r"^\s*rank\s*:\s*(\d+).*\n\s*exitcode\s*:\s*(-?\d+)", text, re.M):
+        code = int(match.group(2))
+        found.append(RankFailure(rank=int(match.group(1)), exitcode=code,
+                                 signal=signal_name(code)))
+    for match in re.finditer(r"[Pp]rocess (\d+) terminated with (?:exit code (\d+)|signal "
+                             r"(SIG\w+)|the following error)", text):
+        exitcode = int(match.group(2)) if match.group(2) else 1
+        if match.group(3):
+            exitcode = -getattr(signal.Signals, match.group(3), signal.SIGKILL).value
+        found.append(RankFailure(rank=int(match.group(1)), exitcode=exitcode,
+                                 signal=match.group(3)))
+    if not found and not ranks_only:
+        found.append(RankFailure(rank=None, exitcode=code, signal=signal_name(code)))
+    for failure in found:
+        lines = (logs.get(failure.rank, []) if failure.rank is not None else []) or \
+            logs.get("launcher", [])
+        failure.traceback = traceback_tail(lines)
+        failure.message = short_message(lines)
+    return found
+
+
+def root_cause(failures: list[RankFailure],
+                exits: dict[int, tuple[int, float]]) -> RankFailure:
+    """The failure that came first and is not a peer's echo of it (e.g. "connection closed").
+
+    A rank killed by SIGTERM was stopped by the launcher after another rank failed, and a
+    rank that reports a closed connection lost a peer: both rank after a genuine failure, and
+    an abort at exit after a failure during the run. A failure of the launching process ranks
+    after its ranks' (mp.spawn fails when a rank did).
+    """
+    def key(f: RankFailure) -> tuple[bool, bool, bool, float, int]:
+        echo = bool(_SECONDARY.search(f.message + "\n" + f.traceback)) or f.signal == "SIGTERM"
+        if f.rank is None:
+            return echo, f.at_exit, True, 0.0, -1
+        return echo, f.at_exit, False, exits.get(f.rank, (0, 0.0))[1], f.rank
+    return sorted(failures, key=key)[0]
+
+
+def traceback_tail(lines: list[str], limit: int = 25) -> str:
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback")]
+    return "\n".join(lines[starts[-1]:][-limit:]) if starts else ""
+
+
+def short_message(lines: list[str]) -> str:
+    """The exception line of the last traceback in ``lines``, or ""."""
+    for line in reversed(lines):
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b", line):
+            return line.strip()
+    return ""
+
+
+EXIT_ABORT = "terminate called without an active exception"
+EXIT_ABORT_HINT = (
+    "an abort while the interpreter exits comes from C++ threads still running then "
+    "(typically gloo's, of a process group that outlived destroy_process_group()); the work "
+    "before it was done, and what the rank reported is complete. To exit cleanly, call "
+    "torch.distributed.destroy_process_group() at the end and let nothing keep the group: "
+    "import torch.distributed.nn before init_process_group() (its functions keep "
+    "group.WORLD as a default argument when imported later, as DDP's constructor does).")
+
+
+def mark_exit_aborts(failures: list[RankFailure], logs: dict[Union[int, str], list[str]],
+                     exits: dict[int, tuple[int, float]],
+                     stderr: Optional[dict[Union[int, str], list[str]]] = None) -> None:
+    """Tell an abort at the interpreter's exit from a crash during the run (``at_exit``).
+
+    A rank killed by SIGABRT aborted at exit if it had reported a clean end to the launcher
+    (ddplab's workers report their exit code before leaving), or if its output ends with the
+    C++ runtime's "terminate called without an active exception", followed at most by
+    Python's crash report of a process that was finishing (atexit handlers, finalization).
+    Its stderr is read alone where it was kept apart (stdout's lines may have been read later).
+    """
+    for failure in failures:
+        if failure.signal != "SIGABRT":
+            continue
+        own = [] if failure.rank is None else \
+            (stderr or {}).get(failure.rank) or logs.get(failure.rank, [])
+        said = [i for i, line in enumerate(own) if EXIT_ABORT in line]
+        after = "\n".join(own[said[-1] + 1:]) if said else ""
+        finishing = not after.strip() or bool(re.search(
+            r"finaliz|_finish_like_an_interpreter|atexit|_exit_function", after))
+        if failure.rank is not None and (exits.get(failure.rank, (None, 0.0))[0] == 0
+                                         or (said and finishing)):
+            failure.when = "while exiting, after its script had finished"
+        elif not said and any(EXIT_ABORT in line for line in logs.get("launcher", [])):
+            failure.when = "while exiting"  # mp.spawn ranks: the line does not say whose
+        else:
+            continue
+        failure.at_exit, failure.message = True, EXIT_ABORT
+        failure.traceback, failure.hint = "", EXIT_ABORT_HINT
+
+
+def stderr_cause(lines: list[str]) -> tuple[str, str]:
+    """(the error line, the lines before it) from the end of a process's stderr."""
+    lines = [line for line in lines if line.strip()]
+    tail = traceback_tail(lines)
+    if tail:
+        return short_message(lines) or lines[-1].strip(), tail
+    return (lines[-1].strip() if lines else ""), "\n".join(lines[-10:-1])
+
+
+# Failures whose fix ddplab knows: (pattern in the output, engines it applies to, what to do).
+_HINTS = (
+    (torch_words.TORCHRUN_VARIABLES_MISSING.pattern, ("spawn",),
+     "this is a torchrun-style script: it reads RANK and WORLD_SIZE, which torchrun sets for "
+     "every process it starts. Launch it with engine='torchrun' (the default; CLI: --engine "
+     "torchrun). engine='spawn' is for scripts that call torch.multiprocessing.spawn "
+     "themselves."),
+    (torch_words.NCCL_WITHOUT_GPU.pattern, ("spawn", "torchrun"),
+     "the script uses the nccl backend or CUDA devices, and this machine has no usable GPU "
+     "(python -m ddplab doctor says what it has). On CPU use the gloo backend: "
+     "backend = 'nccl' if torch.cuda.is_available() else 'gloo' (ddplab.dist.setup() picks it "
+     "for you), keep tensors and models on the CPU, or run the script where GPUs are."),
+)
+
+NO_RANK_HINT = (
+    "an mp.spawn script decides how many processes it starts; one that counts GPUs "
+    "(world_size = torch.cuda.device_count(), as PyTorch's multi-GPU examples do) starts none on "
+    "a machine without GPUs. Run it where GPUs are, or start as many processes as asked: ddplab "
+    "offers the requested count in the DDPLAB_NPROCS environment variable "
+    "(ddplab.workers.spawn_ddp reads it), and pick gloo on CPU.")
+
+
+def hint_for(text: str, engine: str) -> str:
+    """What to do about a failure whose output is ``text`` ("" when ddplab has no advice)."""
+    for pattern, engines, hint in _HINTS:
+        if engine in engines and pattern.search(text):
+            return hint
+    return ""
