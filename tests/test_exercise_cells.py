@@ -88,9 +88,11 @@ def launch_args(code: str, work: Path) -> list:
 @pytest.mark.parametrize("notebook, index, code, before", LAUNCHES,
                          ids=[f"{n}-{i}" for n, i, _, _ in LAUNCHES])
 def test_the_stated_duration_is_that_of_a_measured_run(notebook, index, code, before, tmp_path):
-    """The reference solution, launched as the cell launches the learner's, runs for about the
-    time the cell states: within FACTOR either way. This machine's load only slows a run, so the
-    upper bound grows with it (load average per core); the lower bound needs no such care."""
+    """The reference solution, launched as the cell launches the learner's, runs no longer than
+    FACTOR times what the cell states (a cell that says "about 5 s" for a minute's run misleads).
+    This machine's load only slows a run, so the bound grows with it (load average per core).
+    No lower bound: the stated time counts a kernel's first launch (the launcher's helper starts,
+    seconds), and a launch after it can take a fraction of a second."""
     import os
 
     import ddplab
@@ -101,6 +103,6 @@ def test_the_stated_duration_is_that_of_a_measured_run(notebook, index, code, be
                            args=launch_args(code, tmp_path))   # a safety net, not a measure
     assert result.ok, result.error
     busy = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
-    assert claimed / FACTOR <= result.wall_time <= claimed * FACTOR * busy, (
+    assert result.wall_time <= claimed * FACTOR * busy, (
         f"{notebook} cell {index} says about {claimed:.0f} s; the reference ran "
         f"{result.wall_time:.1f} s here (load {busy:.1f} per core)")
