@@ -1,5 +1,5 @@
 """No warning comes from the course's own exercise code: every skeleton in ``exercises/`` and
-every reference solution in ``tests/solutions/`` runs on 2 gloo ranks under ``torchrun`` with
+every reference solution in ``tests/solutions/`` runs on 2 gloo ranks under ``ddplab.launch`` with
 ``PYTHONWARNINGS=error::Warning:__main__``, so a warning raised by a line of the exercise file
 (the workers run it as ``__main__``) becomes an exception. Warnings of other modules (torch's own
 deprecations, third-party packages) are left alone: the filter names the exercise's module only.
@@ -14,10 +14,7 @@ float in its fixed part, and every rank printed torch's UserWarning in red.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,17 +32,16 @@ RAISED = re.compile(r"^(?:\[[^\]]*\]:?)?\s*(\w*Warning): ", re.M)  # an uncaught
 
 
 def run(path: Path, tmp: Path) -> tuple[int, str]:
-    """``torchrun`` the file on 2 gloo ranks; its exit code and output."""
+    """Launch the file on 2 gloo ranks as a notebook does; its return code and output."""
+    import ddplab
+
     tmp.mkdir(parents=True)
     args = [a.replace("{tmp}", str(tmp)) for a in ARGS.get(path.name, [])]
-    env = {**os.environ, "PYTHONWARNINGS": "error::Warning:__main__", "PYTHONPATH": str(ROOT),
-           "DDPLAB_BACKEND": "gloo", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "2", str(path), *args], cwd=tmp, env=env,
-                          capture_output=True, text=True,
-                          timeout=240)  # a safety net: one launch takes 5 to 45 s
-
-    return done.returncode, done.stdout + done.stderr
+    result = ddplab.launch(str(path), 2, args=args, cwd=str(tmp), backend="gloo", quiet=True,
+                           live=False, env={"PYTHONWARNINGS": "error::Warning:__main__"},
+                           timeout=240)  # a safety net: one launch takes 1 to 45 s
+    text = "\n".join(line for lines in result.logs.values() for line in lines)
+    return result.returncode, text + "\n" + result.error
 
 
 def test_every_skeleton_has_a_reference_solution():

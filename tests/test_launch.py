@@ -931,3 +931,24 @@ def test_an_exception_in_the_caller_ends_every_process_of_the_job(monkeypatch, p
         launch(script, 2, args=[tmp_path, "hold"], quiet=True, timeout=120, on_event=broken)
     pids = _pids_in(tmp_path)
     assert len(pids) == 2 and not wait_gone(pids, 10)
+
+
+@pytest.mark.parametrize("path", ["fast", "subprocess"])
+def test_the_jobs_pythonwarnings_filter_the_ranks_warnings_as_in_a_fresh_python(
+        tmp_path, monkeypatch, path):
+    if path == "subprocess":
+        monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+    script = tmp_path / "warns.py"
+    script.write_text("import warnings\nwarnings.warn('from the script', UserWarning)\n"
+                      "print('after the warning', flush=True)\n")
+    plain = launch(str(script), 2, quiet=True, timeout=120)
+    assert plain.ok, plain.error
+    assert all("after the warning" in plain.log(rank) for rank in (0, 1))
+    strict = launch(str(script), 2, quiet=True, timeout=120,
+                    env={"PYTHONWARNINGS": "error::UserWarning:__main__"})
+    assert not strict.ok and strict.root_cause.rank in (0, 1)
+    assert "UserWarning" in strict.root_cause.traceback + strict.root_cause.message
+    assert not any("after the warning" in strict.log(rank) for rank in (0, 1))
+    other = launch(str(script), 2, quiet=True, timeout=120,
+                   env={"PYTHONWARNINGS": "error::DeprecationWarning,error::UserWarning:elsewhere"})
+    assert other.ok, other.error  # another category, another module: not this warning

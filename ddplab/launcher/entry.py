@@ -40,14 +40,17 @@ def run_target(target: str, args: list[str]) -> None:
     """Run a script path (file, directory or zip with ``__main__.py``) or a module name.
 
     The process started before the rank's environment was set (a fork of the helper, or a
-    torchrun subprocess): the job's ``PYTHONPATH`` entries are put on ``sys.path`` as a fresh
-    ``python`` would have put them.
+    torchrun subprocess): the job's ``PYTHONPATH`` entries are put on ``sys.path``, and its
+    ``PYTHONWARNINGS`` become warning filters, as a fresh ``python`` would have done.
     """
     import runpy
 
     for entry in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
         if entry and entry not in sys.path:
             sys.path.insert(0, entry)
+    for option in os.environ.get("PYTHONWARNINGS", "").split(","):
+        if option.strip() and option not in sys.warnoptions:  # (a fresh python applied it)
+            _warning_filter(option)
     sys.argv = rank_argv(target, args)
     if os.path.isabs(target):
         if os.path.isfile(target) and not zipfile.is_zipfile(target):
@@ -63,6 +66,31 @@ class _Rank:
 
     pipe: tuple[int, int] = (0, 0)
     exit_handlers: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
+
+
+def _warning_filter(option: str) -> None:
+    """Apply one ``-W``/``PYTHONWARNINGS`` option, ``action:message:category:module:lineno``,
+    with Python's own meaning (message a prefix, module an exact name, later options first)."""
+    import builtins
+    import importlib
+    import re
+    import warnings
+
+    action, message, category, module, lineno = ([p.strip() for p in option.split(":")]
+                                                  + [""] * 5)[:5]
+    try:
+        action = next(a for a in ("default", "always", "ignore", "module", "once", "error")
+                      if a.startswith(action or "default"))
+        kind: Any = builtins
+        if "." in category:
+            kind, category = importlib.import_module(category.rpartition(".")[0]), \
+                category.rpartition(".")[2]
+        warnings.filterwarnings(action, re.escape(message),
+                                getattr(kind, category) if category else Warning,
+                                re.escape(module) + r"\Z" if module else "", int(lineno or 0))
+    except (StopIteration, AttributeError, ImportError, ValueError, TypeError) as exc:
+        print(f"ddplab: invalid PYTHONWARNINGS option ignored: {option!r} ({exc})",
+              file=sys.stderr)
 
 
 def run_rank(target: str, args: list[str], rank_fds: list[int], threads: int,
