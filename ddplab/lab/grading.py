@@ -248,7 +248,6 @@ def run_exercise(key: str, course: Path, work: Path, timeout: Optional[float] = 
                  "DDPLAB_KEEP_LINES": str(KEEP_LINES),
                  "DDPLAB_PRELOAD_TRAINING": "1" if spec.training else "0",
                  "DDPLAB_RESULTS": str(course / "results")}
-    child_env.setdefault("DDPLAB_SPARES", "once")
     start = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=course / "notebooks", env=child_env,
