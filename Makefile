@@ -45,7 +45,7 @@ lab: setup
 # pytest-xdist spreads whole files over XDIST workers (a file's tests run in order, in one
 # worker); notebooks are listed first so the longest files start first. PYTEST_EXIT turns
 # pytest's exit status 5 (nothing collected) into a failure that says so.
-XDIST ?= -n 3 --dist loadfile
+XDIST ?= -n 3 --dist loadfile  # keep loadfile: a notebook's cells share one kernel, one worker
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=$(NB_TIMEOUT)
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 PYTEST_EXIT = s=$$?; [ $$s -ne 5 ] || echo "make $@: pytest collected no tests: a failure here" >&2; exit $$s
