@@ -68,6 +68,7 @@ def test_nprocs_above_the_limit_is_refused_before_anything_starts_and_up_to_it_w
         launch(LEAVES, 10_000)
     script = tmp_path / "many.py"
     script.write_text("import os\nprint('rank', os.environ['RANK'], flush=True)\n")
+    assert launch(script, 1, quiet=True).ok  # the launcher's helper runs (its pipes stay open)
     fds = len(os.listdir("/proc/self/fd"))
     result = launch(script, 128, quiet=True, timeout=600)
     assert result.ok, result.error
