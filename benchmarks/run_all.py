@@ -31,10 +31,11 @@ BENCHES = {
 # name -> (section title, what the target says)
 SECTIONS = {
     "launch": ("Targets 1 and 2: launch cost",
-               "Cold: `python -m ddplab launch --nproc-per-node 2 script.py` at most 0.75x plain "
+               "Cold: `python -m ddplab launch --nproc-per-node 2 script.py` at most 0.50x plain "
                "`python -m torch.distributed.run --standalone --nproc-per-node 2 script.py` on a "
                "trivial gloo job. Warm: the second and later `ddplab.launch(...)` calls from one "
-               "process at most 0.10x that torchrun."),
+               "process at most 0.10x that torchrun, and in the same run at most 1.00x accelerate's "
+               "`notebook_launcher` and 1.50x a bare fork of the same two processes."),
     "ddp_cpu": ("Target 3: DDP on CPU",
                 "2 processes x 1 thread reach at least 0.90x the combined samples/s of two "
                 "independent 1-thread processes running at the same time (the machine's own "
