@@ -339,6 +339,9 @@ def test_every_exercise_has_a_right_variant_and_two_wrong_ones():
         assert sum(v.right for v in mine) >= 1 and sum(not v.right for v in mine) >= 2
 
 
+# A safety net: every launch of the module (about 60, three at a time) runs in the first test's
+# setup, which takes minutes on a busy 2-core machine.
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VARIANTS])
 def test_variant_is_judged_as_a_teacher_would(variant, verdicts):
     verdict = verdicts[variant.name]
