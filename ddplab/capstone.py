@@ -16,7 +16,8 @@ global hooks), and Python's audit hook sees the files opened under ``--checkpoin
 ``log_step`` reports, with the learner's step number, loss and the time, what was seen since
 the previous one: a fingerprint of every training sample, autocast's dtype, the LR and the
 summed squares of the local gradients at the optimizer step, the sum of the optimizer's state,
-the files written, the bytes this process wrote, and the ``map_location`` of every
+the state of the ``GradScaler`` that stepped the optimizer (None without an enabled one), the
+files written, the bytes this process wrote, and the ``map_location`` of every
 ``torch.load`` of a file in the folder. At exit every rank reports its (local) weights.
 
 ``--kill-rank R --kill-at-step N`` kills rank R with ``SIGKILL`` in the forward pass of step N
@@ -179,6 +180,7 @@ class _Watch:
         self.probe: Optional[torch.Tensor] = None
         self.saving: Any = None
         self.sharded_units: set[int] = set()  # modules fully_shard made units of, seen training
+        self.scaler: Any = None  # the GradScaler that last stepped an optimizer
         self.reset()
 
     def reset(self) -> None:
@@ -280,6 +282,13 @@ class _Watch:
         if all(g is None for g in grads):
             return  # torch.distributed.checkpoint initialising the state: not a training step
         state = [t for s in optimizer.state.values() for t in s.values()]
+        frame = inspect.currentframe()
+        while frame is not None:  # called from GradScaler.step? (its frame's ``self``)
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, torch.amp.GradScaler):
+                self.scaler = owner
+                break
+            frame = frame.f_back
         self.optimizer_steps.append({
             "lr": float(optimizer.param_groups[0]["lr"]), "grad": _sum(grads, square=True),
             "state": _sum(state)})
@@ -322,7 +331,7 @@ class _Watch:
             "step": step, "loss": loss, "time": time.perf_counter(), "samples": self.samples,
             "autocast": sorted(self.autocast, key=str), "optimizer_steps":
             len(self.optimizer_steps), "lr": last.get("lr"), "grad": last.get("grad"),
-            "state": last.get("state"), "written": self.written, "loads": self.loads,
+            "state": last.get("state"), "scaler": self.scaler_state(), "written": self.written, "loads": self.loads,
             "bytes": None if before is None or now is None else now - before,
             "wrapper_evals": self.wrapper_evals, "eval_samples": self.eval_samples})
         self.last_step = step
@@ -331,6 +340,11 @@ class _Watch:
         if self.rank == 0 and kill is not None and step + 1 == kill:
             shutil.rmtree(os.path.dirname(self.marker("began")), ignore_errors=True)  # stale
             sys.setprofile(self.late_save)
+
+    def scaler_state(self) -> Optional[dict[str, Any]]:
+        """The state of the GradScaler seen stepping (its scale and growth count), after this
+        step's ``update()``; None where no enabled scaler stepped an optimizer."""
+        return (self.scaler.state_dict() or None) if self.scaler is not None else None
 
     def report_weights(self) -> None:
         """At exit: this rank's weights, parameter by parameter (its shards under FSDP)."""

@@ -218,7 +218,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if ns.command == "doctor":
         from .env import doctor
 
-        report = doctor()
+        report = doctor(full=True)
         return 1 if report["problems"] and report["gpu_count"] == 0 and not \
             report["backends"]["gloo"] else 0
     if ns.command in ("init", "lab"):

@@ -176,18 +176,30 @@ def launch_path() -> str:
     return f"cold torchrun subprocess ({why}): seconds a launch"
 
 
+def course_backend(facts: dict[str, Any]) -> str:
+    """The backend of the course's multi-process runs here (``max(2, GPUs)`` ranks): nccl when
+    every rank gets a GPU of its own and torch has nccl, unless ``DDPLAB_BACKEND=gloo``; else
+    gloo. The one rule behind the doctor's report and plan, and ``ddplab.dist.pick_backend``'s.
+    """
+    forced = os.environ.get("DDPLAB_BACKEND", "")
+    if int(facts["gpu_count"]) >= 2 and forced != "gloo" and facts["backends"].get("nccl"):
+        return "nccl"
+    return "gloo"
+
+
 def course_plan(facts: dict[str, Any]) -> str:
     """One line: how the course's multi-process lessons run on this machine.
 
     The same rule as the notebooks (one process per GPU, at least 2) and as
-    ``ddplab.dist.pick_backend`` (nccl only when every rank has a GPU of its own).
+    ``ddplab.dist.pick_backend`` (nccl only when every rank has a GPU of its own):
+    :func:`course_backend`.
 
     Lesson: the hardware cell of every notebook (``doctor`` prints it).
     """
     gpus = int(facts["gpu_count"])
     nprocs = max(2, gpus)
     forced = os.environ.get("DDPLAB_BACKEND", "")
-    if gpus >= 2 and forced != "gloo" and facts["backends"].get("nccl"):
+    if course_backend(facts) == "nccl":
         line = f"{nprocs} ranks with nccl, one per GPU"
         if facts.get("p2p") is False:
             line += (", peer-to-peer off (NCCL_P2P_DISABLE=1)"
@@ -222,16 +234,20 @@ class Report(dict):
                 f"{len(self['problems'])} problem(s)>")
 
 
-def doctor(quiet: bool = False) -> Report:
+def doctor(quiet: bool = False, full: bool = False) -> Report:
     """Report torch, devices, backends, the backend ddplab picks, a free port and problems.
+
+    Prints one line (torch, devices, how the course runs here, how launches start) and every
+    problem with its fix; ``full=True`` (or ``python -m ddplab doctor``) prints every fact.
 
     Args:
         quiet: return the report without printing it.
+        full: print the whole report, one fact a line.
 
     Returns:
         The report as a dict (``problems`` is a list of ``{"problem", "fix"}``).
 
-    Lesson: the hardware cell of every notebook (01-09).
+    Lesson: the hardware cell of every notebook.
     """
     import multiprocessing
 
@@ -239,18 +255,33 @@ def doctor(quiet: bool = False) -> Report:
     facts.update({
         "python": sys.version.split()[0],
         "cpu_count": os.cpu_count(),
-        "backend": "nccl" if facts["gpu_count"] > 0 else "gloo",
         "free_port": free_port(),
         "shm_bytes": shm_bytes(),
         "start_method": "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn",
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
     })
+    facts["backend"] = course_backend(facts)
     facts["plan"] = course_plan(facts)
     facts["launch_path"] = launch_path()
     facts["problems"] = [{"problem": p, "fix": f} for p, f in problems(facts)]
     if not quiet:
-        print(format_report(facts))
+        print(format_report(facts) if full else format_summary(facts))
     return facts
+
+
+def format_summary(facts: dict[str, Any]) -> str:
+    """The doctor's report in one line, then one line per problem and its fix."""
+    gpus = facts["gpu_count"]
+    where = f"{gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "no GPU"
+    launches = "fork" if (facts.get("launch_path") or launch_path()).startswith("fork") \
+        else "cold subprocess"
+    found = facts["problems"]
+    lines = [f"ddplab doctor: torch {facts['torch']}, {where}, {facts['cpu_count']} CPU cores; "
+             f"the course runs {facts.get('plan') or course_plan(facts)}; launches: {launches}; "
+             f"{len(found) or 'no'} problem{'s' if len(found) != 1 else ''} "
+             "(all facts: ddplab.doctor(full=True))"]
+    lines += [f"PROBLEM: {item['problem']}\n  fix: {item['fix']}" for item in found]
+    return "\n".join(lines)
 
 
 def format_report(facts: dict[str, Any]) -> str:
@@ -265,7 +296,6 @@ def format_report(facts: dict[str, Any]) -> str:
         ("CPU cores", facts["cpu_count"]),
         ("GPUs", f"{facts['gpu_count']}: {gpus}"),
         ("backends available", backends),
-        ("ddplab will use", facts["backend"]),
         ("the course runs", facts.get("plan") or course_plan(facts)),
         ("free port", facts["free_port"]),
         ("/dev/shm", f"{shm // 2**20} MiB" if shm else "absent"),

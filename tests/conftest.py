@@ -18,7 +18,7 @@ import pytest
 
 #: Tests that start processes, as paths below tests/: a whole file, or ``file::test``.
 LAUNCHING = {
-    "gpu/test_run.py", "test_barrier_demo.py", "test_buckets.py", "test_capstone.py", "test_check.py", "test_cifar10_workload.py",
+    "gpu/test_run.py", "test_barrier_demo.py", "test_buckets.py", "test_check.py", "test_cifar10_workload.py",
     "test_cli.py", "test_collectives.py", "test_comm_hooks.py",
     "test_compile_ddp.py", "test_course_build.py", "test_cuda_clean.py", "test_debugging.py", "test_demos_spawning.py",
     "test_dist.py", "test_distributed_checkpoint.py", "test_docstring_examples.py",
@@ -29,6 +29,7 @@ LAUNCHING = {
     "test_spawn_engine.py", "test_spawn_worker.py", "test_sync_batchnorm.py",
     "test_tensor_parallel.py", "test_torch_words.py", "test_train_worker.py", "test_wheel.py",
     "test_workers_02_07_09.py",
+    "test_capstone.py::test_the_skeleton_is_told_to_write_the_job",
     "test_checkpoint.py::test_a_killed_save_leaves_nothing_the_next_save_does_not_reclaim",
     "test_pinning.py::test_a_cpu_rank_is_pinned_with_all_its_threads",
     "test_public_torch_api.py::test_the_rendezvous_handlers_come_from_torchs_public_registry",

@@ -16,10 +16,13 @@ def ddplab(*args, timeout=120):
                           text=True, timeout=timeout)
 
 
-def test_doctor_succeeds_and_reports_the_backend():
+def test_doctor_succeeds_and_prints_the_full_report():
+    from ddplab import env
+
     done = ddplab("doctor")
     assert done.returncode == 0, done.stderr
-    assert "ddplab will use" in done.stdout
+    assert f"the course runs      {env.course_plan(env.probe())}" in done.stdout
+    assert len(done.stdout.splitlines()) > 10   # every fact, not the notebooks' one line
 
 
 @pytest.mark.parametrize("command,option", [("course", "--strip"), ("bench", "--repeats")])

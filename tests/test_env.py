@@ -31,13 +31,22 @@ def gpus_here() -> int:
 
 def test_doctor_reports_the_gpus_of_this_machine(capsys):
     gpus = gpus_here()
-    report = ddplab.doctor()
+    report = ddplab.doctor(full=True)
     out = capsys.readouterr().out
     assert report["gpu_count"] == gpus and len(report["gpus"]) == gpus
-    assert report["backend"] == ("nccl" if gpus else "gloo")   # the backend of one process
+    assert report["backend"] == ddenv.course_backend(report)   # the course's runs' backend
     assert report["backends"]["gloo"] is True
-    assert f"ddplab will use      {report['backend']}" in out
     assert f"GPUs                 {gpus}: " in out
+
+
+def test_a_notebooks_doctor_cell_prints_one_line_and_every_problem(capsys):
+    report = ddplab.doctor()
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 + 2 * len(report["problems"])   # each problem: itself, its fix
+    assert report["torch"] in lines[0] and report["plan"] in lines[0]
+    assert "doctor(full=True)" in lines[0]
+    ddplab.doctor(quiet=True)
+    assert capsys.readouterr().out == ""
 
 
 def test_doctor_import_and_warm_launches_leave_torch_and_cuda_out_of_the_caller():
@@ -88,7 +97,8 @@ FAKE_GPUS = str(Path(__file__).parent / "scripts" / "fake_gpus.py")
 
 
 def decide(extra_env=None, **spec):
-    """The doctor's plan and problems, and dist's choices, with torch.cuda patched elsewhere."""
+    """The doctor's plan and problems, and dist's choices, with torch.cuda patched elsewhere.
+    Whatever the machine, the doctor's backend is the one the ranks pick (one rule)."""
     import json
 
     environ = {k: v for k, v in os.environ.items()
@@ -96,7 +106,10 @@ def decide(extra_env=None, **spec):
     out = subprocess.run([sys.executable, FAKE_GPUS, json.dumps(spec)], capture_output=True,
                          text=True, timeout=300, env={**environ, **(extra_env or {})})
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["doctor"]["backend"] == seen["backend"], seen
+    assert seen["doctor"]["plan"] == seen["plan"] and f"with {seen['backend']}" in seen["plan"]
+    return seen
 
 
 def test_no_gpu_two_ranks_on_cpu_with_gloo():
@@ -144,7 +157,7 @@ def test_gpus_without_nccl_or_with_gloo_forced_run_on_cpu():
 def test_doctor_prints_the_plan_in_one_line(capsys):
     """The plan for this machine's GPUs (each GPU count's plan is checked above, faked)."""
     gpus = gpus_here()
-    report = ddplab.doctor()
+    report = ddplab.doctor(full=True)
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("the course runs")]
     assert lines == [f"the course runs      {report['plan']}"]
     if gpus == 0:

@@ -4,6 +4,11 @@ rejected with a message that names the mistake). Each variant is the reference s
 ``tests/solutions/`` with a few lines changed, run through the real judge after a real launch;
 the launches run three at a time, once for the whole module.
 
+The capstone (13) is judged on the notebook's five launches of one job: a variant launches its
+file for the runs it names (``runs``) and hands in the reference job's for the others, as a
+learner whose job is right but for that mistake would; the reference's five runs are made once
+and serve every capstone variant (and the judge as its reference).
+
 A busy machine must not change a verdict: a run that ends by itself gets a launch timeout and a
 process-group timeout only as safety nets (minutes); the two that hang on purpose are ended by
 a timeout that is their point (the deadlock's launch timeout, no-Join's group timeout), long
@@ -14,6 +19,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+import shutil
 
 import pytest
 
@@ -34,6 +41,7 @@ class Variant:
     nprocs: int = 2
     timeout: float = 300   # a safety net: a run that ends by itself never meets it
     args: tuple[str, ...] = ()
+    runs: tuple[str, ...] = ("ddp",)  # 13 only: which of the five launches use this file
 
 
 VARIANTS = [
@@ -213,16 +221,96 @@ VARIANTS = [
     ), right=False, words=("micro-batch 1", "something other than the activation")),
 ]
 
+# ----------------------------------------------------------------- 13: the capstone
+# Its classic mistakes are small edits of the reference job (ddplab/workers/capstone.py). Its
+# five launches, as notebook 13 makes them: extra arguments, folder, processes.
+CAPSTONE_RUNS = {"ddp": ((), "ddp", 2), "fsdp": (("--strategy", "fsdp"), "fsdp", 2),
+                 "killed": (("--kill-rank", "1", "--kill-at-step", "24"), "job", 2),
+                 "resumed": ((), "job", 2), "resharded": (("--strategy", "fsdp"), "job-4", 4)}
+CAPSTONE = "../../ddplab/workers/capstone.py"   # from tests/solutions/
+FIVE = tuple(CAPSTONE_RUNS)
+CAPSTONE_REFERENCE = Variant("13 the reference job", "13", CAPSTONE, (), right=True, runs=FIVE)
+VARIANTS += [
+    CAPSTONE_REFERENCE,
+    Variant("13 a Stateful app state, a skipping sampler, LambdaLR", "13", "capstone.py", (),
+            right=True, runs=FIVE),
+    Variant("13 a sampler seeded with seed + rank", "13", CAPSTONE, (
+        ("seed=args.seed)", "seed=args.seed + rank)"),
+    ), right=False, words=("same seed", "seed + rank")),
+    Variant("13 the loss divided by the world size", "13", CAPSTONE, (
+        ("loss = F.cross_entropy(model(inputs), labels)",
+         "loss = F.cross_entropy(model(inputs), labels) / world"),
+    ), right=False, words=("divide the loss by the world size",)),
+    Variant("13 no zero_grad", "13", CAPSTONE, (
+        ("            optimizer.zero_grad()\n", ""),
+    ), right=False, words=("zero_grad",)),
+    Variant("13 no set_epoch", "13", CAPSTONE, (
+        ("        sampler.set_epoch(epoch)", "        pass"),
+    ), right=False, words=("same order in every epoch", "set_epoch")),
+    Variant("13 torch.save on every rank", "13", CAPSTONE, (
+        ("    dcp.save({", "    torch.save({"),
+        ('checkpoint_id=os.path.join(folder, f"step-{step}"))',
+         'os.path.join(folder, "last.pt"))'),
+    ), right=False, words=("as big as rank 0's", "only rank 0 writes")),
+    Variant("13 evaluation through the wrapper on rank 0", "13", CAPSTONE, (
+        ("    net = build_model(args)\n    net.load_state_dict(full)\n"
+         "    net.to(device).eval()\n", "    net = model.eval()\n"),
+    ), right=False, words=("DDP-wrapped model on rank 0 alone",)),
+    Variant("13 fully_shard around the root alone", "13", CAPSTONE, (
+        ("            fully_shard(block)\n", "            pass\n"),
+    ), right=False, words=("made 1 unit(s)", "each block"), runs=("fsdp",)),
+    Variant("13 the resume loads the model alone", "13", CAPSTONE, (
+        ('    state = {"model": model_state, "optimizer": optimizer_state,\n',
+         '    state = {"model": model_state,\n'),
+        ('optim_state_dict=state["optimizer"]', "optim_state_dict=optimizer_state"),
+    ), right=False, words=("not the optimizer's state",), runs=("killed", "resumed")),
+    Variant("13 a rank 0 save without a barrier", "13", CAPSTONE, (
+        ("    model_state, optimizer_state = get_state_dict(model, optimizer)\n    dcp.save(",
+         "    if dist.get_rank() == 0:  # the mistake: nobody waits for the file\n"
+         "        torch.save(model.module.state_dict(), os.path.join(folder, f'step-{step}.pt'))\n"
+         "    return\n    dcp.save("),
+    ), right=False, words=("while rank 0 was still writing the checkpoint", "barrier"),
+        runs=("killed",)),
+    Variant("13 a torch.load without map_location", "13", CAPSTONE, (
+        ("    model_state, optimizer_state = get_state_dict(model, optimizer)\n    dcp.save(",
+         "    if dist.get_rank() == 0:\n"
+         "        torch.save(model.module.state_dict(), os.path.join(folder, 'model.pt'))\n"
+         "    dist.barrier()\n"
+         "    model_state, optimizer_state = get_state_dict(model, optimizer)\n    dcp.save("),
+        ("    if name is None:\n        return None\n",
+         "    if name is None:\n        return None\n"
+         "    torch.load(os.path.join(folder, 'model.pt'))  # the mistake\n"),
+    ), right=False, words=("no map_location", "resumed run"), runs=("killed", "resumed")),
+    Variant("13 dcp.save on rank 0 alone", "13", CAPSTONE, (
+        ("                save(args.checkpoint_dir,",
+         "                rank == 0 and save(args.checkpoint_dir,"),
+    ), right=False, words=("deadlock", "at line"), timeout=60),  # as the notebook: ends the hang
+]
+
 
 def write(variant: Variant, folder: Path) -> Path:
     text = (SOLUTIONS / variant.solution).read_text()
     for old, new in variant.edits:
         assert old in text, f"{variant.name}: {old!r} is not in {variant.solution} any more"
         text = text.replace(old, new)
-    path = folder / variant.name.replace(" ", "_").replace(",", "") / variant.solution
+    path = folder / variant.name.replace(" ", "_").replace(",", "") / Path(variant.solution).name
     path.parent.mkdir(parents=True)
     path.write_text(text)
     return path
+
+
+def capstone_runs(variant: Variant, folder: Path) -> dict[str, object]:
+    """The launches of the variant's job it names, in the notebook's order (the resumed and the
+    resharded runs go on from copies of the killed run's folder)."""
+    path, runs = write(variant, folder), {}
+    for name, (extra, job, nprocs) in CAPSTONE_RUNS.items():
+        if name in variant.runs:
+            runs[name] = ddplab.launch(str(path), nprocs, quiet=True, live=False,
+                                       timeout=variant.timeout, args=[
+                                           "--checkpoint-dir", str(path.parent / job), *extra])
+        if name == "killed" and (path.parent / "job").exists():
+            shutil.copytree(path.parent / "job", path.parent / "job-4")
+    return runs
 
 
 @pytest.fixture(scope="module")
@@ -230,22 +318,30 @@ def verdicts(tmp_path_factory) -> dict[str, object]:
     folder = tmp_path_factory.mktemp("variants")
 
     def judged(variant: Variant):
+        if variant.key == "13":
+            base = reference.result()
+            mine = base if variant is CAPSTONE_REFERENCE else capstone_runs(variant, folder)
+            return ddplab.check("13", {**base, **mine, "reference": base["ddp"]})
         result = ddplab.launch(str(write(variant, folder)), variant.nprocs, quiet=True,
                                live=False, timeout=variant.timeout, args=list(variant.args))
         return ddplab.check(variant.key, result)
 
     with ThreadPoolExecutor(max_workers=3) as pool:
+        reference = pool.submit(capstone_runs, CAPSTONE_REFERENCE, folder)  # first in line
         return dict(zip([v.name for v in VARIANTS], pool.map(judged, VARIANTS)))
 
 
 def test_every_exercise_has_a_right_variant_and_two_wrong_ones():
     keys = {v.key for v in VARIANTS}
-    assert keys == {"03", "03b", "04", "05", "06", "08", "10", "11"}
+    assert keys == {"03", "03b", "04", "05", "06", "08", "10", "11", "13"}
     for key in keys:
         mine = [v for v in VARIANTS if v.key == key]
         assert sum(v.right for v in mine) >= 1 and sum(not v.right for v in mine) >= 2
 
 
+# A safety net: every launch of the module (about 60, three at a time) runs in the first test's
+# setup, which takes minutes on a busy 2-core machine.
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VARIANTS])
 def test_variant_is_judged_as_a_teacher_would(variant, verdicts):
     verdict = verdicts[variant.name]

@@ -92,8 +92,11 @@ def test_rank0_writes_the_checkpoint_once_per_epoch_and_a_crash_resumes_exactly(
                      "--stop-after-epoch", 2)
     assert not crashed.ok and crashed.root_cause.exitcode == plain_ddp.STOP_EXIT_CODE
     assert len(crashed.events_of("epoch")) == 4                    # 2 epochs x 2 ranks
-    resumed = launch("--epochs", 3, "--checkpoint-dir", tmp_path, "--resume")
+    # the switches a GPU needs for this (--deterministic) change no bit of a CPU run
+    resumed = launch("--epochs", 3, "--checkpoint-dir", tmp_path, "--resume", "--deterministic")
     assert resumed.ok, resumed.error
+    assert {r: [e["value"] for e in v] for r, v in metric(resumed, "deterministic").items()} == {
+        0: [True], 1: [True]} and not metric(run, "deterministic")
     loaded = {rank: events[0] for rank, events in metric(resumed, "loaded").items()}
     assert sorted(loaded) == [0, 1] and {e["epoch"] for e in loaded.values()} == {2}
     assert all(e["devices"] == ["cpu"] for e in loaded.values())
@@ -118,7 +121,8 @@ def test_sections_shown_by_the_notebooks_exist():
 
 def test_arguments():
     args = plain_ddp.parse_args([])
-    assert (args.epochs, args.batch_size, args.dataset, args.resume) == (3, 32, "digits", False)
+    assert (args.epochs, args.batch_size, args.dataset, args.resume, args.deterministic) == (
+        3, 32, "digits", False, False)
     with pytest.raises(SystemExit):
         plain_ddp.parse_args(["--resume"])               # needs --checkpoint-dir
 

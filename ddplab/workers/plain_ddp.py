@@ -66,6 +66,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="continue from checkpoint.pt if present")
     p.add_argument("--no-map-location", action="store_true", help="load without it (bug)")
     p.add_argument("--stop-after-epoch", type=int, metavar="N", help="crash after epoch N")
+    p.add_argument("--deterministic", action="store_true", help="deterministic kernels only, "
+                   "so that a GPU run repeats bit for bit (a CPU run does without)")
     args = p.parse_args(argv)
     if (args.resume or args.stop_after_epoch) and not args.checkpoint_dir:
         p.error("--resume and --stop-after-epoch need --checkpoint-dir")
@@ -75,6 +77,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """One rank's run: setup, data, model, resume, the loop (with saves), cleanup."""
     args = parse_args(argv)
+    if args.deterministic:
+        make_deterministic()
 
     # [setup]
     backend = pick_backend()                  # "nccl" if every process here gets a GPU, else "gloo"
@@ -133,6 +137,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     # [cleanup]
     dist.destroy_process_group()
     # [/cleanup]
+
+
+def make_deterministic() -> None:
+    """Deterministic kernels only (an error where an op has none), so that two GPU runs of the
+    same work give the same bits: with them, a resumed run ends with exactly the weights of an
+    uninterrupted one (lesson 05). cuBLAS needs a fixed workspace for it, read when CUDA starts;
+    cuDNN must not benchmark algorithms (``torch.backends.cudnn.benchmark``, off by default and
+    never turned on here). The CPU kernels this course uses are deterministic already."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    events.emit("metric", name="deterministic", value=torch.are_deterministic_algorithms_enabled())
 
 
 def train_one_epoch(model: torch.nn.Module, loader: DataLoader,

@@ -4,7 +4,8 @@ patched in this process only (run it as a subprocess, so the test process never 
     python tests/scripts/fake_gpus.py '{"gpus": 2, "p2p": false, "nccl": true}'
 
 Prints one JSON line: the probe's facts, the doctor's plan line and problems, and the backend
-and devices ``ddplab.dist`` gives the ranks of a course launch (max(2, gpus) processes).
+and devices ``ddplab.dist`` gives the ranks of a course launch (max(2, gpus) processes), and
+what ``ddplab.doctor`` reports (its backend and plan) on that machine.
 """
 import json
 import os
@@ -34,6 +35,9 @@ with mock.patch.object(torch.cuda, "is_available", lambda: gpus > 0), \
     backend = ddist.pick_backend()
     devices = [str(ddist.pick_device(rank, backend)) for rank in range(nprocs)]
     single = ddist.pick_backend(None, 1)
+    with mock.patch.object(env, "probe", lambda refresh=False: dict(facts)):
+        report = env.doctor(quiet=True)
     print(json.dumps({"facts": facts, "plan": env.course_plan(facts),
                       "problems": env.problems(facts), "backend": backend, "devices": devices,
-                      "single": str(ddist.pick_device(0, single))}))
+                      "single": str(ddist.pick_device(0, single)),
+                      "doctor": {"backend": report["backend"], "plan": report["plan"]}}))

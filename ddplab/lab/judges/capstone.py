@@ -16,7 +16,7 @@ line and the reports are given, by ``ddplab.capstone``) and launches it five tim
 - ``killed``: ``ddp``, 2 ranks, ``--kill-rank 1 --kill-at-step K``, a fresh folder.
 - ``resumed``: the killed run's folder, 2 ranks: it must start at the last checkpoint before
   step K and from there equal ``ddp`` **bit for bit** (samples, losses, the optimizer's state,
-  the final weights and accuracy).
+  the GradScaler's state where one is enabled, the final weights and accuracy).
 - ``resharded``: a copy of the killed run's folder, 4 ranks and ``--strategy fsdp``: the same
   start step, the rest of that epoch's samples, and within a stated tolerance of ``ddp``
   (another world size is another global batch and LR): the mean loss within 0.5, the summed
@@ -445,9 +445,6 @@ def _resumed_hint(resumed: Any, killed: Any, ddp: Any) -> Optional[str]:
                 return (f"rank {rank}, step {step}: the resumed run read other samples than "
                         "the unbroken one: the checkpoint holds where in the epoch the job "
                         "was; the resumed job sets that epoch and skips the batches done.")
-            if got["lr"] != exp.get("lr"):
-                return (f"step {step}: the LR was {got['lr']:.6g}, the unbroken run's "
-                        f"{exp.get('lr'):.6g}: the step count comes from the checkpoint.")
             if step == first and got["loss"] != exp.get("loss"):
                 return (f"rank {rank}, step {step}: the loss differs from the unbroken run's "
                         "on the same batch: load the model's weights from the checkpoint.")
@@ -455,6 +452,15 @@ def _resumed_hint(resumed: Any, killed: Any, ddp: Any) -> Optional[str]:
                 return (f"rank {rank}, step {step}: the weights are restored but not the "
                         "optimizer's state (SGD's momentum): load the optimizer too (and "
                         "the GradScaler's, where one is enabled).")
+            if step == first and got.get("scaler") != exp.get("scaler"):
+                return (f"rank {rank}, step {step}: the model and the optimizer are restored "
+                        f"but not the GradScaler (its state {got.get('scaler')}, the unbroken "
+                        f"run's {exp.get('scaler')}): a new scaler starts from its initial "
+                        "scale and skips or overflows steps the unbroken job did not. Save "
+                        "scaler.state_dict() in the checkpoint and load it on resume.")
+            if got["lr"] != exp.get("lr"):
+                return (f"step {step}: the LR was {got['lr']}, the unbroken run's "
+                        f"{exp.get('lr')}: the step count comes from the checkpoint.")
             if got["loss"] != exp.get("loss"):
                 return (f"rank {rank}, step {step}: the resumed run drifted from the "
                         "unbroken one: the checkpoint must hold everything training depends "
