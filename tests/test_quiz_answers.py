@@ -34,9 +34,10 @@ from typing import Any, Iterator
 import pytest
 
 from ddplab.lab.checks import EXERCISES, reference_answer
+from ddplab.workspace import NOTEBOOK_GLOB
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob(NOTEBOOK_GLOB))
 EXECUTED = ROOT / "build" / "notebooks"
 CHECK = re.compile(r"ddplab\.check\(\s*\"(\w+)\"\s*,\s*answer\s*\)")
 

@@ -10,7 +10,7 @@ Needs ``pip install accelerate`` (``pip install -e '.[bench]'``). The same loop 
 
 Events: as ``loop_ddp``.
 
-Lesson: 07.
+Lesson: 07b.
 """
 
 from __future__ import annotations
