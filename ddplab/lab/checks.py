@@ -255,17 +255,17 @@ def _compare_07b(answer: Any, expected: Any) -> Optional[str]:
     if writers == 1:
         return ("one writer is what `if rank == 0` gives; LOCAL_RANK starts again at 0 on every "
                 "machine.")
-    if writers == 32:
+    if writers == 24:
         return "only the processes whose LOCAL_RANK is 0 write, not every process."
     return "count the processes whose LOCAL_RANK is 0: how many machines have one?"
 
 
-@exercise("07b", "A job runs `torchrun --nnodes 4 --nproc-per-node 8 train.py` on four machines, "
+@exercise("07b", "A job runs `torchrun --nnodes 6 --nproc-per-node 4 train.py` on six machines, "
           "and train.py saves its checkpoint under `if local_rank == 0:` into a folder on NFS "
           "that every machine sees. How many processes write the checkpoint file at each save? "
           "answer = <a number>", _compare_07b)
 def _exercise_07b() -> int:
-    nodes, nproc_per_node = 4, 8
+    nodes, nproc_per_node = 6, 4
     return sum(local_rank == 0 for _node in range(nodes) for local_rank in range(nproc_per_node))
 
 
