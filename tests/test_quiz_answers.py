@@ -20,8 +20,8 @@ In outputs, which hold measured numbers that may match a short answer by chance,
 counts from 4 significant digits (``909.1``, not ``909``); whole lists and pairs count as above.
 
 The sources are checked on every run (cheap and deterministic). The outputs are checked on the
-executed copies ``python -m ddplab course`` writes to ``build/notebooks/``; executing the 13
-notebooks here would take minutes, so without those copies that test is skipped and says so.
+executed copies ``python -m ddplab course`` writes to ``build/notebooks/``; executing every
+notebook here would take minutes, so without those copies that test is skipped and says so.
 """
 
 from __future__ import annotations
