@@ -83,8 +83,8 @@ test-browser: setup
 	bash tests/browser/setup.sh $(BIN)/python
 	DDPLAB_BROWSER=1 $(BIN)/python -m pytest -q -rP -p no:cacheprovider tests/browser
 
-# The launcher, training, collectives and parallelism tests and notebooks 03, 07, 08, 10, 11
-# and 12 (spawn, torchrun and two nodes, 4-rank collectives, hangs and timeouts, FSDP, comm
+# The launcher, training, collectives and parallelism tests and notebooks 03, 03b, 07, 07b, 08,
+# 10, 11 and 12 (spawn, torchrun and two nodes, 4-rank collectives, hangs and timeouts, FSDP, comm
 # hooks, compile, DCP, tensor parallel) on another torch
 # release, in a venv of its own (.venv-compat-TORCH, built once): the floor by default, any
 # release with `make test-compat TORCH=2.15.0`. tests/compat/venv.sh picks the torchvision.
@@ -96,7 +96,7 @@ COMPAT_TESTS = tests/test_launch.py tests/test_public_torch_api.py tests/test_cl
 	tests/test_collectives.py tests/test_fork_safety.py tests/test_spawn_engine.py \
 	tests/test_tensor_parallel.py tests/test_distributed_checkpoint.py tests/test_comm_hooks.py \
 	tests/test_compile_ddp.py tests/test_torch_words.py tests/compat
-COMPAT_NOTEBOOKS = $(wildcard notebooks/03_*.ipynb notebooks/07_*.ipynb notebooks/08_*.ipynb \
+COMPAT_NOTEBOOKS = $(wildcard notebooks/03*_*.ipynb notebooks/07*_*.ipynb notebooks/08_*.ipynb \
 	notebooks/10_*.ipynb notebooks/11_*.ipynb notebooks/12_*.ipynb)
 
 # The tests stop after COMPAT_TIMEOUT seconds whatever hangs (a stuck job would hold CI).

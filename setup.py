@@ -13,7 +13,8 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
-COURSE = {"notebooks": "[0-9][0-9]_*.ipynb", "exercises": "*.py"}
+# The notebooks' pattern is ddplab.workspace.NOTEBOOK_GLOB (03_ddp_spawn, 03b_ddp_internals, ...).
+COURSE = {"notebooks": "[0-9][0-9]*_*.ipynb", "exercises": "*.py"}
 
 
 class build_py_with_course(build_py):

@@ -1,4 +1,4 @@
-"""What the three versions of lesson 07's training loop share: arguments and reports.
+"""What the three versions of lesson 07b's training loop share: arguments and reports.
 
 Worker side. ``ddplab.workers.loop_ddp``, ``loop_accelerate`` and ``loop_fabric`` import it, so
 that their own files hold only what differs between the libraries.
@@ -8,7 +8,7 @@ Example::
     args = parse_args("loop_ddp")                 # --epochs, --batch-size, --lr, ...
     report_epoch(epoch, loss)                     # an ``epoch`` event
 
-Lesson: 07.
+Lesson: 07b.
 """
 
 from __future__ import annotations

@@ -30,7 +30,10 @@ PACKAGE = Path(__file__).resolve().parent
 #: The learner's course folder when none is given: ``./ddplab-course``.
 DEFAULT_DIR = "ddplab-course"
 #: What ``init`` copies: folder -> file pattern.
-COURSE_FILES = {"notebooks": "[0-9][0-9]_*.ipynb", "exercises": "*.py"}
+#: The course's notebooks: a lesson's number, a letter for a lesson's second notebook
+#: (``03_ddp_spawn``, then ``03b_ddp_internals``); sorted by name, they are in teaching order.
+NOTEBOOK_GLOB = "[0-9][0-9]*_*.ipynb"
+COURSE_FILES = {"notebooks": NOTEBOOK_GLOB, "exercises": "*.py"}
 #: What ``init`` wrote, file -> sha256, so a later ``init`` can tell a learner's edit from an
 #: older shipped version (which it refreshes).
 MANIFEST = ".ddplab-init.json"

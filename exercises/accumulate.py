@@ -1,6 +1,6 @@
 """Exercise 03b: gradient accumulation in DDP, one all-reduce per step. One function to write.
 
-Run it from notebook 03 (about 5 s; a hang is ended after 60 s, and the judge says where each
+Run it from notebook 03b (about 5 s; a hang is ended after 60 s, and the judge says where each
 rank waited), or from the repository root::
 
     python -m ddplab launch --nproc-per-node 2 --timeout 60 exercises/accumulate.py
@@ -20,7 +20,7 @@ The fixed part counts what DDP all-reduced through a communication hook
 optimizer's steps, and trains the same model in one process on every rank's micro-batches
 together, to compare the weights (``metric`` events).
 
-Lesson: 03.
+Lesson: 03b.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import pytest
 
 from ddplab import launch
 from ddplab.lab import grading
+from ddplab.workspace import NOTEBOOK_GLOB
 
 from test_launch import processes, wait_gone
 
@@ -249,7 +250,7 @@ def test_exercises_are_named_by_key_or_file():
 def test_the_table_launches_what_the_notebooks_launch():
     """Each notebook's exercise cell: the file, the timeout and the judge of ``LAUNCHES``."""
     cells = {}
-    for notebook in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+    for notebook in sorted(NOTEBOOKS.glob(NOTEBOOK_GLOB)):
         for cell in json.loads(notebook.read_text())["cells"]:
             source = "".join(cell["source"])
             key = re.search(r'ddplab\.check\("(\w+)", (?:result|exercise)\)', source)

@@ -8,12 +8,13 @@ import torch
 from ddplab.lab.checks import EXERCISES, check, reference_answer
 
 WRONG = {"01": 1000 / 1.16, "02": [2, 2, 1, 1], "03": (1024, 0.001), "04": (168, 0),
-         "05": [3, 4, 5], "06": (torch.float32, torch.float32), "07": 2, "08": 200,
+         "05": [3, 4, 5], "06": (torch.float32, torch.float32), "07": 2, "07b": 1, "08": 200,
          "09": 13.2 / 6.1, "12": 2 * 4096 * 14336 * 2 / 1e6}
 
 
 def test_every_notebook_has_one_exercise():
-    assert sorted(EXERCISES) == [*(f"{n:02d}" for n in range(1, 10)), "12"] == sorted(WRONG)
+    assert sorted(EXERCISES) == [*(f"{n:02d}" for n in range(1, 8)), "07b", "08", "09", "12"] \
+        == sorted(WRONG)
 
 
 @pytest.mark.parametrize("key", sorted(WRONG))
@@ -45,6 +46,7 @@ def test_reference_answers_are_what_the_lessons_teach():
     assert reference_answer("03") == (512, pytest.approx(0.16))
     assert reference_answer("04") == (169, 5)
     assert reference_answer("07") == 6
+    assert reference_answer("07b") == 6                            # one LOCAL_RANK 0 per machine
     assert reference_answer("08") == pytest.approx(175.0)
     assert reference_answer("09") == pytest.approx(0.541, abs=1e-3)
     assert reference_answer("12") == pytest.approx(44.04, abs=0.01)     # 3 x 4096 x 14336 x 2 B / 8
@@ -57,6 +59,8 @@ def test_hints_name_the_mistake(capsys):
     assert "4 numbers" in capsys.readouterr().out
     check("03", (64, 0.16))
     assert "64 x 8" in capsys.readouterr().out
+    check("07b", 24)                              # every process, not one per machine
+    assert "LOCAL_RANK is 0" in capsys.readouterr().out
     check("12", 3 * 4096 * 14336 * 4 / 8 / 1e6)   # fp32 instead of bf16
     assert "2 bytes" in capsys.readouterr().out
 

@@ -16,8 +16,10 @@ import nbformat
 import pytest
 import yaml
 
+from ddplab.workspace import NOTEBOOK_GLOB
+
 ROOT = Path(__file__).resolve().parent.parent
-REAL = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))[0]   # committed, stripped
+REAL = sorted((ROOT / "notebooks").glob(NOTEBOOK_GLOB))[0]   # committed, stripped
 
 
 def ddplab_course(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from ddplab.lab import judges
+from ddplab.workspace import NOTEBOOK_GLOB
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob(NOTEBOOK_GLOB))
 
 
 def cells(path: Path) -> list[tuple[str, str]]:

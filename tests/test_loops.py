@@ -1,4 +1,4 @@
-"""Lesson 07's one loop in three libraries: plain DDP trains and saves on real gloo ranks; the
+"""Lesson 07b's one loop in three libraries: plain DDP trains and saves on real gloo ranks; the
 Accelerate and Fabric versions do too where the library is installed, and say what to install
 where it is not."""
 

@@ -37,8 +37,10 @@ from typing import Iterable, Iterator, Optional
 
 import pytest
 
+from ddplab.workspace import NOTEBOOK_GLOB
+
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob(NOTEBOOK_GLOB))
 BUILTINS = frozenset(dir(builtins))
 
 

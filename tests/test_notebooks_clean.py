@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 
 from ddplab.lab.course import is_stripped, strip
+from ddplab.workspace import NOTEBOOK_GLOB
 
 ROOT = Path(__file__).resolve().parent.parent
-EXPECTED = ["01_single_gpu", "02_data_parallel", "03_ddp_spawn", "04_sampler_set_epoch",
-            "05_barrier_checkpoint", "06_amp", "07_torchrun_multinode",
-            "08_collectives_ring_allreduce", "09_scaling_benchmark", "10_debugging",
-            "11_sharding_and_model_parallel", "12_tensor_parallel", "13_capstone"]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+EXPECTED = ["01_single_gpu", "02_data_parallel", "03_ddp_spawn", "03b_ddp_internals",
+            "04_sampler_set_epoch", "05_barrier_checkpoint", "06_amp", "07_torchrun_multinode",
+            "07b_nodes_slurm", "08_collectives_ring_allreduce", "09_scaling_benchmark",
+            "10_debugging", "11_sharding_and_model_parallel", "12_tensor_parallel", "13_capstone"]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob(NOTEBOOK_GLOB))
 
 
 def code_of(nb: dict) -> str:

@@ -20,8 +20,8 @@ In outputs, which hold measured numbers that may match a short answer by chance,
 counts from 4 significant digits (``909.1``, not ``909``); whole lists and pairs count as above.
 
 The sources are checked on every run (cheap and deterministic). The outputs are checked on the
-executed copies ``python -m ddplab course`` writes to ``build/notebooks/``; executing the 13
-notebooks here would take minutes, so without those copies that test is skipped and says so.
+executed copies ``python -m ddplab course`` writes to ``build/notebooks/``; executing every
+notebook here would take minutes, so without those copies that test is skipped and says so.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ from typing import Any, Iterator
 import pytest
 
 from ddplab.lab.checks import EXERCISES, reference_answer
+from ddplab.workspace import NOTEBOOK_GLOB
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob(NOTEBOOK_GLOB))
 EXECUTED = ROOT / "build" / "notebooks"
 CHECK = re.compile(r"ddplab\.check\(\s*\"(\w+)\"\s*,\s*answer\s*\)")
 

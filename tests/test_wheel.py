@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from ddplab.workspace import NOTEBOOK_GLOB
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "ddplab", "notebooks",
            "exercises"]
@@ -74,7 +76,7 @@ def test_the_installed_wheel_runs_the_course_from_ddplab_init(installed):
     course = tmp / "ddplab-course"
     assert f"ddplab lab {course}" in out
     shipped = {f"{d}/{p.name}" for d in ("notebooks", "exercises")
-               for p in (ROOT / d).glob("[0-9][0-9]_*.ipynb" if d == "notebooks" else "*.py")}
+               for p in (ROOT / d).glob(NOTEBOOK_GLOB if d == "notebooks" else "*.py")}
     assert {str(p.relative_to(course)) for p in course.glob("*/*")} == shipped
 
     # From the notebooks' folder: the learner's exercises, results beside the notebooks.

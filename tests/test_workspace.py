@@ -15,12 +15,13 @@ import pytest
 
 from ddplab import cli, workspace
 from ddplab.lab import judges, plots
+from ddplab.workspace import NOTEBOOK_GLOB
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _shipped() -> set[str]:
-    return {f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")} | \
+    return {f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob(NOTEBOOK_GLOB)} | \
         {f"exercises/{p.name}" for p in (ROOT / "exercises").glob("*.py")}
 
 

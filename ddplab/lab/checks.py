@@ -8,7 +8,7 @@ To add an exercise, register it below with ``@exercise(key, question)``; the dec
 returns the reference answer, and ``compare`` (optional) returns a hint string when an answer is
 wrong, or None when it is right.
 
-Lessons: the exercise at the end of every notebook (01-09, 12).
+Lessons: the exercise at the end of every notebook (01-09, 07b, 12).
 """
 
 from __future__ import annotations
@@ -243,6 +243,30 @@ def _compare_07(answer: Any, expected: Any) -> Optional[str]:
 def _exercise_07() -> int:
     group_rank, local_world_size, local_rank = 1, 4, 2
     return group_rank * local_world_size + local_rank
+
+
+def _compare_07b(answer: Any, expected: Any) -> Optional[str]:
+    try:
+        writers = int(answer)
+    except (TypeError, ValueError):
+        return "answer with one whole number: how many processes write the file."
+    if writers == expected:
+        return None
+    if writers == 1:
+        return ("one writer is what `if rank == 0` gives; LOCAL_RANK starts again at 0 on every "
+                "machine.")
+    if writers == 24:
+        return "only the processes whose LOCAL_RANK is 0 write, not every process."
+    return "count the processes whose LOCAL_RANK is 0: how many machines have one?"
+
+
+@exercise("07b", "A job runs `torchrun --nnodes 6 --nproc-per-node 4 train.py` on six machines, "
+          "and train.py saves its checkpoint under `if local_rank == 0:` into a folder on NFS "
+          "that every machine sees. How many processes write the checkpoint file at each save? "
+          "answer = <a number>", _compare_07b)
+def _exercise_07b() -> int:
+    nodes, nproc_per_node = 6, 4
+    return sum(local_rank == 0 for _node in range(nodes) for local_rank in range(nproc_per_node))
 
 
 def _compare_number(answer: Any, expected: float, mistakes: dict[float, str], ask: str,

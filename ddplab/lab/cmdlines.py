@@ -20,7 +20,7 @@ Example::
                for n in (0, 1)]
     configs[0]["config"] == configs[1]["config"]     # True: c10d ignores --node-rank
 
-Lesson: 07.
+Lessons: 07 (the old launcher's arguments), 07b (torchrun's and SLURM's command lines).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def torchrun_config(argv: Sequence[str]) -> dict[str, Any]:
         uses); ``script_args``: the arguments every worker gets after the script's name;
         ``warnings``: what torchrun logged while reading them.
 
-    Lesson: 07.
+    Lesson: 07b.
     """
     from torch.distributed import run
 
@@ -172,7 +172,7 @@ def slurm_dry_run(script: str, *, nodes: int, cpus_per_task: int = 16, job_id: i
         ``["torchrun", "--nnodes", "4", ...]``), ``omp_num_threads`` and ``job_id`` (the
         ``SLURM_JOB_ID`` it ran under).
 
-    Lesson: 07.
+    Lesson: 07b.
     """
     with tempfile.TemporaryDirectory(prefix="ddplab-slurm-") as tmp:
         folder = Path(tmp)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..workspace import find_course
+from ..workspace import NOTEBOOK_GLOB, find_course
 
 # Only the kernel to start: language_info (the Python version of the last run) is rewritten by
 # every run, so keeping it would make a run and a strip differ from the committed file.
@@ -83,7 +83,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("no course folder here (one holding notebooks/ and exercises/): run it "
                      "inside a clone or a folder written by `ddplab init`, or name the notebooks "
                      "and --out")
-    paths = ns.notebooks or sorted((course / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    paths = ns.notebooks or sorted((course / "notebooks").glob(NOTEBOOK_GLOB))
     if ns.out is None and course is not None:
         ns.out = course / "build" / "notebooks"
     if ns.strip:

@@ -76,7 +76,7 @@ def side_by_side(files: dict[str, Union[str, Path]], sections: list[str]) -> str
     Returns:
         The table as HTML (displayed in Jupyter; outside it, each section is printed per file).
 
-    Lesson: 07.
+    Lesson: 07b.
     """
     import html
 

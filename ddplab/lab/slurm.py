@@ -11,7 +11,7 @@
 
 ``node_commands`` gives what to type on each machine when there is no scheduler.
 
-Lesson: 07.
+Lesson: 07b.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def node_commands(
         endpoint: ``HOST:PORT`` of the rendezvous on node 0.
         tool: ``"ddplab"`` (``python -m ddplab launch``) or ``"torchrun"``.
 
-    Lesson: 07.
+    Lesson: 07b.
     """
     if tool not in ("ddplab", "torchrun"):
         raise ValueError(f"tool={tool!r}: use 'ddplab' or 'torchrun'.")

@@ -21,7 +21,7 @@ model whose gradient backward had not computed yet when it was sent); metric ``s
 same list for every step; metric ``parameters``: the model's parameter count; metric
 ``bucket_cap_mb`` (None for DDP's default).
 
-Lesson: 03.
+Lesson: 03b.
 """
 
 from __future__ import annotations

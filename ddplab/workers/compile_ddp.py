@@ -30,7 +30,7 @@ Events:
   ``loss`` (mean over the ranks).
 - ``skipped`` (rank 0): ``backend``, ``reason`` (when inductor could not run).
 
-Lesson: 03 (appendix).
+Lesson: 03b.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Needs ``pip install accelerate`` (``pip install -e '.[bench]'``). The same loop 
 
 Events: as ``loop_ddp``.
 
-Lesson: 07.
+Lesson: 07b.
 """
 
 from __future__ import annotations
@@ -37,9 +37,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     """Setup, data, model, loop, save, cleanup: through an ``Accelerator``."""
     args = parse_args("loop_accelerate", argv)
     # [setup]
-    # Reads torchrun's variables, joins the group, picks backend and device. Without a GPU it
-    # picks multi-CPU on gloo by itself; cpu=True keeps the ranks on the CPU where GPUs exist
-    # (this course's gloo runs).
+    # Reads torchrun's variables, joins the group, picks backend and device. CPU ranks need
+    # cpu=True: without it, Accelerate 1.13+ runs each rank as a job of one process.
     accelerator = Accelerator(cpu=pick_backend() == "gloo")
     device = accelerator.device
     # [/setup]

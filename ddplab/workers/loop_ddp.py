@@ -7,13 +7,13 @@ Run it::
 
 The same small CNN on the digits as ``loop_accelerate.py`` (Hugging Face Accelerate) and
 ``loop_fabric.py`` (Lightning Fabric); the three files share their sections (``setup``,
-``data``, ``model``, ``loop``, ``save``, ``cleanup``) so that lesson 07 can show them side by
+``data``, ``model``, ``loop``, ``save``, ``cleanup``) so that lesson 07b can show them side by
 side. ``ddplab.workers.plain_ddp`` is the full version of this one (resume, timing, reports).
 
 Events: ``epoch`` (every rank, per epoch): ``epoch``, ``loss`` (this rank's mean);
 ``result`` (rank 0, at the end): ``library``, ``accuracy`` (test set), ``saved`` (the file).
 
-Lesson: 07.
+Lesson: 07b.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Needs ``pip install lightning`` (or only ``lightning-fabric``). The same loop as
 
 Events: as ``loop_ddp``.
 
-Lesson: 07.
+Lesson: 07b.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ Events: ``identity`` per rank (``rank``, ``local_rank``, ``group_rank``, ``world
 ``agent_pid``: the pid of the torchrun agent that started this worker, ``hostname``);
 ``metric`` ``loaded`` per rank, guard and storage (``guard``, ``storage``, ``ok``, ``error``).
 
-Lesson: 07.
+Lesson: 07b.
 """
 
 from __future__ import annotations

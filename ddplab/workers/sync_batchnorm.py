@@ -23,7 +23,7 @@ Events:
   BatchNorm's), ``running_mean_error`` and ``running_var_error`` (the running statistics
   updated from the global ones, against the one-process BatchNorm's).
 
-Lesson: 03.
+Lesson: 03b.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from typing import Any
 import nbformat
 import pytest
 
+from ddplab.workspace import NOTEBOOK_GLOB
 from jlab import HERE, REPO, Lab, pid_alive, wait_for
 
 # DDPLAB_BROWSER_NOTEBOOKS points the test at another folder of notebooks (e.g. drafts).
@@ -218,7 +219,7 @@ def course(lab: Lab) -> dict[str, str]:
                     ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     shutil.copytree(REPO / "exercises", lab.root.parent / "exercises", dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("__pycache__"))
-    return {path.name[:2]: path.name for path in sorted(lab.root.glob("[0-9][0-9]_*.ipynb"))}
+    return {path.name.split("_")[0]: path.name for path in sorted(lab.root.glob(NOTEBOOK_GLOB))}
 
 
 def write_notebook(path: Path, sources: list[str]) -> None:

@@ -22,7 +22,7 @@ The fixed part counts what DDP all-reduced through a communication hook
 optimizer's steps, and trains the same model in one process on every rank's micro-batches
 together, to compare the weights (``metric`` events).
 
-Lesson: 03.
+Lesson: 03b.
 """
 
 from __future__ import annotations
