@@ -211,6 +211,45 @@ VARIANTS = [
          "            if not results:\n                torch_dist.recv(received, src=0)\n"
          "                first = received.clone()\n            received = first\n"),
     ), right=False, words=("micro-batch 1", "something other than the activation")),
+    # ----------------------------------------------------------------- 12: the TP plan
+    Variant("12 one call per sub-block, heads from the weight, one style for the block's ends",
+            "12", "tp_plan.py", (
+        ("    n = mesh.size()\n    block.attention.n_heads = N_HEADS // n"
+         "      # each rank holds, and views, its heads only\n", ""),
+        ("    parallelize_module(block, mesh, plan)\n",
+         "    from torch.distributed.tensor.parallel import PrepareModuleInputOutput\n"
+         "    for sub, (first, last) in {\"attention\": ((\"wq\", \"wk\", \"wv\"), \"wo\"),\n"
+         "                               \"feed_forward\": ((\"w1\", \"w3\"), \"w2\")}.items():\n"
+         "        styles = {name: ColwiseParallel() for name in first}\n"
+         "        styles[last] = RowwiseParallel(output_layouts=Shard(1))\n"
+         "        parallelize_module(getattr(block, sub), mesh, styles)\n"
+         "        parallelize_module(getattr(block, sub), mesh, PrepareModuleInput(\n"
+         "            input_layouts=Shard(1), desired_input_layouts=Replicate()))\n"
+         "    for norm in (\"attention_norm\", \"ffn_norm\"):\n"
+         "        parallelize_module(getattr(block, norm), mesh, SequenceParallel(sequence_dim=1))\n"
+         "    rows = block.attention.wq.weight.to_local().shape[0]\n"
+         "    block.attention.n_heads = rows // block.attention.head_dim\n"
+         "    return parallelize_module(block, mesh, PrepareModuleInputOutput(\n"
+         "        input_layouts=Replicate(), desired_input_layouts=Shard(1), use_local_input=True,\n"
+         "        output_layouts=Shard(1), desired_output_layouts=Replicate()))\n"),
+    ), right=True),
+    Variant("12 hard-coded head count", "12", "tp_plan.py", (
+        ("    block.attention.n_heads = N_HEADS // n"
+         "      # each rank holds, and views, its heads only\n", ""),
+    ), right=False, words=("hard-coded head count",)),
+    Variant("12 SequenceParallel without the block's input layout", "12", "tp_plan.py", (
+        ("    parallelize_module(block, mesh, PrepareModuleInput(\n"
+         "        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), "
+         "use_local_output=True))\n", ""),
+    ), right=False, words=("forgets the input layout", "PrepareModuleInput")),
+    Variant("12 no PrepareModuleInput before attention and feed_forward", "12", "tp_plan.py", (
+        ("        \"attention\": sequence_in,", ""),
+        ("        \"feed_forward\": sequence_in,\n", ""),
+    ), right=False, words=("communicates too much", "PrepareModuleInput on attention")),
+    Variant("12 w2 column-wise", "12", "tp_plan.py", (
+        ("        \"feed_forward.w2\": RowwiseParallel(output_layouts=Shard(1)),",
+         "        \"feed_forward.w2\": ColwiseParallel(),"),
+    ), right=False, words=("feed_forward.w2 is column-wise", "row-wise")),
 ]
 
 
@@ -240,7 +279,7 @@ def verdicts(tmp_path_factory) -> dict[str, object]:
 
 def test_every_exercise_has_a_right_variant_and_two_wrong_ones():
     keys = {v.key for v in VARIANTS}
-    assert keys == {"03", "03b", "04", "05", "06", "08", "10", "11"}
+    assert keys == {"03", "03b", "04", "05", "06", "08", "10", "11", "12"}
     for key in keys:
         mine = [v for v in VARIANTS if v.key == key]
         assert sum(v.right for v in mine) >= 1 and sum(not v.right for v in mine) >= 2
