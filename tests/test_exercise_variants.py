@@ -212,26 +212,27 @@ VARIANTS = [
          "                first = received.clone()\n            received = first\n"),
     ), right=False, words=("micro-batch 1", "something other than the activation")),
     # ----------------------------------------------------------------- 12: the TP plan
-    Variant("12 one call per sub-block, heads from the weight, one style for the block's ends",
-            "12", "tp_plan.py", (
+    Variant("12 one style for both ends of the block, heads read from the weight", "12",
+            "tp_plan.py", (
         ("    n = mesh.size()\n    block.attention.n_heads = N_HEADS // n"
          "      # each rank holds, and views, its heads only\n", ""),
-        ("    parallelize_module(block, mesh, plan)\n",
-         "    from torch.distributed.tensor.parallel import PrepareModuleInputOutput\n"
-         "    for sub, (first, last) in {\"attention\": ((\"wq\", \"wk\", \"wv\"), \"wo\"),\n"
-         "                               \"feed_forward\": ((\"w1\", \"w3\"), \"w2\")}.items():\n"
-         "        styles = {name: ColwiseParallel() for name in first}\n"
-         "        styles[last] = RowwiseParallel(output_layouts=Shard(1))\n"
-         "        parallelize_module(getattr(block, sub), mesh, styles)\n"
-         "        parallelize_module(getattr(block, sub), mesh, PrepareModuleInput(\n"
-         "            input_layouts=Shard(1), desired_input_layouts=Replicate()))\n"
-         "    for norm in (\"attention_norm\", \"ffn_norm\"):\n"
-         "        parallelize_module(getattr(block, norm), mesh, SequenceParallel(sequence_dim=1))\n"
-         "    rows = block.attention.wq.weight.to_local().shape[0]\n"
-         "    block.attention.n_heads = rows // block.attention.head_dim\n"
-         "    return parallelize_module(block, mesh, PrepareModuleInputOutput(\n"
-         "        input_layouts=Replicate(), desired_input_layouts=Shard(1), use_local_input=True,\n"
-         "        output_layouts=Shard(1), desired_output_layouts=Replicate()))\n"),
+        ("    parallelize_module(block, mesh, PrepareModuleInput(\n"
+         "        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), "
+         "use_local_output=True))\n"
+         "    parallelize_module(block, mesh, PrepareModuleOutput(\n"
+         "        output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),)))\n",
+         "    from torch.distributed.tensor.parallel import PrepareModuleInputOutput as Both\n"
+         "    parallelize_module(block, mesh, Both(input_layouts=Replicate(), use_local_input=True,"
+         "\n        desired_input_layouts=Shard(1), output_layouts=Shard(1),"
+         "\n        desired_output_layouts=Replicate()))\n"
+         "    attention = block.attention\n"
+         "    attention.n_heads = attention.wq.weight.to_local().size(0) // attention.head_dim\n"),
+    ), right=True),
+    Variant("12 the course's plan (shown in notebook 12 once the learner's is right)", "12",
+            "tp_plan.py", (
+        ("    n = mesh.size()\n",
+         "    from ddplab.workers.tensor_parallel import llama_plan\n"
+         "    return llama_plan(block, mesh)\n    n = mesh.size()\n"),
     ), right=True),
     Variant("12 hard-coded head count", "12", "tp_plan.py", (
         ("    block.attention.n_heads = N_HEADS // n"

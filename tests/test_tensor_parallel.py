@@ -44,6 +44,10 @@ def test_four_ranks_meshes_placements_tp_modules_and_2d_equal_one_process():
     assert list(moves[("Partial()", "Shard(0)")]) == ["reduce_scatter_tensor"]
     assert list(moves[("Shard(0)", "Replicate()")]) == ["all_gather_into_tensor"]
     assert moves[("Replicate()", "Shard(0)")] == {}                  # a local slice, no message
+    for e in result.events_of("sp_norm"):      # a norm under SequenceParallel: each rank's tokens
+        assert e["grad_placement"] == "[Partial(sum)]" and e["backward_collectives"] == {}
+        assert e["summed_collectives"] == {"all_reduce": 1} and e["grad_error"] < 1e-5
+    assert len(result.events_of("sp_norm")) == 4
 
     tp = {(e["module"], e["rank"]): e for e in result.events_of("tp")}
     d, h = 16, 64
