@@ -247,6 +247,18 @@ VARIANTS = [
         ("        \"attention\": sequence_in,", ""),
         ("        \"feed_forward\": sequence_in,\n", ""),
     ), right=False, words=("communicates too much", "PrepareModuleInput on attention")),
+    Variant("12 tensor parallel without sequence parallel", "12", "tp_plan.py", (
+        ("        \"attention_norm\": SequenceParallel(),\n", ""),
+        ("        \"ffn_norm\": SequenceParallel(),\n", ""),
+        ("        \"attention\": sequence_in,", ""),
+        ("        \"feed_forward\": sequence_in,\n", ""),
+        ("RowwiseParallel(output_layouts=Shard(1))", "RowwiseParallel()"),
+        ("    parallelize_module(block, mesh, PrepareModuleInput(\n"
+         "        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), "
+         "use_local_output=True))\n"
+         "    parallelize_module(block, mesh, PrepareModuleOutput(\n"
+         "        output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),)))\n", ""),
+    ), right=False, words=("not sequence-parallel",)),
     Variant("12 w2 column-wise", "12", "tp_plan.py", (
         ("        \"feed_forward.w2\": RowwiseParallel(output_layouts=Shard(1)),",
          "        \"feed_forward.w2\": ColwiseParallel(),"),
