@@ -35,9 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: F401  (you will need them)
-from torch.distributed.tensor.parallel import (  # noqa: F401
-    ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel, SequenceParallel,
-    parallelize_module)
+from torch.distributed.tensor.parallel import parallelize_module  # noqa: F401  (and its styles)
 
 from ddplab import dist, events
 from ddplab.sharded import collectives
