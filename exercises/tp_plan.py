@@ -44,6 +44,7 @@ DIM, N_HEADS, HIDDEN = 16, 4, 32        # width, attention heads, feed-forward h
 BATCH, SEQ = 2, 8                       # the input: 2 sequences of 8 tokens
 
 
+# [block]
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -87,6 +88,7 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x))
         return h + self.feed_forward(self.ffn_norm(h))
+# [/block]
 
 
 # [exercise]
