@@ -61,7 +61,10 @@ def _rank_hint(f: dict[str, Any], error: Optional[dict[str, Any]]) -> Optional[s
         return ("nothing is split yet: every weight is still whole on every rank. Write "
                 "parallelize from its docstring: a plan for parallelize_module, one style per "
                 "layer (torch.distributed.tensor.parallel).")
-    hint = _layers_hint(placements) or _heads_hint(f) or _norms_hint(f, placements)
+    # A head count that disagrees with wq fails in Attention.forward's view; an attention
+    # rewritten to view with -1 runs right with any count, and is not told otherwise.
+    hint = (_layers_hint(placements) or (_heads_hint(f) if error else None)
+            or _norms_hint(f, placements))
     if hint:
         return hint
     if error:
