@@ -219,6 +219,58 @@ VARIANTS = [
          "            if not results:\n                torch_dist.recv(received, src=0)\n"
          "                first = received.clone()\n            received = first\n"),
     ), right=False, words=("micro-batch 1", "something other than the activation")),
+    # ----------------------------------------------------------------- 12: the TP plan
+    Variant("12 one style for both ends of the block, heads read from the weight", "12",
+            "tp_plan.py", (
+        ("    n = mesh.size()\n    block.attention.n_heads = N_HEADS // n"
+         "      # each rank holds, and views, its heads only\n", ""),
+        ("    parallelize_module(block, mesh, PrepareModuleInput(\n"
+         "        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), "
+         "use_local_output=True))\n"
+         "    parallelize_module(block, mesh, PrepareModuleOutput(\n"
+         "        output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),)))\n",
+         "    from torch.distributed.tensor.parallel import PrepareModuleInputOutput as Both\n"
+         "    parallelize_module(block, mesh, Both(input_layouts=Replicate(), use_local_input=True,"
+         "\n        desired_input_layouts=Shard(1), output_layouts=Shard(1),"
+         "\n        desired_output_layouts=Replicate()))\n"
+         "    attention = block.attention\n"
+         "    attention.n_heads = attention.wq.weight.to_local().size(0) // attention.head_dim\n"),
+    ), right=True),
+    Variant("12 the course's plan (shown in notebook 12 once the learner's is right)", "12",
+            "tp_plan.py", (
+        ("    n = mesh.size()\n",
+         "    from ddplab.workers.tensor_parallel import llama_plan\n"
+         "    return llama_plan(block, mesh)\n    n = mesh.size()\n"),
+    ), right=True),
+    Variant("12 hard-coded head count", "12", "tp_plan.py", (
+        ("    block.attention.n_heads = N_HEADS // n"
+         "      # each rank holds, and views, its heads only\n", ""),
+    ), right=False, words=("hard-coded head count",)),
+    Variant("12 SequenceParallel without the block's input layout", "12", "tp_plan.py", (
+        ("    parallelize_module(block, mesh, PrepareModuleInput(\n"
+         "        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), "
+         "use_local_output=True))\n", ""),
+    ), right=False, words=("forgets the input layout", "PrepareModuleInput")),
+    Variant("12 no PrepareModuleInput before attention and feed_forward", "12", "tp_plan.py", (
+        ("        \"attention\": sequence_in,", ""),
+        ("        \"feed_forward\": sequence_in,\n", ""),
+    ), right=False, words=("communicates too much", "PrepareModuleInput on attention")),
+    Variant("12 tensor parallel without sequence parallel", "12", "tp_plan.py", (
+        ("        \"attention_norm\": SequenceParallel(),\n", ""),
+        ("        \"ffn_norm\": SequenceParallel(),\n", ""),
+        ("        \"attention\": sequence_in,", ""),
+        ("        \"feed_forward\": sequence_in,\n", ""),
+        ("RowwiseParallel(output_layouts=Shard(1))", "RowwiseParallel()"),
+        ("    parallelize_module(block, mesh, PrepareModuleInput(\n"
+         "        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), "
+         "use_local_output=True))\n"
+         "    parallelize_module(block, mesh, PrepareModuleOutput(\n"
+         "        output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),)))\n", ""),
+    ), right=False, words=("not sequence-parallel",)),
+    Variant("12 w2 column-wise", "12", "tp_plan.py", (
+        ("        \"feed_forward.w2\": RowwiseParallel(output_layouts=Shard(1)),",
+         "        \"feed_forward.w2\": ColwiseParallel(),"),
+    ), right=False, words=("feed_forward.w2 is column-wise", "row-wise")),
 ]
 
 # ----------------------------------------------------------------- 13: the capstone
@@ -333,7 +385,7 @@ def verdicts(tmp_path_factory) -> dict[str, object]:
 
 def test_every_exercise_has_a_right_variant_and_two_wrong_ones():
     keys = {v.key for v in VARIANTS}
-    assert keys == {"03", "03b", "04", "05", "06", "08", "10", "11", "13"}
+    assert keys == {"03", "03b", "04", "05", "06", "08", "10", "11", "12", "13"}
     for key in keys:
         mine = [v for v in VARIANTS if v.key == key]
         assert sum(v.right for v in mine) >= 1 and sum(not v.right for v in mine) >= 2

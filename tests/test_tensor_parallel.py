@@ -3,13 +3,17 @@ ones with 1/N of the bytes, and 2-D (FSDP2 x TP) training equal to one process."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from ddplab import launch
+from ddplab import check, launch
+from ddplab.lab.judges import skeleton_path
 
 pytestmark = pytest.mark.slow
 WORKER = "ddplab.workers.tensor_parallel"
+SOLUTION = Path(__file__).resolve().parent / "solutions" / "tp_plan.py"
 FSDP_ON_CPU = torch.__version__ >= "2.7"   # a TorchVersion: compares as versions
 
 
@@ -44,6 +48,10 @@ def test_four_ranks_meshes_placements_tp_modules_and_2d_equal_one_process():
     assert list(moves[("Partial()", "Shard(0)")]) == ["reduce_scatter_tensor"]
     assert list(moves[("Shard(0)", "Replicate()")]) == ["all_gather_into_tensor"]
     assert moves[("Replicate()", "Shard(0)")] == {}                  # a local slice, no message
+    for e in result.events_of("sp_norm"):      # a norm under SequenceParallel: each rank's tokens
+        assert e["grad_placement"] == "[Partial(sum)]" and e["backward_collectives"] == {}
+        assert e["summed_collectives"] == {"all_reduce": 1} and e["grad_error"] < 1e-5
+    assert len(result.events_of("sp_norm")) == 4
 
     tp = {(e["module"], e["rank"]): e for e in result.events_of("tp")}
     d, h = 16, 64
@@ -84,3 +92,32 @@ def test_two_ranks_skip_2d_and_a_bad_width_is_refused():
     assert not bad.ok and "--hidden 33" in bad.error
     alone = launch(WORKER, 1, args=["--parts", "mlp"], quiet=True)
     assert not alone.ok and "--parts 2d" in alone.error
+
+
+# ------------------------------------------------------------------------- exercise 12
+
+
+def test_the_exercise_differs_from_its_solution_only_inside_parallelize():
+    skeleton, solution = skeleton_path("12").read_text(), SOLUTION.read_text()
+    cut = ("# [exercise]", "# [/exercise]")
+    outside = [text.split(cut[0])[0].split("\n", 1)[1] + text.split(cut[1])[1]
+               for text in (skeleton, solution)]
+    assert outside[0] == outside[1]                     # the block, the checks, the reports
+    assert "TODO(exercise)" in skeleton and "TODO(exercise)" not in solution
+
+
+def test_the_untouched_exercise_runs_and_is_told_nothing_is_split():
+    result = launch(skeleton_path("12"), 2, quiet=True, timeout=240)   # a safety net
+    assert result.ok, result.error          # it runs; the judge, not a traceback, explains
+    verdict = check("12", result)
+    assert not verdict and "nothing is split yet" in verdict.message
+
+
+def test_the_solution_is_right_on_four_ranks_with_the_reference_collectives():
+    result = launch(SOLUTION, 4, quiet=True, timeout=240)   # a safety net
+    assert check("12", result), result.error
+    for facts in (e["value"] for e in result.events_of("metric") if e["name"] == "tp_plan"):
+        assert facts["n_heads"] == 1 and facts["norm_tokens"] == {"attention_norm": 2,
+                                                                   "ffn_norm": 2}
+        assert facts["forward_collectives"] == {"all_gather_into_tensor": 3,
+                                                "reduce_scatter_tensor": 2}

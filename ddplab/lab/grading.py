@@ -80,6 +80,7 @@ LAUNCHES = {spec.key: spec for spec in (
     Launch("08", "collective.py", (4, 2)),
     Launch("10", "uneven_join.py", (2, 4), ("--pg-timeout", "3"), backend="gloo"),
     Launch("11", "pipeline_forward.py", (2,)),
+    Launch("12", "tp_plan.py", (2, 4)),
     Launch("13", "capstone.py", (2,), ("--dataset", "digits"), timeout=300.0, training=True),
 )}
 #: The capstone's three launches (notebook 13): unbroken, killed on rank 1 after epoch 3, and

@@ -13,7 +13,7 @@ The parts run one after the other in one job (``--parts``, default all of them):
   ``(dp, tp)``; each rank sums the ranks of its ``tp`` and ``dp`` groups over that group.
 - ``placements``: one small tensor as a ``DTensor`` with ``Shard(0)``, ``Shard(1)``,
   ``Replicate()`` and ``Partial()``, what each rank stores, and which collective each
-  ``redistribute`` runs.
+  ``redistribute`` runs; a RowwiseParallel layer's bias; a norm under ``SequenceParallel``.
 - ``mlp`` and ``attention``: ``parallelize_module`` with ``ColwiseParallel`` /
   ``RowwiseParallel`` over the 1-D mesh, against the same module unsharded: outputs,
   gradients, bytes per rank, collectives, and the forward time of both.
@@ -31,6 +31,10 @@ Events:
 - ``redistribute`` (rank 0): ``source``, ``target``, ``collectives`` (name -> count).
 - ``bias`` (every rank): ``bias`` (a RowwiseParallel layer's whole bias) and ``local`` (what
   this rank's output holds at a zero input, before the reduction).
+- ``sp_norm`` (every rank): an ``nn.RMSNorm`` under ``SequenceParallel``: its weight
+  gradient's ``grad_placement`` after backward, the ``backward_collectives``, the
+  ``summed_collectives`` of turning that gradient whole, and ``grad_error`` (against the norm
+  run on the whole sequence in one process).
 - ``tp`` (every rank): ``module`` (``mlp`` or ``attention``), ``dims``, ``tp_size``,
   ``output_error``, ``grad_error`` (the parameters') and ``input_grad_error`` (``x.grad``):
   the largest differences from the unsharded module,
@@ -42,6 +46,9 @@ Events:
   ``values`` (every parameter, whole, flattened); ``memory_2d`` (every rank): ``param_bytes``,
   ``full_param_bytes``, ``placements``, ``dims``.
 - ``skipped`` (rank 0): ``part``, ``reason``, when a part cannot run here.
+
+``llama_plan`` is the course's answer to exercise 12 (``exercises/tp_plan.py``): notebook 12
+shows it once the learner's own plan is judged right.
 
 FSDP2 on the CPU needs torch 2.7 (see ``ddplab.sharded``); below, ``2d`` is skipped on
 the CPU and says why. Everything else runs on gloo from torch 2.6 on.
@@ -63,8 +70,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                               parallelize_module)
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                               PrepareModuleInputOutput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
 
 from ddplab import data, dist, events
 from ddplab.sharded import collectives, fsdp_problem, fully_shard, local_bytes
@@ -151,6 +159,24 @@ def rowwise_bias(mesh: DeviceMesh, info: dist.DistInfo) -> None:
     layer = parallelize_module(layer, mesh, RowwiseParallel(output_layouts=Partial()))
     zeros = torch.zeros(1, 2, device=info.device)              # this rank's slice of a zero input
     events.emit("bias", bias=bias.tolist(), local=layer(zeros)[0].tolist())
+
+
+def sequence_parallel_norm(mesh: DeviceMesh, info: dist.DistInfo) -> None:
+    """A norm under SequenceParallel: each rank's slice of the sequence, and its weight's gradient."""
+    torch.manual_seed(1)
+    x = torch.randn(2, 2 * mesh.size(), 4, device=info.device)   # the same (batch, seq, dim) everywhere
+    norm = parallelize_module(nn.RMSNorm(4).to(info.device), mesh, SequenceParallel())
+    mine = x.chunk(mesh.size(), dim=1)[mesh.get_local_rank()]    # this rank's tokens
+    with collectives() as backward:
+        norm(mine).to_local().pow(2).sum().backward()
+    grad = norm.weight.grad
+    with collectives() as summed:
+        whole = grad.full_tensor()                               # what the optimizer needs
+    reference = nn.RMSNorm(4).to(info.device)
+    reference(x).pow(2).sum().backward()
+    events.emit("sp_norm", grad_placement=str(list(grad.placements)),
+                backward_collectives=backward, summed_collectives=summed,
+                grad_error=(whole - reference.weight.grad).abs().max().item())
 # [/placements]
 
 
@@ -189,6 +215,33 @@ PLANS = {"mlp": {"up": ColwiseParallel(), "down": RowwiseParallel()},
          "attention": {"q": ColwiseParallel(), "k": ColwiseParallel(),
                        "v": ColwiseParallel(), "out": RowwiseParallel()}}
 # [/modules]
+
+
+# [llama_plan]
+def llama_plan(block: nn.Module, mesh: DeviceMesh) -> nn.Module:
+    """A plan for exercise 12's Llama-like block (exercises/tp_plan.py), whole input and output.
+
+    Sequence parallel around the sub-blocks (norms and residual sums on 1/N of the tokens);
+    before each sub-block one all-gather of the sequence, inside it column-wise then row-wise,
+    after it one reduce-scatter back to the slices.
+    """
+    for name, (first, last) in {"attention": (("wq", "wk", "wv"), "wo"),
+                                "feed_forward": (("w1", "w3"), "w2")}.items():
+        sub = getattr(block, name)
+        styles = {layer: ColwiseParallel() for layer in first}
+        styles[last] = RowwiseParallel(output_layouts=Shard(1))
+        parallelize_module(sub, mesh, styles)
+        parallelize_module(sub, mesh, PrepareModuleInput(input_layouts=Shard(1),
+                                                         desired_input_layouts=Replicate()))
+    for name in ("attention_norm", "ffn_norm"):
+        parallelize_module(getattr(block, name), mesh, SequenceParallel())
+    # Attention.forward views q, k, v with self.n_heads: this rank holds only its heads.
+    rows = block.attention.wq.weight.to_local().shape[0]
+    block.attention.n_heads = rows // block.attention.head_dim
+    return parallelize_module(block, mesh, PrepareModuleInputOutput(
+        input_layouts=Replicate(), desired_input_layouts=Shard(1), use_local_input=True,
+        output_layouts=Shard(1), desired_output_layouts=Replicate()))
+# [/llama_plan]
 
 
 def build(name: str, args: argparse.Namespace, device: torch.device) -> nn.Module:
@@ -327,6 +380,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         elif part == "placements":
             show_placements(mesh_1d, info)
             rowwise_bias(mesh_1d, info)
+            sequence_parallel_norm(mesh_1d, info)
         elif part in ("mlp", "attention"):
             tensor_parallel(part, mesh_1d, info, args)
         else:

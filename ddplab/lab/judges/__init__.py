@@ -12,7 +12,7 @@ fact and rank); a judge reads them with :func:`metric` and returns a hint string
 is not right yet, or None when it is. One module per topic in this package registers its
 judges with :func:`judge`; they are all imported on first use.
 
-Lessons: the coding exercise at the end of notebooks 03-11, and the capstone (13).
+Lessons: the coding exercise at the end of notebooks 03-12, and the capstone (13).
 """
 
 from __future__ import annotations
