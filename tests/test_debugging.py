@@ -105,6 +105,54 @@ def test_survivors_sees_running_processes_only():
     assert postmortem.survivors([]) == []
 
 
+def _record(*entries):
+    """One rank's Flight Recorder JSON, in the form torch 2.14.1 gives on gloo."""
+    return {"entries": [{"collective_seq_id": seq, "profiling_name": f"gloo:{op}", "retired": done,
+                         "is_p2p": False, "process_group": ["0", "default_pg"], "record_id": i,
+                         "input_sizes": [[3]], "state": "scheduled"}
+                        for i, (op, seq, done) in enumerate(entries)]}
+
+
+def test_collective_waits_read_the_recorded_hang_of_the_one_rank_fault():
+    """On the debug server's page recorded while desync's one_rank fault hung (torch 2.14.1)."""
+    page = postmortem.recording("flight_recorder_one_rank")["page"]
+    records = postmortem.debug_server_records(page)
+    waits = postmortem.collective_waits(records)
+    assert sorted(records) == [0, 1]
+    assert {rank: (w.op, w.seq, w.shapes) for rank, w in waits.items()} == {
+        0: ("all_reduce", 1, ((2,),)), 1: ("all_gather", 1, ((1,),))}
+    lines = postmortem.describe_waits(waits)
+    assert lines[:2] == ["rank 0 waits in all_reduce #1", "rank 1 waits in all_gather #1"]
+    assert "out of step" in lines[2]
+
+
+def test_collective_waits_skip_finished_collectives_and_name_who_is_behind():
+    records = {0: _record(("all_reduce", 1, True), ("all_reduce", 2, True), ("barrier", 3, False)),
+               1: _record(("all_reduce", 1, True), ("all_reduce", 2, False))}
+    waits = postmortem.collective_waits(records)
+    assert (str(waits[0]), str(waits[1])) == ("barrier #3", "all_reduce #2")
+    assert "[1] are behind" in postmortem.describe_waits(waits)[-1]
+    idle = postmortem.collective_waits({0: _record(("all_reduce", 4, False)),
+                                        1: _record(("all_reduce", 3, True))})
+    lines = postmortem.describe_waits(idle)
+    assert idle[1] is None and lines[:2] == ["rank 0 waits in all_reduce #4", "rank 1 waits in no collective"]
+    assert "[1] are not in a collective" in lines[2]
+    same = postmortem.collective_waits({r: _record(("all_reduce", 5, False)) for r in (0, 1)})
+    assert "every rank is in all_reduce #5" in postmortem.describe_waits(same)[-1]
+    done = postmortem.collective_waits({r: _record(("all_reduce", 5, True)) for r in (0, 1)})
+    assert postmortem.describe_waits(done) == ["rank 0 waits in no collective",
+                                               "rank 1 waits in no collective"]
+
+
+def test_flight_recorder_readers_refuse_what_is_not_a_record_with_a_way_out():
+    with pytest.raises(ValueError, match="/fr_trace_json"):
+        postmortem.debug_server_records("<html>Error code: 500</html>")
+    with pytest.raises(ValueError, match="entries"):
+        postmortem.collective_waits({0: {"version": "2.10"}})
+    with pytest.raises(FileNotFoundError, match="flight_recorder_one_rank"):
+        postmortem.recording("no_such_recording")
+
+
 # ------------------------------------------------------------------ collectives out of step
 
 

@@ -166,3 +166,36 @@ def test_dp_memory_reports_nothing_to_compare_without_two_gpus():
     gpus = ddplab.env.probe()["gpu_count"]
     assert event["gpus"] == gpus and (event["value"] == [] if gpus < 2 else
                                       event["value"][0] > max(event["value"][1:]))
+
+
+# ------------------------------------------------------------------ 09: one step's memory and trace
+
+
+def step_profile(nprocs: int, *args: str) -> dict:
+    result = ddplab.launch("ddplab.workers.step_profile", nprocs, quiet=True, live=False,
+                           timeout=180, args=["--layers", "4", "--width", "256", "--batch-size", "128",
+                                              *args])
+    assert result.ok, result.error
+    return {(e["rank"], e["name"]): e["value"] for e in result.events_of("metric")}
+
+
+def test_step_profile_counts_the_step_and_checkpointing_keeps_less_for_backward():
+    params = 4 * (256 * 256 + 256) + (256 * 10 + 10)
+    activations = 4 * 2 * 128 * 256 * 4                               # two B x W tensors a block
+    plain, checkpointed = step_profile(1), step_profile(1, "--checkpoint")
+    assert plain[0, "bytes"]["parameters"] == plain[0, "bytes"]["gradients"] == 4 * params
+    assert 8 * params <= plain[0, "bytes"]["optimizer_state"] < 8 * params + 1024
+    kept = plain[0, "profiled"]["forward"]
+    assert activations <= kept < 1.05 * activations
+    assert checkpointed[0, "profiled"]["forward"] < 0.6 * kept
+    assert plain[0, "trace"] is None
+
+
+def test_step_profile_under_ddp_writes_traces_with_every_buckets_all_reduce(tmp_path):
+    from ddplab.lab import bench
+    seen = step_profile(2, "--trace-dir", str(tmp_path), "--bucket-cap-mb", "0.01")
+    assert {seen[0, "trace"], seen[1, "trace"]} == {str(tmp_path / "trace_rank0.json"),
+                                                    str(tmp_path / "trace_rank1.json")}
+    overlap = bench.backward_overlap(seen[0, "trace"])
+    assert len(overlap["all_reduces"]) >= 2 and overlap["gradients_ms"] > 0
+    assert seen[0, "bytes"] == seen[1, "bytes"]

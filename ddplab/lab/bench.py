@@ -14,7 +14,8 @@ Example::
     python -m ddplab bench                       # writes build/bench/bench.md and *.png
     python -m ddplab bench --repeats 5 --skip-accuracy --allreduce
 
-Lessons: 08 (bus bandwidth, parameter server vs ring), 09 (scaling table, accuracy vs batch).
+Lessons: 08 (bus bandwidth, parameter server vs ring), 09 (scaling table, accuracy vs batch,
+all-reduces beside backward).
 """
 
 from __future__ import annotations
@@ -404,6 +405,34 @@ def plot_traffic(max_world: int = 32, measured: Sequence[dict[str, Any]] = (),
 
 
 # ------------------------------------------------------------------ command line
+
+
+#: Names in a torch.profiler Chrome trace: autograd's work on one gradient, and gloo's all-reduce.
+GRADIENT_OP = "autograd::engine::evaluate_function"
+ALL_REDUCE_OP = "gloo:all_reduce"
+
+
+def backward_overlap(trace: str | Path) -> dict[str, Any]:
+    """When the all-reduces of one DDP step ran, beside the computation of the gradients.
+
+    Reads a Chrome trace written by ``torch.profiler`` (``ddplab.workers.step_profile
+    --trace-dir``): the span from the first to the last autograd op of backward, and every
+    ``gloo:all_reduce``, in milliseconds from backward's first op.
+
+    Returns:
+        ``{"gradients_ms": end of the last gradient op, "all_reduces": [(start_ms, end_ms,
+        thread), ...] in start order, "overlapped": how many started before gradients_ms}``.
+    """
+    spans = [e for e in json.loads(Path(trace).read_text())["traceEvents"] if e.get("ph") == "X"]
+    grads = [e for e in spans if e["name"].startswith(GRADIENT_OP)]
+    if not grads:
+        raise ValueError(f"{trace}: no backward in this trace; profile a step that calls backward()")
+    start = min(e["ts"] for e in grads)
+    end = (max(e["ts"] + e["dur"] for e in grads) - start) / 1000
+    reduces = sorted(((e["ts"] - start) / 1000, (e["ts"] + e["dur"] - start) / 1000, e["tid"])
+                     for e in spans if e["name"] == ALL_REDUCE_OP)
+    return {"gradients_ms": end, "all_reduces": reduces,
+            "overlapped": sum(begin < end for begin, _, _ in reduces)}
 
 
 def _parser() -> argparse.ArgumentParser:
