@@ -61,7 +61,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from ddplab import dist, events
-from ddplab.sharded import collectives, local_bytes, optimizer_bytes
+from ddplab.sharded import collectives, fsdp_problem, local_bytes, optimizer_bytes
 
 VOCAB, DIM, HEADS, BLOCKS, SEQ = 64, 32, 4, 3, 16
 STEPS, BATCH, LR = 4, 16, 1e-2  # BATCH: sequences per step, over every rank together
@@ -232,6 +232,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     what.add_argument("--load", metavar="DIR", help="load the checkpoint in DIR")
     args = p.parse_args(argv)
     info = dist.setup(timeout_s=60)
+    if info.world_size > 1 and fsdp_problem(info.device):
+        raise SystemExit(fsdp_problem(info.device))   # FSDP2 on a CPU needs torch >= 2.7
     torch.manual_seed(0 if args.save else 1)    # loading: other weights until the checkpoint
     model = Transformer().to(info.device)
     num_params = sum(p.numel() for p in model.parameters())
