@@ -22,20 +22,23 @@ What must be true of a run, and why
 -----------------------------------
 
 1. **Sharded block by block.** ``shard`` makes every parameter a shard: each rank stores 1/N
-   of each. Forward gathers one block's weights at a time, just before it runs, and frees them
-   after: never the whole model at once (that is what sharding is for).
-2. **Mixed precision, chosen for this machine.** Forward and backward compute in a 16-bit type
-   that needs no loss scaling (on a CPU with gloo it is the only 16-bit type for that), while
-   the stored shards, and so the optimizer, stay float32, and the gradients are averaged over
-   the ranks in float32 (the judge compares the run with one process's).
+   of each. Forward gathers the weights block by block, each block's just before it runs, and
+   frees them after it: never the whole model at once (that is what sharding is for).
+2. **Mixed precision, chosen for this machine.** Forward and backward compute in a 16-bit
+   floating-point type that needs no loss scaling (nothing in this loop scales the loss), on
+   a CPU with gloo as on a GPU; the stored shards, and so the optimizer, stay float32, and the
+   gradients are averaged over the ranks in float32.
 3. **The 16 bytes.** ``bytes_per_rank`` estimates, before anything runs, what one rank stores
    for the weights, their gradients and Adam's two moments. The fixed part measures it after a
    step: the estimate must match.
 4. **The same training as one process.** The sharded run's losses and trained weights equal
-   those of the same model trained by one process on the whole batches, up to rounding.
+   those of the same model trained by one process on the whole batches, up to rounding: each
+   step's loss within 0.005, the weights within 15% of how far training moved them (Adam's
+   first steps move a weight by about the learning rate even when bfloat16 rounds its
+   gradient across zero).
 5. **A checkpoint for any world size.** ``save`` writes the model and Adam's state (both
    moments, and its step) into the folder ``path``, without gathering the model on one rank;
-   ``load`` fills a freshly built model and optimizer from it, with 4 ranks, with 2, or in one
+   ``load`` fills a freshly built model and optimizer from it, on 4 ranks or in one
    process (no process group there: the model is not sharded), bit for bit what was saved.
 
 Lesson: 11.

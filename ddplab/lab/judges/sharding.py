@@ -67,6 +67,7 @@ def pipeline_forward(result: Any) -> Optional[str]:
 
 #: The three launches of exercise 11b, by name: train and save on 2 ranks, load on 4 and on 1.
 FSDP2_RUNS = {"save": 2, "load4": 4, "load1": 1}
+#: (Both tolerances are stated in the skeleton's spec, point 4.)
 #: Largest difference of a step's loss from one process's (bfloat16 forward on both sides;
 #: the ranks round their own gradients to bfloat16 before the float32 average, one process
 #: rounds the whole batch's).
