@@ -250,6 +250,9 @@ VARIANTS = [
     Variant("11b the root only", "11b", "fsdp2.py", (
         ("    for block in model.blocks:", "    for block in []:"),
     ), right=False, words=("no per-block sharding", "one all-gather|at once"), runs=FSDP2_RUNS),
+    Variant("11b the blocks only", "11b", "fsdp2.py", (
+        ("    fully_shard(model, mesh=mesh, mp_policy=policy)   # last: what no block took\n", ""),
+    ), right=False, words=("not sharded", "Shard the root too"), runs=FSDP2_RUNS),
     Variant("11b the root first", "11b", "fsdp2.py", (
         ("    for block in model.blocks:                  # one all-gather per block, each in its "
          "turn\n        fully_shard(block, mesh=mesh, mp_policy=policy)\n"

@@ -116,11 +116,12 @@ def _fsdp2_save(run: Any, run_failed: Any) -> Optional[str]:
                     "Wrong wrapping order: shard each block first, the root last (it takes "
                     "what no block took).")
         return f"shard raised on rank {rank}: {text}. Its traceback is printed above."
-    failed = run_failed(run)
-    if failed:
-        return f"the save launch (2 ranks) failed: {failed}"
-    layout = metric(run, "layout")
-    if not layout or layout[0]["world_size"] != 2:
+    layout = metric(run, "layout")   # reported before training: judged even if it crashed
+    if not layout:
+        return "the save launch (2 ranks) " + (
+            f"failed: {run_failed(run)}" if run_failed(run) else
+            "reported nothing: change only the four functions of the exercise.")
+    if layout[0]["world_size"] != 2:
         return ("the first launch must train and save on 2 ranks: launch exercises/fsdp2.py on "
                 "2 processes with --save FOLDER.")
     size, params, blocks = 2, layout[0]["num_params"], layout[0]["blocks"]
@@ -131,8 +132,12 @@ def _fsdp2_save(run: Any, run_failed: Any) -> Optional[str]:
     if plain:
         return (f"{len(plain)} parameters are not sharded ({', '.join(plain[:4])}...): they "
                 "belong to no block, and only fully_shard on the root takes them. Without it "
-                "each rank keeps and trains its own copy (their gradients are never averaged). "
-                "Shard the root too, after the blocks.")
+                "each rank keeps and trains its own copy (their gradients are never averaged), "
+                "in float32 beside the blocks' 16-bit compute. Shard the root too, after the "
+                "blocks.")
+    failed = run_failed(run)
+    if failed:
+        return f"the save launch (2 ranks) failed: {failed}"
     share = 4 * params // size
     for rank, found in sorted(layout.items()):
         if found["param_bytes"] != share:
