@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import ddplab
+from ddplab.lab.grading import FSDP2_RUNS  # 11b's launches: save on 2, load on 4 and 1
 
 pytestmark = pytest.mark.slow
 SOLUTIONS = Path(__file__).resolve().parent / "solutions"
@@ -35,15 +36,12 @@ class Variant:
     nprocs: int = 2
     timeout: float = 300   # a safety net: a run that ends by itself never meets it
     args: tuple[str, ...] = ()
-    runs: tuple[tuple[str, int, tuple[str, ...]], ...] = ()  # named launches, judged as a set
+    launches: tuple[tuple[str, int, tuple[str, ...]], ...] = ()  # named, judged as one set
 
 
-#: Exercise 11b's three launches (notebook 11): save on 2 ranks, load on 4 and in one process;
-#: {dir} is the variant's own checkpoint folder.
-FSDP2_RUNS = (("save", 2, ("--save", "{dir}")), ("load4", 4, ("--load", "{dir}")),
-              ("load1", 1, ("--load", "{dir}")))
 FSDP2_SAVE = ("    model_state, optim_state = get_state_dict(model, optimizer)\n"
-              "    dcp.save({\"model\": model_state, \"optim\": optim_state}, checkpoint_id=path)\n")
+              "    dcp.save({\"model\": model_state, \"optim\": optim_state}, "
+              "checkpoint_id=path)\n")
 FSDP2_LOAD = ("    model_state, optim_state = get_state_dict(model, optimizer)\n"
               "    state = {\"model\": model_state, \"optim\": optim_state}\n"
               "    dcp.load(state, checkpoint_id=path)\n")
@@ -226,8 +224,8 @@ VARIANTS = [
     ), right=False, words=("micro-batch 1", "something other than the activation")),
     # ----------------------------------------------------------------- 11b: FSDP2 and DCP
     Variant("11b modules by type, ceil of the share, DCP through a Stateful", "11b", "fsdp2.py", (
-        ("    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
-         "    for block in model.blocks:",
+        ("    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+         "reduce_dtype=torch.float32)\n    for block in model.blocks:",
          "    policy = MixedPrecisionPolicy(torch.bfloat16, torch.float32)\n"
          "    for block in [m for m in model.modules() if isinstance(m, Block)]:"),
         ("    return 16 * num_params // world_size",
@@ -246,34 +244,35 @@ VARIANTS = [
          "    def load_state_dict(self, state):\n"
          "        set_state_dict(self.model, self.optimizer, model_state_dict=state[\"model\"],\n"
          "                       optim_state_dict=state[\"optim\"])\n"),
-    ), right=True, runs=FSDP2_RUNS),
+    ), right=True, launches=FSDP2_RUNS),
     Variant("11b the root only", "11b", "fsdp2.py", (
         ("    for block in model.blocks:", "    for block in []:"),
-    ), right=False, words=("no per-block sharding", "one all-gather|at once"), runs=FSDP2_RUNS),
+    ), right=False, words=("no per-block sharding", "one all-gather|at once"), launches=FSDP2_RUNS),
     Variant("11b the blocks only", "11b", "fsdp2.py", (
         ("    fully_shard(model, mesh=mesh, mp_policy=policy)   # last: what no block took\n", ""),
-    ), right=False, words=("not sharded", "Shard the root too"), runs=FSDP2_RUNS),
+    ), right=False, words=("not sharded", "Shard the root too"), launches=FSDP2_RUNS),
     Variant("11b the root first", "11b", "fsdp2.py", (
         ("    for block in model.blocks:                  # one all-gather per block, each in its "
          "turn\n        fully_shard(block, mesh=mesh, mp_policy=policy)\n"
          "    fully_shard(model, mesh=mesh, mp_policy=policy)   # last: what no block took\n",
          "    fully_shard(model, mesh=mesh, mp_policy=policy)\n"
-         "    for block in model.blocks:\n        fully_shard(block, mesh=mesh, mp_policy=policy)\n"),
-    ), right=False, words=("Wrong wrapping order", "root last"), runs=FSDP2_RUNS),
+         "    for block in model.blocks:\n"
+         "        fully_shard(block, mesh=mesh, mp_policy=policy)\n"),
+    ), right=False, words=("Wrong wrapping order", "root last"), launches=FSDP2_RUNS),
     Variant("11b torch.save of each rank's sharded state dict", "11b", "fsdp2.py", (
         (FSDP2_SAVE, "    import os\n    os.makedirs(path, exist_ok=True)\n"
          "    torch.save({\"model\": model.state_dict(), \"optim\": optimizer.state_dict()},\n"
          "               f\"{path}/rank{torch_dist.get_rank()}.pt\")\n"),
         (FSDP2_LOAD, "    rank = torch_dist.get_rank() if torch_dist.is_initialized() else 0\n"
          "    state = torch.load(f\"{path}/rank{rank}.pt\", weights_only=False)\n"),
-    ), right=False, words=("not a distributed checkpoint", "torch.save"), runs=FSDP2_RUNS),
+    ), right=False, words=("not a distributed checkpoint", "torch.save"), launches=FSDP2_RUNS),
     Variant("11b DCP loads into the local shards", "11b", "fsdp2.py", (
         (FSDP2_LOAD, FSDP2_LOAD.replace(
             "    dcp.load(", "    local = {k: (v.to_local() if hasattr(v, \"to_local\") else v)\n"
             "             for k, v in state[\"model\"].items()}\n    state[\"model\"] = local\n"
             "    dcp.load(")),
     ), right=False, words=("another world size done the wrong way|weights differ",),
-        runs=FSDP2_RUNS),
+        launches=FSDP2_RUNS),
     Variant("11b the optimizer left out of the checkpoint", "11b", "fsdp2.py", (
         (FSDP2_SAVE, "    dcp.save({\"model\": get_state_dict(model, optimizer)[0]}, "
          "checkpoint_id=path)\n"),
@@ -282,7 +281,7 @@ VARIANTS = [
          "    state = {\"model\": get_state_dict(model, optimizer)[0]}\n"
          "    dcp.load(state, checkpoint_id=path)\n"
          "    model.load_state_dict(state[\"model\"])\n"),
-    ), right=False, words=("not Adam's state",), runs=FSDP2_RUNS),
+    ), right=False, words=("not Adam's state",), launches=FSDP2_RUNS),
 ]
 
 
@@ -310,12 +309,12 @@ def verdicts(tmp_path_factory, request) -> dict[str, object]:
 
     def judged(variant: Variant):
         path = write(variant, folder)
-        if not variant.runs:
+        if not variant.launches:
             return ddplab.check(variant.key, launch(variant, path, variant.nprocs,
                                                     list(variant.args)))
         where = str(path.parent / "checkpoint")
         return ddplab.check(variant.key, {name: launch(variant, path, nprocs, [
-            a.replace("{dir}", where) for a in args]) for name, nprocs, args in variant.runs})
+            a.replace("{dir}", where) for a in args]) for name, nprocs, args in variant.launches})
 
     mine = [v for v in VARIANTS if v.name in chosen]
     with ThreadPoolExecutor(max_workers=3) as pool:

@@ -221,8 +221,9 @@ def _fsdp2_load(name: str, run: Any, saved: dict[str, str], run_failed: Any) -> 
     weights = [k for k in saved if k.endswith(":weight") and loaded.get(k) != saved[k]]
     if weights:
         total = sum(k.endswith(":weight") for k in saved)
-        return (f"after the load {where}, {len(weights)} of {total} weights differ from those saved ({weights[0].split(':')[0]}, ...): load must "
-                "fill the model's own parameters, in place.")
+        return (f"after the load {where}, {len(weights)} of {total} weights differ from those "
+                f"saved ({weights[0].split(':')[0]}, ...): load must fill the model's own "
+                "parameters, in place.")
     state = [k for k in saved if loaded.get(k) != saved[k]]
     if state:
         return (f"the weights came back {where}, but not Adam's state ({state[0]}, ...): "
