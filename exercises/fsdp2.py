@@ -220,6 +220,7 @@ def attempt(name: str, fn: Any, *args: Any) -> Optional[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Train and save (``--save DIR``), or load (``--load DIR``); report what the judge reads."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--save", metavar="DIR", help="train, then save a checkpoint into DIR")
@@ -238,7 +239,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if failed:   # was the root sharded before the block that failed?
             events.emit("metric", name="root_first", value=isinstance(model, FSDPModule))
         if any_rank(bool(failed), info):
-            return dist.cleanup()
+            dist.cleanup()
+            return
     plain = [n for n, p in model.named_parameters() if not isinstance(p, DTensor)]
     events.emit("metric", name="layout", value={
         "num_params": num_params, "world_size": info.world_size, "blocks": BLOCKS,
@@ -257,8 +259,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                                   for b, c in zip(alone.parameters(), initial.parameters())))
             events.emit("metric", name="one_process", value={"losses": losses,
                                                              "weight_gap": gap / moved})
-    failed = attempt(args.save and "save" or "load", save if args.save else load, model,
-                     optimizer, args.save or args.load)
+    action, fn = ("save", save) if args.save else ("load", load)
+    failed = attempt(action, fn, model, optimizer, args.save or args.load)
     if not any_rank(bool(failed), info):
         values = digests(model, optimizer)
         if info.is_main:
