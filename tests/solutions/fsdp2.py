@@ -50,6 +50,7 @@ import argparse
 import copy
 import hashlib
 import math
+import traceback
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -223,7 +224,7 @@ def attempt(name: str, fn: Any, *args: Any) -> Optional[str]:
         return None
     except (Exception, dcp.CheckpointException) as error:   # for the judge to name the mistake
         text = f"{type(error).__name__}: {(str(error).strip() or '-').splitlines()[0]}"
-        print(f"{name} raised {text}", flush=True)
+        traceback.print_exc()
         events.emit("metric", name=f"{name}_error", value=text[:300])
         return text
 

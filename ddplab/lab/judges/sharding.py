@@ -89,8 +89,7 @@ def fsdp2(runs: Any) -> Optional[str]:
     hint = _fsdp2_save(runs.get("save"), run_failed)
     if hint is not None:
         return hint
-    missing = [name for name in FSDP2_RUNS if name not in runs]
-    if missing:
+    if any(name not in runs for name in FSDP2_RUNS):
         return ("the sharded training is right. Now hand the judge all three launches, "
                 '{"save": ..., "load4": ..., "load1": ...}: the save on 2 ranks, then --load of '
                 "the same folder on 4 ranks and in one process.")
@@ -115,7 +114,7 @@ def _fsdp2_save(run: Any, run_failed: Any) -> Optional[str]:
                     "and fully_shard on a block then finds parameters it cannot shard again. "
                     "Wrong wrapping order: shard each block first, the root last (it takes "
                     "what no block took).")
-        return f"shard raised on rank {rank}: {text}. Its traceback is printed above."
+        return f"shard raised on rank {rank}: {text} (its traceback is printed above)."
     layout = metric(run, "layout")   # reported before training: judged even if it crashed
     if not layout:
         return "the save launch (2 ranks) " + (
