@@ -319,3 +319,12 @@ def test_the_classroom_workflow_grades_every_exercise():
     reporter = next(s for s in steps if "grading-reporter" in s.get("uses", ""))
     assert reporter["with"]["runners"].split(",") == list(graders)
     assert set(reporter["env"]) == {f"{step.upper()}_RESULTS" for step in graders}
+
+
+def test_11b_is_launched_as_its_judge_expects():
+    """``ddplab check 11b``'s three launches are the runs its judge reads, at their sizes."""
+    from ddplab.lab.judges.sharding import FSDP2_RUNS as judged
+
+    assert {name: size for name, size, _ in grading.FSDP2_RUNS} == judged
+    assert [size for _, size, _ in grading.FSDP2_RUNS] == list(grading.LAUNCHES["11b"].sizes)
+    assert [args[0] for _, _, args in grading.FSDP2_RUNS] == ["--save", "--load", "--load"]

@@ -1,8 +1,9 @@
 """Every coding exercise against solutions a class would hand in: for each, at least one that is
 right but written differently from ours (it must pass) and two classic mistakes (each must be
 rejected with a message that names the mistake). Each variant is the reference solution in
-``tests/solutions/`` with a few lines changed, run through the real judge after a real launch;
-the launches run three at a time, once for the whole module.
+``tests/solutions/`` with a few lines changed, run through the real judge after a real launch
+(or, for an exercise of several launches such as 11b's save and loads, a real set of them);
+the variants run three at a time, those selected (``-k``) once for the whole module.
 
 The capstone (13) is judged on the notebook's five launches of one job: a variant launches its
 file for the runs it names (``runs``) and hands in the reference job's for the others, as a
@@ -25,6 +26,7 @@ import shutil
 import pytest
 
 import ddplab
+from ddplab.lab.grading import FSDP2_RUNS  # 11b's launches: save on 2, load on 4 and 1
 
 pytestmark = pytest.mark.slow
 SOLUTIONS = Path(__file__).resolve().parent / "solutions"
@@ -42,6 +44,15 @@ class Variant:
     timeout: float = 300   # a safety net: a run that ends by itself never meets it
     args: tuple[str, ...] = ()
     runs: tuple[str, ...] = ("ddp",)  # 13 only: which of the five launches use this file
+    launches: tuple[tuple[str, int, tuple[str, ...]], ...] = ()  # named, judged as one set
+
+
+FSDP2_SAVE = ("    model_state, optim_state = get_state_dict(model, optimizer)\n"
+              "    dcp.save({\"model\": model_state, \"optim\": optim_state}, "
+              "checkpoint_id=path)\n")
+FSDP2_LOAD = ("    model_state, optim_state = get_state_dict(model, optimizer)\n"
+              "    state = {\"model\": model_state, \"optim\": optim_state}\n"
+              "    dcp.load(state, checkpoint_id=path)\n")
 
 
 VARIANTS = [
@@ -337,6 +348,66 @@ VARIANTS += [
         ("                save(args.checkpoint_dir,",
          "                rank == 0 and save(args.checkpoint_dir,"),
     ), right=False, words=("deadlock", "at line"), timeout=60),  # as the notebook: ends the hang
+    # ----------------------------------------------------------------- 11b: FSDP2 and DCP
+    Variant("11b modules by type, ceil of the share, DCP through a Stateful", "11b", "fsdp2.py", (
+        ("    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+         "reduce_dtype=torch.float32)\n    for block in model.blocks:",
+         "    policy = MixedPrecisionPolicy(torch.bfloat16, torch.float32)\n"
+         "    for block in [m for m in model.modules() if isinstance(m, Block)]:"),
+        ("    return 16 * num_params // world_size",
+         "    return (4 + 4 + 4 + 4) * math.ceil(num_params / world_size)"),
+        (FSDP2_SAVE, "    dcp.save({\"app\": App(model, optimizer)}, checkpoint_id=path)\n"),
+        (FSDP2_LOAD + "    set_state_dict(model, optimizer, model_state_dict=state[\"model\"],\n"
+         "                   optim_state_dict=state[\"optim\"])\n",
+         "    dcp.load({\"app\": App(model, optimizer)}, checkpoint_id=path)\n\n\n"
+         "from torch.distributed.checkpoint.stateful import Stateful\n\n\n"
+         "class App(Stateful):\n"
+         "    def __init__(self, model, optimizer):\n"
+         "        self.model, self.optimizer = model, optimizer\n\n"
+         "    def state_dict(self):\n"
+         "        model_state, optim_state = get_state_dict(self.model, self.optimizer)\n"
+         "        return {\"model\": model_state, \"optim\": optim_state}\n\n"
+         "    def load_state_dict(self, state):\n"
+         "        set_state_dict(self.model, self.optimizer, model_state_dict=state[\"model\"],\n"
+         "                       optim_state_dict=state[\"optim\"])\n"),
+    ), right=True, launches=FSDP2_RUNS),
+    Variant("11b the root only", "11b", "fsdp2.py", (
+        ("    for block in model.blocks:", "    for block in []:"),
+    ), right=False, words=("no per-block sharding", "one all-gather|at once"), launches=FSDP2_RUNS),
+    Variant("11b the blocks only", "11b", "fsdp2.py", (
+        ("    fully_shard(model, mesh=mesh, mp_policy=policy)   # last: what no block took\n", ""),
+    ), right=False, words=("not sharded", "Shard the root too"), launches=FSDP2_RUNS),
+    Variant("11b the root first", "11b", "fsdp2.py", (
+        ("    for block in model.blocks:                  # one all-gather per block, each in its "
+         "turn\n        fully_shard(block, mesh=mesh, mp_policy=policy)\n"
+         "    fully_shard(model, mesh=mesh, mp_policy=policy)   # last: what no block took\n",
+         "    fully_shard(model, mesh=mesh, mp_policy=policy)\n"
+         "    for block in model.blocks:\n"
+         "        fully_shard(block, mesh=mesh, mp_policy=policy)\n"),
+    ), right=False, words=("Wrong wrapping order", "root last"), launches=FSDP2_RUNS),
+    Variant("11b torch.save of each rank's sharded state dict", "11b", "fsdp2.py", (
+        (FSDP2_SAVE, "    import os\n    os.makedirs(path, exist_ok=True)\n"
+         "    torch.save({\"model\": model.state_dict(), \"optim\": optimizer.state_dict()},\n"
+         "               f\"{path}/rank{torch_dist.get_rank()}.pt\")\n"),
+        (FSDP2_LOAD, "    rank = torch_dist.get_rank() if torch_dist.is_initialized() else 0\n"
+         "    state = torch.load(f\"{path}/rank{rank}.pt\", weights_only=False)\n"),
+    ), right=False, words=("not a distributed checkpoint", "torch.save"), launches=FSDP2_RUNS),
+    Variant("11b DCP loads into the local shards", "11b", "fsdp2.py", (
+        (FSDP2_LOAD, FSDP2_LOAD.replace(
+            "    dcp.load(", "    local = {k: (v.to_local() if hasattr(v, \"to_local\") else v)\n"
+            "             for k, v in state[\"model\"].items()}\n    state[\"model\"] = local\n"
+            "    dcp.load(")),
+    ), right=False, words=("another world size done the wrong way|weights differ",),
+        launches=FSDP2_RUNS),
+    Variant("11b the optimizer left out of the checkpoint", "11b", "fsdp2.py", (
+        (FSDP2_SAVE, "    dcp.save({\"model\": get_state_dict(model, optimizer)[0]}, "
+         "checkpoint_id=path)\n"),
+        (FSDP2_LOAD + "    set_state_dict(model, optimizer, model_state_dict=state[\"model\"],\n"
+         "                   optim_state_dict=state[\"optim\"])\n",
+         "    state = {\"model\": get_state_dict(model, optimizer)[0]}\n"
+         "    dcp.load(state, checkpoint_id=path)\n"
+         "    model.load_state_dict(state[\"model\"])\n"),
+    ), right=False, words=("not Adam's state",), launches=FSDP2_RUNS),
 ]
 
 
@@ -366,26 +437,39 @@ def capstone_runs(variant: Variant, folder: Path) -> dict[str, object]:
 
 
 @pytest.fixture(scope="module")
-def verdicts(tmp_path_factory) -> dict[str, object]:
+def verdicts(tmp_path_factory, request) -> dict[str, object]:
+    """The verdict on every variant this session runs (``-k`` picks them)."""
     folder = tmp_path_factory.mktemp("variants")
+    chosen = {item.callspec.params["variant"].name for item in request.session.items
+              if item.module is request.module and hasattr(item, "callspec")}
+
+    def launch(variant: Variant, path: Path, nprocs: int, args: list[str]):
+        return ddplab.launch(str(path), nprocs, quiet=True, live=False,
+                             timeout=variant.timeout, args=args)
 
     def judged(variant: Variant):
         if variant.key == "13":
             base = reference.result()
             mine = base if variant is CAPSTONE_REFERENCE else capstone_runs(variant, folder)
             return ddplab.check("13", {**base, **mine, "reference": base["ddp"]})
-        result = ddplab.launch(str(write(variant, folder)), variant.nprocs, quiet=True,
-                               live=False, timeout=variant.timeout, args=list(variant.args))
-        return ddplab.check(variant.key, result)
+        path = write(variant, folder)
+        if not variant.launches:
+            return ddplab.check(variant.key, launch(variant, path, variant.nprocs,
+                                                    list(variant.args)))
+        where = str(path.parent / "checkpoint")
+        return ddplab.check(variant.key, {name: launch(variant, path, nprocs, [
+            a.replace("{dir}", where) for a in args]) for name, nprocs, args in variant.launches})
 
+    mine = [v for v in VARIANTS if v.name in chosen]
     with ThreadPoolExecutor(max_workers=3) as pool:
-        reference = pool.submit(capstone_runs, CAPSTONE_REFERENCE, folder)  # first in line
-        return dict(zip([v.name for v in VARIANTS], pool.map(judged, VARIANTS)))
+        if any(v.key == "13" for v in mine):  # first in line: the other 13s compare with it
+            reference = pool.submit(capstone_runs, CAPSTONE_REFERENCE, folder)
+        return dict(zip([v.name for v in mine], pool.map(judged, mine)))
 
 
 def test_every_exercise_has_a_right_variant_and_two_wrong_ones():
     keys = {v.key for v in VARIANTS}
-    assert keys == {"03", "03b", "04", "05", "06", "08", "10", "11", "12", "13"}
+    assert keys == {"03", "03b", "04", "05", "06", "08", "10", "11", "11b", "12", "13"}
     for key in keys:
         mine = [v for v in VARIANTS if v.key == key]
         assert sum(v.right for v in mine) >= 1 and sum(not v.right for v in mine) >= 2

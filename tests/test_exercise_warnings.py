@@ -26,7 +26,8 @@ SKELETONS = ROOT / "exercises"
 SOLUTIONS = ROOT / "tests" / "solutions"
 # Arguments a launch needs (as the notebooks give them); {tmp} is a fresh folder per run.
 ARGS = {"uneven_join.py": ["--pg-timeout", "3"], "checkpoint.py": ["--checkpoint-dir", "{tmp}"],
-        "capstone.py": ["--checkpoint-dir", "{tmp}", "--epochs", "1"]}
+        "capstone.py": ["--checkpoint-dir", "{tmp}", "--epochs", "1"],
+        "fsdp2.py": ["--save", "{tmp}/dcp"]}
 FILES = sorted(SKELETONS.glob("*.py"))
 RAISED = re.compile(r"^(?:\[[^\]]*\]:?)?\s*(\w*Warning): ", re.M)  # an uncaught warning, as raised
 

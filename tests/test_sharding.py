@@ -1,5 +1,6 @@
 """Lesson 11 on real gloo processes: FSDP/ZeRO bytes and losses, the hand-written pipeline,
-its timeline, and the send/recv exercise (skeleton judged wrong, solution right)."""
+its timeline, the send/recv exercise (skeleton judged wrong, solution right), and the FSDP2 +
+DCP exercise's skeleton and single-launch verdicts (its variants: test_exercise_variants.py)."""
 
 from __future__ import annotations
 
@@ -183,3 +184,31 @@ def test_one_sided_send_or_recv_gets_its_own_hint(tmp_path, keep, hint):
     result = launch(half, 2, quiet=True, timeout=120)
     verdict = check("11", result)
     assert not verdict and hint in verdict.message, verdict.message
+
+
+# ------------------------------------------------------------------- exercise 11b: FSDP2 + DCP
+
+FSDP2_SOLUTION = ROOT / "tests" / "solutions" / "fsdp2.py"
+
+
+def test_fsdp2_solution_differs_from_the_skeleton_only_in_the_four_functions():
+    skeleton, solution = skeleton_path("11b").read_text(), FSDP2_SOLUTION.read_text()
+    assert skeleton.split("# [/exercise]")[1] == solution.split("# [/exercise]")[1]
+    gaps = skeleton.split("# [exercise]")[1].split("# [/exercise]")[0]
+    assert gaps.count("TODO(exercise)") == 4 and "fully_shard(" not in gaps
+
+
+@pytest.mark.skipif(not FSDP_ON_CPU, reason="fully_shard on the CPU needs torch >= 2.7")
+def test_untouched_fsdp2_skeleton_is_judged_wrong_with_a_hint(tmp_path):
+    result = launch(skeleton_path("11b"), 2, quiet=True, timeout=300,   # a safety net
+                    args=["--save", str(tmp_path / "dcp")])
+    assert result.ok, result.error          # it runs; the judge, not a traceback, explains
+    verdict = check("11b", {"save": result})
+    assert not verdict and "sharded nothing" in verdict.message, verdict.message
+
+
+@pytest.mark.skipif(not FSDP_ON_CPU, reason="fully_shard on the CPU needs torch >= 2.7")
+def test_fsdp2_save_alone_asks_for_the_loads(tmp_path):
+    result = launch(FSDP2_SOLUTION, 2, quiet=True, timeout=300, args=["--save", str(tmp_path)])
+    verdict = check("11b", result)
+    assert not verdict and "all three launches" in verdict.message, verdict.message

@@ -70,7 +70,8 @@ class Launch:
 
 #: Exercise -> launch. The sizes beyond the notebook's are for ``check``: a solution written
 #: for two ranks fails at four. 06 (a precision per device) and 11 (a two-stage pipeline) do
-#: not depend on the world size; 08's ring is judged at the notebook's 4 and at 2.
+#: not depend on the world size; 08's ring is judged at the notebook's 4 and at 2; 11b's sizes
+#: are its three launches (``FSDP2_RUNS``), judged as one set.
 LAUNCHES = {spec.key: spec for spec in (
     Launch("03", "ddp_wrap.py", (2, 4), training=True),
     Launch("03b", "accumulate.py", (2, 4)),
@@ -80,9 +81,14 @@ LAUNCHES = {spec.key: spec for spec in (
     Launch("08", "collective.py", (4, 2)),
     Launch("10", "uneven_join.py", (2, 4), ("--pg-timeout", "3"), backend="gloo"),
     Launch("11", "pipeline_forward.py", (2,)),
+    Launch("11b", "fsdp2.py", (2, 4, 1)),
     Launch("12", "tp_plan.py", (2, 4)),
     Launch("13", "capstone.py", (2,), ("--dataset", "digits"), timeout=300.0, training=True),
 )}
+#: Exercise 11b's three launches (notebook 11), judged as one set: train and save on 2 ranks,
+#: then load that checkpoint on 4 ranks and in one process; {dir} is a fresh folder.
+FSDP2_RUNS = (("save", 2, ("--save", "{dir}")), ("load4", 4, ("--load", "{dir}")),
+              ("load1", 1, ("--load", "{dir}")))
 #: The capstone's three launches (notebook 13): unbroken, killed on rank 1 after epoch 3, and
 #: resumed from the killed run's checkpoint. While a function is still empty, one launch.
 CAPSTONE_RUNS = (("unbroken", "unbroken", ()), ("killed", "job", ("--kill-rank", "1",
@@ -149,6 +155,8 @@ def judge_here(key: str, timeout: Optional[float] = None) -> Outcome:
     start = time.monotonic()
     if key == "13":
         return _judge_capstone(spec, target, limit, start)
+    if key == "11b":
+        return _judge_fsdp2(spec, target, limit, start)
     done: list[int] = []
     for size in spec.sizes:
         result = _launch(target, size, spec, limit)
@@ -190,6 +198,22 @@ def _judge_capstone(spec: Launch, target: str, timeout: float, start: float) -> 
         shutil.rmtree(work, ignore_errors=True)
     return Outcome("13", spec.skeleton, hint is None, "correct" if hint is None else
                    f"not yet: {hint}", time.monotonic() - start, [size])
+
+
+def _judge_fsdp2(spec: Launch, target: str, timeout: float, start: float) -> Outcome:
+    """Notebook 11's FSDP2 exercise: save on 2 ranks, load on 4 and 1, judged together."""
+    from . import judges
+
+    work = Path(tempfile.mkdtemp(prefix="ddplab-11b-"))
+    try:
+        runs = {name: _launch(target, size, spec, timeout,
+                              [a.replace("{dir}", str(work / "dcp")) for a in args])
+                for name, size, args in FSDP2_RUNS}
+        hint = judges.load_all()["11b"].judge(runs)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return Outcome("11b", spec.skeleton, hint is None, "correct" if hint is None else
+                   f"not yet: {hint}", time.monotonic() - start, list(spec.sizes))
 
 
 def _launches(key: str) -> int:

@@ -1,9 +1,17 @@
-"""Judge of exercise 11: the send/recv of a two-stage pipeline's forward pass.
+"""Judges of exercise 11 (the send/recv of a two-stage pipeline's forward pass) and 11b (FSDP2
+and distributed checkpoints).
 
 The skeleton (``exercises/pipeline_forward.py``) reports, as ``metric`` events, the checksum of
 every activation rank 0 computed (``sent``), of every input rank 1 ran its stage on
 (``received``), how far rank 1's output is from the unsplit model's (``output_error``), and,
 when a send or recv found no partner, the error it raised (``p2p_error``).
+
+11b's skeleton (``exercises/fsdp2.py``) is launched three times (save on 2 ranks, load on 4 and
+in one process) and judged as a set: how the parameters are laid out and the learner's estimate
+of the bytes per rank (``layout``), the bytes held after a step (``held``), one forward's dtype and
+all-gathers (``forward``), the losses beside one process's (``loss``, ``one_process``), the
+checkpoint's files (``files``), fingerprints of every weight and Adam state after the save and
+after each load (``saved``, ``loaded``), and what ``shard``, ``save`` or ``load`` raised.
 
 Lesson: 11.
 """
@@ -13,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from . import judge, metric
+from . import judge, metric, metrics
 
 #: Largest difference from the unsplit model's output that still counts as equal.
 TOLERANCE = 1e-5
@@ -52,4 +60,171 @@ def pipeline_forward(result: Any) -> Optional[str]:
     if error is None or error > TOLERANCE:
         return (f"the activations arrived, but the output differs from the unsplit model's "
                 f"by {error}: rank 1 must run its stage on the received activation.")
+    return None
+
+
+# ------------------------------------------------------------------ 11b: FSDP2 and DCP
+
+#: The three launches of exercise 11b, by name: train and save on 2 ranks, load on 4 and on 1.
+FSDP2_RUNS = {"save": 2, "load4": 4, "load1": 1}
+#: (Both tolerances are stated in the skeleton's spec, point 4.)
+#: Largest difference of a step's loss from one process's (bfloat16 forward on both sides;
+#: the ranks round their own gradients to bfloat16 before the float32 average, one process
+#: rounds the whole batch's).
+LOSS_TOLERANCE = 5e-3
+#: Largest distance of the trained weights from one process's, as a share of how far training
+#: moved them (Adam's first steps move every weight by about the learning rate, whatever the
+#: size of its gradient, so a gradient that bfloat16 rounds across zero moves the other way).
+WEIGHT_TOLERANCE = 0.15
+
+
+@judge("11b", "fsdp2.py",
+       "shard a transformer per block with FSDP2 and bfloat16 compute, estimate its bytes per "
+       "rank, train it as one process would, save it with DCP on 2 ranks and load it on 4 and 1")
+def fsdp2(runs: Any) -> Optional[str]:
+    from . import is_run_result, run_failed
+
+    if is_run_result(runs):
+        runs = {"save": runs}
+    hint = _fsdp2_save(runs.get("save"), run_failed)
+    if hint is not None:
+        return hint
+    if any(name not in runs for name in FSDP2_RUNS):
+        return ("the sharded training is right. Now hand the judge all three launches, "
+                '{"save": ..., "load4": ..., "load1": ...}: the save on 2 ranks, then --load of '
+                "the same folder on 4 ranks and in one process.")
+    saved = metric(runs["save"], "saved")[0]
+    for name in ("load4", "load1"):
+        hint = _fsdp2_load(name, runs[name], saved, run_failed)
+        if hint is not None:
+            return hint
+    return None
+
+
+def _fsdp2_save(run: Any, run_failed: Any) -> Optional[str]:
+    """The training run (2 ranks): sharding, precision, bytes, equality, the save."""
+    if run is None:
+        return 'hand the judge the launches as a dict: {"save": ..., "load4": ..., "load1": ...}.'
+    error, root_first = metric(run, "shard_error"), metric(run, "root_first")
+    if error:
+        rank, text = min(error.items())
+        if any(root_first.values()):
+            return (f"shard raised on rank {rank} ({text}) after the root was already "
+                    "sharded: fully_shard on the root first made every parameter a shard, "
+                    "and fully_shard on a block then finds parameters it cannot shard again. "
+                    "Wrong wrapping order: shard each block first, the root last (it takes "
+                    "what no block took).")
+        return f"shard raised on rank {rank}: {text} (its traceback is printed above)."
+    layout = metric(run, "layout")   # reported before training: judged even if it crashed
+    if not layout:
+        return "the save launch (2 ranks) " + (
+            f"failed: {run_failed(run)}" if run_failed(run) else
+            "reported nothing: change only the four functions of the exercise.")
+    if layout[0]["world_size"] != 2:
+        return ("the first launch must train and save on 2 ranks: launch exercises/fsdp2.py on "
+                "2 processes with --save FOLDER.")
+    size, params, blocks = 2, layout[0]["num_params"], layout[0]["blocks"]
+    plain = layout[0]["not_sharded"]
+    if layout[0]["param_bytes"] == 4 * params:
+        return ("shard sharded nothing: every rank trains a full copy of its own. Write shard "
+                "from points 1 and 2 of the spec.")
+    if plain:
+        return (f"{len(plain)} parameters are not sharded ({', '.join(plain[:4])}...): they "
+                "belong to no block, and only fully_shard on the root takes them. Without it "
+                "each rank keeps and trains its own copy (their gradients are never averaged), "
+                "in float32 beside the blocks' 16-bit compute. Shard the root too, after the "
+                "blocks.")
+    failed = run_failed(run)
+    if failed:
+        return f"the save launch (2 ranks) failed: {failed}"
+    share = 4 * params // size
+    for rank, found in sorted(layout.items()):
+        if found["param_bytes"] != share:
+            return (f"rank {rank} stores {found['param_bytes']} bytes of weights; 1/{size} of "
+                    f"the float32 model ({params} parameters) is {share}. The shards must stay "
+                    "float32 (the precision policy casts copies for compute, not the shards).")
+    forward = metric(run, "forward").get(0, {})
+    if forward.get("allgather", 0) < blocks + 1:
+        return (f"one forward ran {forward.get('allgather', 0)} all-gather(s) for {blocks} "
+                "blocks: no per-block sharding. fully_shard on the root only gathers the whole "
+                "model at once, so every weight is whole on every rank during the step. Call "
+                "fully_shard on each block first (one all-gather per block, in its turn), then "
+                "on the root.")
+    dtype = forward.get("dtype")
+    if dtype == "float32":
+        return ("forward computed in float32: no mixed precision. Give fully_shard a "
+                "MixedPrecisionPolicy whose param_dtype is a 16-bit type (and average the "
+                "gradients in float32: its reduce_dtype).")
+    if dtype == "float16":
+        return ("forward computed in float16, whose range needs a scaled loss (a GradScaler) "
+                "to keep small gradients from flushing to zero; nothing scales it here. "
+                "bfloat16 has float32's range and needs no scaling: use it as param_dtype.")
+    if dtype != "bfloat16":
+        return f"forward computed in {dtype}: use bfloat16 as the policy's param_dtype."
+    held = metric(run, "held")
+    for rank, found in sorted(layout.items()):
+        measured = sum(held[rank].values())
+        estimate = found["estimate"]
+        if not isinstance(estimate, (int, float)) or abs(estimate - measured) > 0.01 * measured:
+            return (f"bytes_per_rank({params}, {size}) returned {estimate}, but rank {rank} "
+                    f"stores {measured} bytes for weights, gradients and Adam's state. Count "
+                    "the bytes of each per parameter (in the dtype they are stored in, not the "
+                    "one they compute in) and what sharding does to them.")
+    reference = metric(run, "one_process").get(0)
+    losses = metrics(run, "loss").get(0, [])
+    if reference is None or len(losses) != len(reference["losses"]):
+        return "the run reported no losses: change only the four functions of the exercise."
+    gap = max(abs(a - b) for a, b in zip(losses, reference["losses"]))
+    if gap > LOSS_TOLERANCE or reference["weight_gap"] > WEIGHT_TOLERANCE:
+        return (f"the sharded run differs from one process training on the whole batches: "
+                f"losses by up to {gap:.1e} (tolerance {LOSS_TOLERANCE:g}), trained weights by "
+                f"{reference['weight_gap']:.0%} of what training moved them (tolerance "
+                f"{WEIGHT_TOLERANCE:.0%}). Average the gradients in float32 (reduce_dtype).")
+    save_error = metric(run, "save_error")
+    if save_error:
+        rank, text = min(save_error.items())
+        return f"save raised on rank {rank}: {text}"
+    files = metric(run, "files").get(0, [])
+    if ".metadata" not in files:
+        return (f"the checkpoint folder holds {files or 'nothing'}, not a distributed "
+                "checkpoint (DCP writes a .metadata beside the ranks' files). A torch.save of "
+                "each rank's sharded state dict can only be read back by as many ranks, each "
+                "its own file: use torch.distributed.checkpoint, which loads onto any world "
+                "size.")
+    if 0 not in metric(run, "saved"):
+        return "the save launch reported no weights: change only the four functions."
+    return None
+
+
+def _fsdp2_load(name: str, run: Any, saved: dict[str, str], run_failed: Any) -> Optional[str]:
+    """A load run (4 ranks, or one process): the weights and Adam's state as saved."""
+    size = FSDP2_RUNS[name]
+    where = f"on {size} ranks" if size > 1 else "in one process"
+    error = metric(run, "load_error")
+    if error:
+        rank, text = min(error.items())
+        return (f"loading {where} raised on rank {rank} ({text}): a DCP load at another world "
+                "size done the wrong way. Files of each rank's own shards (torch.save, or "
+                "to_local()) fit only the sharding that wrote them; torch.distributed."
+                "checkpoint's load reads into each rank exactly the pieces its new shards "
+                "need, for any number of ranks.")
+    failed = run_failed(run)
+    if failed:
+        return f"the load {where} failed: {failed}"
+    layout = metric(run, "layout").get(0)
+    if layout is None or layout["world_size"] != size:
+        return f"launch the load of {name} {where}, with --load and the saved folder."
+    loaded = metric(run, "loaded").get(0)
+    if loaded is None:
+        return f"the load {where} reported nothing: change only the four functions."
+    weights = [k for k in saved if k.endswith(":weight") and loaded.get(k) != saved[k]]
+    if weights:
+        total = sum(k.endswith(":weight") for k in saved)
+        return (f"after the load {where}, {len(weights)} of {total} weights differ from those "
+                f"saved ({weights[0].split(':')[0]}, ...): load must fill the model's own "
+                "parameters, in place.")
+    state = [k for k in saved if loaded.get(k) != saved[k]]
+    if state:
+        return (f"the weights came back {where}, but not Adam's state ({state[0]}, ...): "
+                "save and load the optimizer too (its two moments and its step count).")
     return None
