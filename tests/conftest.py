@@ -141,7 +141,8 @@ def shared_run(tmp_path_factory):
         with open(root / f"{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one launch; the others wait for its result
             if not saved.exists():
-                (folder / "cwd").mkdir(parents=True)
+                for made in ("cwd", "tmp"):
+                    (folder / made).mkdir(parents=True)
                 result = ddplab.launch(
                     str(target), nprocs, quiet=True, live=False, timeout=timeout,
                     env=env, backend=backend, cwd=str(folder / "cwd"),
