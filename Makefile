@@ -9,7 +9,7 @@ ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 NB_TIMEOUT ?= 600
 
 .PHONY: setup lock lab test test-fast test-unit test-soak test-notebooks course bench strip \
-	test-browser test-compat test-newest test-gpu clean
+	test-browser test-compat test-newest test-gpu test-flakes clean
 
 LOCK   := requirements/lock.txt
 UV     := uv==0.13.9
@@ -43,9 +43,18 @@ lab: setup
 	$(BIN)/jupyter lab --notebook-dir=notebooks --ip=127.0.0.1 $(ROOT_FLAG)
 
 # pytest-xdist spreads whole files over XDIST workers (a file's tests run in order, in one
-# worker); notebooks are listed first so the longest files start first. PYTEST_EXIT turns
-# pytest's exit status 5 (nothing collected) into a failure that says so.
-XDIST ?= -n 3 --dist loadfile  # keep loadfile: a notebook's cells share one kernel, one worker
+# worker), in the order they are named (--no-loadscope-reorder: xdist would otherwise sort them
+# by their number of tests): LONGEST first, the files that took longest in a profiled run, so
+# that no long file starts last and runs alone at the end; then every other notebook and test
+# (a file named twice runs once). PYTEST_EXIT turns pytest's exit status 5 (nothing collected)
+# into a failure that says so.
+XDIST ?= -n 3 --dist loadfile --no-loadscope-reorder  # loadfile: a notebook's cells share a kernel
+LONGEST := $(wildcard tests/test_launch.py tests/test_docstring_examples.py \
+	tests/test_spawn_engine.py tests/test_capstone.py tests/test_rank_behaviour.py \
+	notebooks/09_*.ipynb tests/test_env.py notebooks/03_*.ipynb notebooks/11_*.ipynb \
+	notebooks/13_*.ipynb tests/test_cli.py tests/test_wheel.py tests/test_train_worker.py \
+	notebooks/06_*.ipynb tests/test_workers_02_07_09.py tests/test_exit_abort.py \
+	notebooks/12_*.ipynb tests/test_check.py tests/test_exercise_variants.py)
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=$(NB_TIMEOUT)
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 PYTEST_EXIT = s=$$?; [ $$s -ne 5 ] || echo "make $@: pytest collected no tests: a failure here" >&2; exit $$s
@@ -53,8 +62,8 @@ PYTEST_EXIT = s=$$?; [ $$s -ne 5 ] || echo "make $@: pytest collected no tests: 
 # Everything CI runs before its optional steps: every unit test and every notebook in one
 # parallel run, then the few tests that need the whole machine (marked serial), alone.
 test: setup
-	$(PYTEST) $(XDIST) -m "not soak and not serial" --durations=15 $(NBVAL) notebooks tests \
-		--ignore=tests/browser || { $(PYTEST_EXIT); }
+	$(PYTEST) $(XDIST) -m "not soak and not serial" --durations=15 $(NBVAL) $(LONGEST) \
+		notebooks tests --ignore=tests/browser || { $(PYTEST_EXIT); }
 	$(PYTEST) -m "serial and not soak" tests --ignore=tests/browser || { $(PYTEST_EXIT); }
 
 # For contributors, under 90 s: the unit tests that start no process (not marked slow or
@@ -73,6 +82,12 @@ test-unit: setup
 # none may abort at exit). About 5 minutes; .ci/run runs it after make test.
 test-soak: setup
 	$(PYTEST) -m soak tests --ignore=tests/browser || { $(PYTEST_EXIT); }
+
+# The tests that flaked on a loaded two-core machine, RUNS times in a row under a load of two
+# busy cores (stress-ng --cpu 2 where installed): benchmarks/flakes.sh. Long: minutes a run.
+RUNS ?= 10
+test-flakes: setup
+	PYTHON=$(BIN)/python bash benchmarks/flakes.sh $(RUNS)
 
 test-notebooks: setup
 	$(PYTEST) $(XDIST) $(NBVAL) notebooks || { $(PYTEST_EXIT); }

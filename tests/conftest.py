@@ -101,3 +101,56 @@ def _guarded(item):
 # The set-up too: a fixture may be what starts the process.
 pytest_runtest_setup = pytest.hookimpl(hookwrapper=True)(_guarded)
 pytest_runtest_call = pytest.hookimpl(hookwrapper=True)(_guarded)
+
+
+# ------------------------------------------------------------------------ shared reference runs
+
+#: The environment of every shared run: a warning raised by a line of the exercise file (the
+#: ranks run it as ``__main__``) becomes an error (``test_exercise_warnings``); a run that warns
+#: nowhere in that file is the same run as without it.
+WARNINGS_ARE_ERRORS = {"PYTHONWARNINGS": "error::Warning:__main__"}
+
+
+@pytest.fixture(scope="session")
+def shared_run(tmp_path_factory):
+    """``shared_run(target, nprocs, args=...)``: the RunResult of one real launch of ``target``
+    (quiet, a fresh working folder, ``WARNINGS_ARE_ERRORS``), made once per (file content,
+    nprocs, args, env, backend) for the whole test run and read by every test that names the
+    same launch, in whichever pytest-xdist worker it runs. ``"{tmp}"`` in an argument is a fresh
+    folder of that run. Each caller gets its own copy of the result (unpickled), so a test that
+    edits one changes nothing for the others. The timeout is a safety net only.
+    ``with_load=True``: ``(result, the load average when the run ended)``."""
+    import fcntl
+    import hashlib
+    import pickle
+
+    import ddplab
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # one folder for all the workers of this run
+    root = base / "shared-runs"
+    root.mkdir(exist_ok=True)
+
+    def run(target, nprocs: int = 2, *, args=(), env=None, backend=None, timeout=600,
+            with_load=False):
+        target = Path(target).resolve()
+        env = {**WARNINGS_ARE_ERRORS, **(env or {})}
+        spec = repr((str(target), nprocs, tuple(map(str, args)), sorted(env.items()), backend))
+        key = hashlib.sha256(target.read_bytes() + spec.encode()).hexdigest()[:16]
+        folder, saved = root / key, root / f"{key}.pickle"
+        with open(root / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one launch; the others wait for its result
+            if not saved.exists():
+                for made in ("cwd", "tmp"):
+                    (folder / made).mkdir(parents=True)
+                result = ddplab.launch(
+                    str(target), nprocs, quiet=True, live=False, timeout=timeout,
+                    env=env, backend=backend, cwd=str(folder / "cwd"),
+                    args=[str(a).replace("{tmp}", str(folder / "tmp")) for a in args])
+                (folder / "spec.txt").write_text(spec)
+                saved.write_bytes(pickle.dumps((result, os.getloadavg()[0])))
+        result, load = pickle.loads(saved.read_bytes())
+        return (result, load) if with_load else result
+
+    return run

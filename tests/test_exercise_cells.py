@@ -133,7 +133,8 @@ def launch_args(code: str, work: Path) -> list:
 @pytest.mark.slow
 @pytest.mark.parametrize("notebook, index, code, before", LAUNCHES,
                          ids=[f"{n}-{i}" for n, i, _, _ in LAUNCHES])
-def test_the_stated_duration_is_that_of_a_measured_run(notebook, index, code, before, tmp_path):
+def test_the_stated_duration_is_that_of_a_measured_run(notebook, index, code, before,
+                                                       shared_run):
     """The reference solution, launched as the cell launches the learner's, runs no longer than
     FACTOR times what the cell states (a cell that says "about 5 s" for a minute's run misleads).
     This machine's load only slows a run, so the bound grows with it (load average per core).
@@ -141,14 +142,13 @@ def test_the_stated_duration_is_that_of_a_measured_run(notebook, index, code, be
     seconds), and a launch after it can take a fraction of a second."""
     import os
 
-    import ddplab
-
     claimed = float(re.search(r"about\s+(\d+)\s+s\b", before).group(1))
     solution = ROOT / "tests" / "solutions" / re.search(r"exercises/(\w+\.py)", code).group(1)
-    result = ddplab.launch(str(solution), NOTEBOOK_NAMES["NPROCS"], quiet=True, timeout=900,
-                           args=launch_args(code, tmp_path))   # a safety net, not a measure
+    result, load = shared_run(solution, NOTEBOOK_NAMES["NPROCS"],   # "{tmp}": a fresh folder
+                              args=launch_args(code, Path("{tmp}")), timeout=900,
+                              with_load=True)   # the load when it ran, maybe for another test
     assert result.ok, result.error
-    busy = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    busy = max(1.0, load / (os.cpu_count() or 1))
     assert result.wall_time <= claimed * FACTOR * busy, (
         f"{notebook} cell {index} says about {claimed:.0f} s; the reference ran "
         f"{result.wall_time:.1f} s here (load {busy:.1f} per core)")

@@ -17,19 +17,22 @@ ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "tests" / "solutions"
 
 
-def run(path: Path, nprocs: int) -> RunResult:
-    result = ddplab.launch(str(path), nprocs, quiet=True, live=False, timeout=300)
-    assert result.ok, result.error
-    return result
+@pytest.fixture(scope="module")
+def run(shared_run):
+    def ran(path: Path, nprocs: int) -> RunResult:
+        result = shared_run(path, nprocs)   # one launch, shared with the other exercise tests
+        assert result.ok, result.error
+        return result
+    return ran
 
 
 @pytest.fixture(scope="module")
-def amp_solution() -> RunResult:
+def amp_solution(run) -> RunResult:
     return run(SOLUTIONS / "amp.py", 2)
 
 
 @pytest.fixture(scope="module")
-def collective_solution() -> RunResult:
+def collective_solution(run) -> RunResult:
     return run(SOLUTIONS / "collective.py", 4)
 
 
@@ -57,7 +60,7 @@ def test_both_exercises_are_registered_with_their_skeletons():
 # ----------------------------------------------------------------------------- 06
 
 
-def test_amp_skeleton_runs_and_is_judged_wrong():
+def test_amp_skeleton_runs_and_is_judged_wrong(run):
     verdict = ddplab.check("06", run(judges.skeleton_path("06"), 2))
     assert not verdict
     assert "without autocast" in verdict.message and "TODO 3" in verdict.message
@@ -133,7 +136,7 @@ def test_amp_facts_missing_from_a_rank_are_reported(amp_solution):
 # ----------------------------------------------------------------------------- 08
 
 
-def test_collective_skeleton_runs_and_is_judged_wrong():
+def test_collective_skeleton_runs_and_is_judged_wrong(run):
     verdict = ddplab.check("08", run(judges.skeleton_path("08"), 4))
     assert not verdict
     assert "dist.all_reduce" in verdict.message and "TODO 1" in verdict.message

@@ -23,10 +23,13 @@ KEYS = {"03": "ddp_wrap.py", "03b": "accumulate.py", "04": "sampler.py",
         "05": "checkpoint.py"}
 
 
-def run(path: Path, nprocs: int = 2) -> RunResult:
-    result = ddplab.launch(str(path), nprocs, quiet=True, live=False, timeout=300)
-    assert result.ok, result.error
-    return result
+@pytest.fixture(scope="module")
+def run(shared_run):
+    def ran(path: Path, nprocs: int = 2) -> RunResult:
+        result = shared_run(path, nprocs)   # one launch, shared with the other exercise tests
+        assert result.ok, result.error
+        return result
+    return ran
 
 
 def with_events(result: RunResult, name: str, change) -> RunResult:
@@ -40,7 +43,7 @@ def with_events(result: RunResult, name: str, change) -> RunResult:
 
 
 @pytest.fixture(scope="module")
-def solutions() -> dict[str, RunResult]:
+def solutions(run) -> dict[str, RunResult]:
     return {key: run(SOLUTIONS / name) for key, name in KEYS.items()}
 
 
@@ -74,7 +77,7 @@ def test_solution_is_judged_right(key, solutions):
     ("04", ["every rank read all 1347 samples", "DistributedSampler", "TODO 1"]),
     ("05", ["rank 0 wrote 0 checkpoint(s) for 2 saves", "TODO 1"]),
 ])
-def test_untouched_skeleton_runs_and_is_judged_wrong_with_a_hint(key, words):
+def test_untouched_skeleton_runs_and_is_judged_wrong_with_a_hint(key, words, run):
     verdict = ddplab.check(key, run(judges.skeleton_path(key)))
     assert not verdict
     for word in words:
