@@ -2,7 +2,7 @@
 
 Exercise 03b: gradient accumulation in DDP, one all-reduce per step. One function to write.
 
-Run it from notebook 03 (about 5 s; a hang is ended after 60 s, and the judge says where each
+Run it from notebook 03b (about 5 s; a hang is ended after 60 s, and the judge says where each
 rank waited), or from the repository root::
 
     python -m ddplab launch --nproc-per-node 2 --timeout 60 exercises/accumulate.py
