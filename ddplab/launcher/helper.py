@@ -170,6 +170,7 @@ def main() -> None:
         sock.sendall(b'{"ready": true}')
         serve(sock, agents)
     finally:  # the caller is gone: end every launch it started, and what they left anywhere
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (its death signal may come meanwhile)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for pid in list(agents):
             kill_group(pid, signal.SIGKILL)

@@ -24,15 +24,13 @@ from .jobs import Job
 from .procs import signal_process, start_time
 
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:? ?")
-#: ``DDPLAB_KEEP_LINES=N``: keep only about the last N lines of each rank's output, each cut to
-#: ``LONGEST_LINE`` characters (and end a line that grows past ``LONGEST_PARTIAL`` bytes
-#: without a newline), so that a rank that prints without end costs bounded memory
-#: (``ddplab check`` sets it); unset or 0: keep every line whole.
+#: ``DDPLAB_KEEP_LINES=N`` (``ddplab check``): keep about the last N lines of each rank, each
+#: cut to ``LONGEST_LINE`` characters (a line without end cut at ``LONGEST_PARTIAL`` bytes).
 LONGEST_LINE, LONGEST_PARTIAL = 8192, 1 << 22
 
 
 class Streams:
-    """Read every job's pipes in the calling thread: lines, events, reports."""
+    """Read every job's connections and pipes in the calling thread: lines, events, reports."""
 
     def __init__(self, jobs: list[Job], view: Any,
                  on_event: Optional[Callable[[dict[str, Any]], None]] = None) -> None:

@@ -78,13 +78,13 @@ _WITH_PARENT = ("import ctypes, os, sys\n"
                 "os.execv(sys.argv[3], sys.argv[3:])\n")
 
 
-def kill_marked(name: str, value: str, keep: int = 0) -> None:
-    """SIGKILL every process whose environment holds ``name=value`` (not this one, ``keep``)."""
+def kill_marked(name: str, value: str) -> None:
+    """SIGKILL every process but this one whose environment holds ``name=value``."""
     if not value:
         return
     mark = f"{name}={value}".encode()
     for pid in process_table():
-        if pid in (os.getpid(), keep):
+        if pid == os.getpid():
             continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as environ:
@@ -119,12 +119,8 @@ def process_table(pgid: int = 0) -> dict[int, tuple[int, int]]:
 
 
 def group_running(pgid: int) -> bool:
-    """True while a process of group ``pgid`` runs.
-
-    A zombie does not count: an orphan of the job (multiprocessing's resource tracker, say)
-    waits as a zombie until PID 1 reaps it, which takes a second in some containers and
-    forever in others.
-    """
+    """True while a process of group ``pgid`` runs; not a zombie: an orphan of the job waits
+    as one until PID 1 reaps it, a second in some containers and forever in others."""
     try:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
@@ -152,13 +148,9 @@ def cmdline(pid: int) -> str:
 
 
 def socket_folder(prefix: str) -> str:
-    """A new private (0700) temporary folder for UNIX sockets, removed at exit.
-
-    In the usual temporary folder, or in /tmp where that one's path is too long for a socket's
-    (104 bytes on macOS, whose per-user TMPDIR is long). Its name holds its owner's pid and
-    start time: folders of owners that died without removing theirs (a killed kernel) are
-    removed here, at the next start.
-    """
+    """A new private (0700) temporary folder for UNIX sockets, removed at exit; in /tmp where
+    the temporary folder's path is too long for a socket's (macOS). Its name holds its owner's
+    pid and start time: those of owners that died (a killed kernel) are removed here."""
     import atexit
     import shutil
     import tempfile
