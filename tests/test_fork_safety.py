@@ -2,10 +2,10 @@
 
 A worker forked while the agent's TCPStore server thread was inside ``getnameinfo`` (it
 accepts each peer that way) inherited libc's resolver lock held and hung on its own first
-connection: about one 4-rank launch in 200 on torch 2.14, one in 15 on torch 2.6. The store
-now lives in the helper's store host (``ddplab.launcher.stores``), on the loopback address and
-on any other (tested on this machine's own address where it has one), for one node and for
-several.
+connection: about one 4-rank launch in 200 on torch 2.14, one in 15 on torch 2.6. Now the
+agent's own store is an in-process ``HashStore`` and rank 0 serves the workers' store, on the
+loopback address and on any other (tested on this machine's own address where it has one);
+several nodes run as a cold torchrun, whose ranks execute a fresh program after the fork.
 """
 
 from __future__ import annotations
@@ -14,17 +14,13 @@ import json
 import socket
 import subprocess
 import sys
-import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from torch.distributed import TCPStore
 
 import ddplab
 from ddplab import env, launch
-from ddplab.launcher import stores
 from ddplab.launcher.procs import process_table
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -63,8 +59,15 @@ def test_with_the_c10d_rendezvous_no_store_server_runs_in_the_agent(how):
         results = [launch(PROBE, 2, max_restarts=1, quiet=True, timeout=120)]
     threads = forkers(results)
     assert sorted(threads) == list(range(len(threads))) and len(threads) >= 2
-    assert not [name for names in threads.values() for name in names
-                if name.startswith("pt_tcpstore")], threads
+    assert not store_threads(results), threads
+
+
+def store_threads(results: list) -> list:
+    """The store server threads of the processes that forked a rank that did not then
+    execute a program of its own (a torchrun subprocess's ranks do)."""
+    execed = forkers(results, "execed")
+    return [name for rank, names in forkers(results).items() for name in names
+            if name.startswith("pt_tcpstore") and not execed[rank]]
 
 
 def own_address() -> str:
@@ -87,10 +90,7 @@ def test_on_an_address_that_is_not_loopback_the_store_is_kept_out_of_the_agent_t
                     timeout=120)
     threads = forkers([result])
     assert sorted(threads) == [0, 1]
-    assert not [name for names in threads.values() for name in names
-                if name.startswith("pt_tcpstore")], threads
-    if not restarts:  # (the c10d rendezvous keeps its own keep-alive thread)
-        assert all(len(names) == 1 for names in threads.values()), threads
+    assert all(len(names) == 1 for names in threads.values()), threads
 
 
 def test_two_nodes_meeting_on_an_address_that_is_not_loopback_keep_the_store_out_too():
@@ -107,14 +107,11 @@ def test_two_nodes_meeting_on_an_address_that_is_not_loopback_keep_the_store_out
         for node in nodes:
             node.kill()
     assert [node.returncode for node in nodes] == [0, 0], outputs
-    threads = {}
-    for line in "".join(outputs).splitlines():
-        if "forker " in line:
-            info = json.loads(line.split("forker ", 1)[1])
-            threads[info["rank"]] = info["threads"]
-    assert sorted(threads) == [0, 1], outputs
-    assert not [name for names in threads.values() for name in names
-                if name.startswith("pt_tcpstore")], threads
+    infos = [json.loads(line.split("forker ", 1)[1])
+             for line in "".join(outputs).splitlines() if "forker " in line]
+    assert sorted(info["rank"] for info in infos) == [0, 1], outputs
+    assert not [name for info in infos if not info["execed"] for name in info["threads"]
+                if name.startswith("pt_tcpstore")], infos
 
 
 def test_a_lone_node_on_an_address_its_hostname_does_not_name_hosts_its_own_store(monkeypatch):
@@ -122,27 +119,3 @@ def test_a_lone_node_on_an_address_its_hostname_does_not_name_hosts_its_own_stor
     monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
     result = launch(PROBE, 2, master_addr=address, max_restarts=1, quiet=True, timeout=120)
     assert result.ok, result.error
-
-
-def test_the_store_host_serves_a_store_until_its_agent_lets_go():
-    stores.start_store_host()
-    try:
-        stores.connect_agent()
-        with pytest.raises(RuntimeError, match="rendezvous store could not start"):
-            stores.serve_store("127.0.0.1", -1, timedelta(seconds=10))
-        port = stores.serve_store("127.0.0.1", 0, timedelta(seconds=10))
-        client = TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=10))
-        client.set("asked", "answered")
-        assert client.get("asked") == b"answered"
-        del client
-        stores.close_agent_connection()  # what the agent's exit does
-        for _ in range(100):             # the host drops the store: nobody listens
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) != 0:
-                    break
-            time.sleep(0.05)
-        else:
-            pytest.fail(f"port {port} still served after its agent let go")
-    finally:
-        stores.stop_store_host()
-    assert stores.store_host_pid() is None

@@ -123,30 +123,42 @@ def test_the_projects_grep_finds_nothing_and_no_switch_turns_a_fix_off():
     assert hits == []
 
 
-def test_the_rendezvous_handlers_come_from_torchs_public_registry():
-    from torch.distributed import TCPStore
-    from torch.distributed.elastic.rendezvous import (
-        RendezvousParameters,
-        rendezvous_handler_registry,
-    )
+HANDLER = """
+import json, socket
+from datetime import timedelta
+from torch.distributed import TCPStore
+from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
+from ddplab.launcher import agent
 
-    from ddplab.launcher import stores
+rendezvous_handler_registry.register(agent.RDZV_BACKEND, agent._one_node_handler())
+handler = rendezvous_handler_registry.create_handler(RendezvousParameters(
+    backend="ddplab", endpoint="127.0.0.1:0", run_id="one", min_nodes=1, max_nodes=1))
+info = handler.next_rendezvous()
+info.store.set("from the agent", "kept")
+where = info.bootstrap_store_info
+worker = TCPStore(where.master_addr, where.master_port, None, False, timedelta(seconds=10))
+worker.set("from a worker", "seen")
+seen = worker.get("from a worker").decode()
+again = handler.next_rendezvous().bootstrap_store_info  # a restarted round
+with socket.socket() as probe:
+    old_gone = probe.connect_ex((where.master_addr, where.master_port)) != 0
+print(json.dumps([info.rank, info.world_size, handler.use_agent_store,
+                  info.store.get("from the agent").decode(), where.master_addr,
+                  seen, again.master_port != where.master_port,
+                  old_gone]))
+"""
 
-    stores.register_rendezvous()
-    stores.start_store_host()
-    try:
-        stores.connect_agent()
-        handler = rendezvous_handler_registry.create_handler(RendezvousParameters(
-            backend="ddplab", endpoint="127.0.0.1:0", run_id="one", min_nodes=1, max_nodes=1))
-        info = handler.next_rendezvous()
-        assert (info.rank, info.world_size, handler.use_agent_store) == (0, 1, True)
-        port = info.bootstrap_store_info.master_port  # what the workers are told
-        info.store.set("from the agent", "seen")
-        worker = TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=10))
-        assert worker.get("one/from the agent") == b"seen"  # one store, shared
-    finally:
-        stores.close_agent_connection()
-        stores.stop_store_host()
+
+def test_the_rendezvous_handler_comes_from_torchs_public_registry():
+    """The agent's store is in-process (no server thread in the process that forks the ranks);
+    each round a process of the agent's serves a fresh workers' store, on loopback here."""
+    import json
+
+    out = subprocess.run([sys.executable, "-c", HANDLER], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == [0, 1, True, "kept", "127.0.0.1", "seen",
+                                                       True, True]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

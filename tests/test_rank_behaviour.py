@@ -210,10 +210,10 @@ def test_a_directory_without_main_is_refused_with_what_to_do(tmp_path):
 @pytest.mark.parametrize("engine", ["torchrun", "subprocess", "spawn", "spawn-not-linux"])
 def test_every_ranks_long_lines_arrive_whole_and_attributed_under_every_engine(
         engine, monkeypatch):
-    """Both engines, and the torchrun subprocess (the path off Linux), whose ``--tee`` copies
-    a line a rank has not finished yet (``print`` writes the text, then the newline) in
-    pieces, from one thread per rank. Off Linux the spawn engine's ranks connect to a socket
-    with a path (there is no abstract namespace)."""
+    """Both engines, and the torchrun subprocess (the path off Linux): each rank's streams are
+    connections of its own, so a line a rank has not finished yet (``print`` writes the text,
+    then the newline) is never cut by another's. Off Linux the ranks connect to a socket with
+    a path (there is no abstract namespace)."""
     if engine == "subprocess":
         monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
     if engine == "spawn-not-linux":

@@ -5,9 +5,11 @@
     caller (notebook kernel)            api, spec, jobs, output, results, causes
       |-- Linux, one node: helper --> agent per launch --> ranks
       |       helper.py (imported torch once)  agent.py (torch's elastic_launch, fork)
-      |       `-- store host (stores.py)       entry.py (each rank's first frame)
-      `-- elsewhere, or engine "spawn": a subprocess (fallback.py)
+      |                                        entry.py (each rank's first frame)
+      `-- elsewhere, several nodes, or engine "spawn": a subprocess (fallback.py)
               python -m torch.distributed.run --> ranks (entry.py), or python script.py
 
-``procs`` holds the process plumbing all of them share. Importing this package imports nothing.
+One output route on every path: each rank (and the agent) connects its stdout and stderr to
+the caller's socket for the job and says who it is. ``procs`` holds the process plumbing all of
+them share. Importing this package imports nothing.
 """

@@ -1,9 +1,12 @@
 """One elastic agent per launch, forked by the helper: torchrun's engine with forked ranks.
 
-``run_agent`` makes the child a session of its own, then calls PyTorch's ``elastic_launch``
-with ``start_method="fork"``; each rank runs ``entry.run_rank``. Exit statuses are read as
-ranks end (``_note_exits``), completed by torch's ``ChildFailedError``, and sent back in one
-JSON report, by pid.
+``run_agent`` makes the child a session of its own, sends its output to the caller's socket,
+then calls PyTorch's ``elastic_launch`` with ``start_method="fork"``; each rank runs
+``entry.run_rank``. The rendezvous is ``OneNode``, registered with torch's public
+``rendezvous_handler_registry``: the agent's store is an in-process ``HashStore``, and the
+workers' store is served by a process the agent forks for each round: a rank forked while a
+store's server thread holds a libc lock would hang, so the agent never runs one. Exit statuses are read as ranks end (``_note_exits``), completed by
+torch's ``ChildFailedError``, and sent back as the agent's last line, a ``report`` event.
 """
 
 from __future__ import annotations
@@ -11,78 +14,66 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import sys
 import time
 import traceback
 from typing import Any
 
-from . import entry, stores
-from .procs import close_quietly, set_parent_death_signal, write_all
+from ..events import MARKER
+from . import entry
+from .procs import connect_streams, set_parent_death_signal
 
+RDZV_BACKEND = "ddplab"
 _EXITS: dict[int, tuple[int, float]] = {}  # pid -> (exit code or -signal, time it ended)
 
 
-def run_agent(req: dict[str, Any], fds: list[int], helper: int) -> None:
-    """Body of the forked agent child: run one elastic launch, write a JSON report, exit."""
-    report_fd, log_fd, rank_fds = fds[0], fds[1], fds[2:]
+def run_agent(req: dict[str, Any], helper: int) -> None:
+    """Body of the forked agent child: run one elastic launch, report on stdout, exit."""
     os.setsid()
     set_parent_death_signal()
     if os.getppid() != helper:  # the helper died before the line above: so must this launch
         os._exit(70)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    close_quietly(log_fd)
+    os.environ.update(req.get("env") or {})
+    connect_streams("launcher")
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
-    os.environ.update(req.get("env") or {})
     if req.get("cwd"):
         os.chdir(req["cwd"])
     signal.signal(signal.SIGCHLD, _note_exits)
     report: dict[str, Any]
     try:
-        stores.connect_agent(own_group=True)
-        report = _elastic_run(req, rank_fds, report_fd)
+        report = _elastic_run(req)
     except BaseException as exc:  # the report must always be written
         report = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
                   "traceback": traceback.format_exc()}
     _note_exits()
-    report["exits"] = {str(pid): ended for pid, ended in _EXITS.items()}
-    sys.stdout.flush()
+    report.update(kind="report", exits={str(pid): ended for pid, ended in _EXITS.items()})
     sys.stderr.flush()
-    write_all(report_fd, json.dumps(report).encode())
+    print(MARKER + json.dumps(report), flush=True)
     os._exit(0)
 
 
-def _elastic_run(req: dict[str, Any], rank_fds: list[int], report_fd: int) -> dict[str, Any]:
-    """Call PyTorch's elastic launcher exactly as torchrun would, with forked workers."""
+def _elastic_run(req: dict[str, Any]) -> dict[str, Any]:
+    """Call PyTorch's elastic launcher as torchrun would, with forked workers."""
     import logging
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
     from torch.distributed.launcher.api import elastic_launch
 
     # ddplab reports failures itself, rank by rank; torch's copy of them is noise here.
     # (Workers inherit this through fork; the rank entry turns logging back on.)
     logging.disable(logging.ERROR)
-    nnodes = int(req["nnodes"])
-    configs: dict[str, Any] = {"timeout": int(req.get("rdzv_timeout", 900))}
-    if nnodes == 1:
-        backend = stores.RDZV_BACKEND
-    else:
-        backend = stores.RDZV_NODES_BACKEND
-        # Node 0 hosts the store; torch would guess from the hostname, and a guess that misses
-        # leaves a lone node waiting for a server nobody starts.
-        configs["is_host"] = int(req["node_rank"]) == 0
+    rendezvous_handler_registry.register(RDZV_BACKEND, _one_node_handler())
     config = launch_config(
-        min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=int(req["nproc_per_node"]),
-        run_id=req["run_id"], rdzv_backend=backend, rdzv_endpoint=req["rdzv_endpoint"],
-        rdzv_configs=configs, max_restarts=int(req.get("max_restarts", 0)),
-        monitor_interval=0.01, start_method="fork", local_addr=req.get("local_addr"),
-        shutdown_timeout=int(req.get("shutdown_timeout", 5)),
-    )
+        min_nodes=1, max_nodes=1, nproc_per_node=int(req["nproc_per_node"]),
+        run_id=req["run_id"], rdzv_backend=RDZV_BACKEND, rdzv_endpoint=req["rdzv_endpoint"],
+        max_restarts=int(req.get("max_restarts", 0)), monitor_interval=0.01,
+        start_method="fork", shutdown_timeout=5)
     try:
-        elastic_launch(config, entry.run_rank)(req["target"], req["args"], rank_fds,
-                                               int(req["threads"]), [report_fd])
+        elastic_launch(config, entry.run_rank)(req["target"], req["args"], int(req["threads"]))
     except ChildFailedError as err:
         for failure in err.failures.values():  # what this agent's accounting did not see
             _EXITS.setdefault(failure.pid, (failure.exitcode, float(failure.timestamp)))
@@ -90,12 +81,104 @@ def _elastic_run(req: dict[str, Any], rank_fds: list[int], report_fd: int) -> di
     return {"status": "ok"}
 
 
-def _note_exits(_sig: Any = None, _frame: Any = None) -> None:
-    """Record the exit status of every child that has ended, leaving it to be reaped.
+def _one_node_handler() -> Any:
+    """The ``ddplab`` rendezvous handler class: one node, rank 0 of 1 (see the docstring)."""
+    from torch.distributed import HashStore, PrefixStore
+    from torch.distributed.elastic.rendezvous import (RendezvousHandler, RendezvousInfo,
+                                                      RendezvousParameters,
+                                                      RendezvousStoreInfo)
 
-    ``waitid(..., WNOWAIT)`` reads a child's status without reaping it, so torch's own
-    process context still joins it as usual. Runs on SIGCHLD, in the agent's main thread.
+    class OneNode(RendezvousHandler):
+        def __init__(self, params: RendezvousParameters) -> None:
+            host, _, port = params.endpoint.rpartition(":")
+            self.host, self.port, self.run_id = host or "127.0.0.1", int(port or 0), params.run_id
+            self.server = 0
+
+        def next_rendezvous(self) -> Any:
+            # Each round a fresh store: a restarted round must not read the failed one's
+            # addresses (pytorch/pytorch#135712). A port given is the first round's.
+            port = 0 if self.server else self.port
+            if self.server:
+                os.kill(self.server, signal.SIGKILL)  # (a child of this agent: not reaped)
+            self.server, port = serve_store(self.host, port)
+            return RendezvousInfo(PrefixStore(self.run_id, HashStore()), 0, 1,
+                                  RendezvousStoreInfo(self.host, port))
+
+        def get_backend(self) -> str:
+            return RDZV_BACKEND
+
+        @property
+        def use_agent_store(self) -> bool:
+            return True  # the workers are clients of the store rank 0 serves there
+
+        def is_closed(self) -> bool:
+            return False
+
+        def set_closed(self) -> None:
+            pass
+
+        def num_nodes_waiting(self) -> int:
+            return 0
+
+        def get_run_id(self) -> str:
+            return self.run_id
+
+        def shutdown(self) -> bool:
+            return True
+
+    return OneNode
+
+
+def serve_store(host: str, port: int) -> tuple[int, int]:
+    """Fork a process that serves the workers' store on ``host:port`` (0: any port) until
+    this one dies; its pid and the port.
+
+    torch's TCPStore binds every interface; handed a socket bound to the loopback address
+    (``master_listen_fd``; libuv's store takes one from torch 2.7 on) it listens there alone.
     """
+    import socket
+    from datetime import timedelta
+
+    import torch
+    from torch.distributed import TCPStore
+
+    said, says = os.pipe()
+    parent, pid = os.getpid(), os.fork()
+    if pid == 0:
+        try:
+            set_parent_death_signal()
+            if os.getppid() != parent:
+                os._exit(1)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            options: dict[str, Any] = {}
+            if host.startswith("127.") or host == "localhost":
+                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                listener.bind(("127.0.0.1", port))
+                listener.listen(128)
+                port = listener.getsockname()[1]
+                options["master_listen_fd"] = listener.detach()
+                if tuple(map(int, re.findall(r"\d+", torch.__version__)[:2])) < (2, 7):
+                    options["use_libuv"] = False
+            store = TCPStore(host, port, None, True, timedelta(seconds=900), **options)
+            os.write(says, str(store.port).encode())
+            os.close(says)
+            while True:
+                signal.pause()
+        finally:
+            os._exit(1)
+    os.close(says)
+    with os.fdopen(said, "rb") as pipe:
+        served = pipe.read().decode()
+    if not served.isdigit():
+        raise RuntimeError(f"the workers' store could not start on {host}:{port}")
+    return pid, int(served)
+
+
+def _note_exits(_sig: Any = None, _frame: Any = None) -> None:
+    """Record the exit status of every child that has ended (on SIGCHLD); ``WNOWAIT`` leaves
+    it for torch's own process context to reap."""
     for pid in _children():
         if pid in _EXITS:
             continue
@@ -122,16 +205,10 @@ def _children() -> list[int]:
 def launch_config(**options: Any) -> Any:
     """PyTorch's ``LaunchConfig`` for the installed torch, built without asking CUDA anything.
 
-    - Options this torch does not know are left out (``shutdown_timeout`` came in 2.7, for
-      example), so the same request works from the oldest supported torch to the newest.
-    - Since torch 2.8 ``LaunchConfig.__post_init__`` asks the accelerator how many devices there
-      are (``torch.accelerator.device_count()``) to pick default NUMA binding when
-      ``numa_options`` is None. That question initialises the CUDA runtime's device count, and
-      every process forked afterwards cannot use CUDA ("Cannot re-initialize CUDA in forked
-      subprocess"): our workers are forked from this process. Any value other than None skips
-      the question; it is then set back to None, so workers run unbound, as torchrun runs them
-      when the device count does not match. This reads and sets a public dataclass field of
-      the config ddplab builds, not of torch.
+    Options this torch does not know are left out (``shutdown_timeout`` came in 2.7). From
+    torch 2.8 on, a ``numa_options`` of None makes it ask the accelerator for its device
+    count, which would leave every rank forked from here unable to use CUDA: another value
+    skips the question, and the field (of ddplab's config) is then set back to None.
     """
     from torch.distributed.launcher.api import LaunchConfig
 
@@ -146,10 +223,8 @@ def launch_config(**options: Any) -> Any:
 
 
 def _numa_placeholder() -> Any:
-    """A ``numa_options`` value that only stops ``LaunchConfig`` from asking the accelerator.
-
-    (accelerate's ``notebook_launcher``, which also forks its workers, does the same.)
-    """
+    """A ``numa_options`` value that only stops ``LaunchConfig`` from asking the accelerator
+    (as accelerate's ``notebook_launcher``, which forks its workers too, does)."""
     try:
         from torch.numa.binding import AffinityMode, NumaOptions
 

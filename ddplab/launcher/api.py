@@ -1,17 +1,13 @@
 """``ddplab.launch``: run a script or module on N processes from a cell or a terminal.
 
-It starts the job with PyTorch's own engines (torchrun's elastic agent, or the script's own
-``mp.spawn``), prints every rank's output live, turns ``@ddplab`` event lines into progress
-and plots, and returns a ``RunResult``. Nothing outlives it: a timeout, an interrupt (raised
-again, carrying ``.result``), an error in the caller or the caller's death ends the whole job;
-on a timeout each rank still running first shows its Python stack.
-
+PyTorch's own engines run the job (torchrun's elastic agent, or the script's ``mp.spawn``);
+every rank's output shows live, events become progress and plots, a ``RunResult`` comes back.
+Nothing outlives it: a timeout (after each rank still running showed its stack), an interrupt
+(raised again, carrying ``.result``), an error in the caller or its death ends the whole job.
 Example::
 
     result = ddplab.launch("ddplab.workers.train", nprocs=2, args=["--epochs", "2"])
     assert result.ok, result.error
-
-Lessons: every notebook that runs workers; 07 for several nodes; 10 for stacks.
 """
 
 from __future__ import annotations
@@ -108,10 +104,8 @@ def launch_multinode(
     live: bool = False,
     port: Optional[int] = None,
 ) -> list[RunResult]:
-    """Pretend this machine is ``nnodes`` machines: one torchrun agent per "node".
-
-    Each agent starts as on a cluster (``--nnodes``, ``--node-rank``, one ``--rdzv-endpoint``
-    on 127.0.0.1); one ``RunResult`` per node, in node-rank order. Lesson: 07.
+    """Pretend this machine is ``nnodes`` machines: one torchrun per "node", started as on a
+    cluster (one rendezvous on 127.0.0.1); one ``RunResult`` per node, in node order. Lesson 07.
     """
     seconds = check_timeout(timeout, DEFAULT_TIMEOUT)
     port = port or _env.free_port()
@@ -161,11 +155,8 @@ def _prepare(spec: LaunchSpec) -> tuple[Callable[..., Job], dict[str, Any]]:
         extra["DDPLAB_BACKEND"] = str(spec.backend)
     extra.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", str(spec.threads)))
     if spec.nnodes > 1 or spec.max_restarts:
-        # Since torch 2.5 the workers share the c10d rendezvous's store by default (several
-        # nodes, or torchrun's own on the subprocess path): its server would then run in the
-        # agent that forks them (see ``stores``), and a restarted attempt reads the addresses
-        # the failed attempt published there, so it cannot connect (pytorch/pytorch#135712).
-        # A store of their own (rank 0 hosts it) avoids both.
+        # A torchrun subprocess's workers would share its c10d rendezvous's store (torch >= 2.5),
+        # and a restarted attempt read the failed one's addresses there (pytorch#135712).
         extra.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
                          os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"))
     if spec.host.startswith("127."):
@@ -186,14 +177,13 @@ def _prepare(spec: LaunchSpec) -> tuple[Callable[..., Job], dict[str, Any]]:
                 node_rank=spec.node_rank, endpoint=endpoint, run_id=run_id,
                 preload=_preload(spec.resolved), max_restarts=spec.max_restarts)
     why_not = why_no_fork()
-    if why_not is None:
+    if why_not is None and spec.nnodes == 1:
         return start_forked, fast
     return torchrun_subprocess(why_not, **fast)
 
 
 def _preload(target: str) -> bool:
-    """Whether the helper imports the training stack first (a notebook: yes, once; the
-    CLI's ``DDPLAB_PRELOAD_TRAINING=auto``: only for ddplab's own workers)."""
+    """Whether the helper imports the training stack first (``DDPLAB_PRELOAD_TRAINING``)."""
     mode = os.environ.get("DDPLAB_PRELOAD_TRAINING", "1")
     if mode == "auto":
         return target.startswith("ddplab.workers")
@@ -202,11 +192,8 @@ def _preload(target: str) -> bool:
 
 def _run(jobs: list[Job], view: Any, timeout: float,
          on_event: Optional[Callable[[dict[str, Any]], None]] = None) -> list[RunResult]:
-    """Stream every job's output until all end; end them all on timeout or interrupt.
-
-    Raises:
-        KeyboardInterrupt: again, after every process of every job has ended.
-    """
+    """Stream every job's output until all end; end them all on timeout or interrupt (then
+    raised again, once every process of every job has ended)."""
     start = time.monotonic()
     streams = Streams(jobs, view, on_event)
     interrupt: Optional[KeyboardInterrupt] = None

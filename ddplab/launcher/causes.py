@@ -1,9 +1,5 @@
-"""Why a job failed, read from its ranks' exit codes and output: the root cause and a hint.
-
-The rank that really failed is the first genuine failure, not a peer that only lost its
-connection to it; a failure ddplab recognises (nccl without GPUs, a torchrun-style script given
-to mp.spawn, an abort at the interpreter's exit) gets a hint that says what to do.
-"""
+"""Why a job failed, read from exit codes and output: the first genuine failure (not a peer
+that only lost its connection to it), and a hint where ddplab knows the fix."""
 
 from __future__ import annotations
 
@@ -24,13 +20,9 @@ _SECONDARY = torch_words.PEER_LOST.pattern
 class RankFailure:
     """Why one rank failed: exit code or signal, and the tail of its traceback.
 
-    ``rank`` is None when the process that failed is the launching process itself (engine
-    "spawn": the script that calls ``mp.spawn``), not one of the ranks; ``when`` then says
-    whether it had started any rank. ``hint`` says what to do about a failure ddplab
-    recognises (a torchrun-style script given to engine "spawn", nccl without GPUs, ...).
-    ``at_exit`` is True for a process that aborted while its interpreter was exiting
-    ("terminate called without an active exception"): its script had run, and what it reported
-    (events, output) is complete, but the process did not end cleanly.
+    ``rank`` is None for the launching process itself (an mp.spawn script; ``when`` says
+    whether it had started any rank). ``hint``: what to do, where ddplab knows. ``at_exit``:
+    it aborted while its interpreter exited, after its script had run (its report is whole).
     """
 
     rank: Optional[int]
@@ -66,11 +58,8 @@ def signal_name(code: Optional[int]) -> Optional[str]:
 
 def failures_from_output(code: int, logs: dict[Union[int, str], list[str]],
                          ranks_only: bool = False) -> list[RankFailure]:
-    """Failures of a subprocess job, read from torchrun's or mp.spawn's error report.
-
-    When the report names no rank, the launching process itself failed: one failure with
-    ``rank=None`` (none with ``ranks_only``).
-    """
+    """Failures of a subprocess job, read from torchrun's or mp.spawn's error report (none
+    named: the launching process failed, ``rank=None``, unless ``ranks_only``)."""
     if code == 0:
         return []
     text = "\n".join(logs.get("launcher", []))
@@ -98,13 +87,9 @@ def failures_from_output(code: int, logs: dict[Union[int, str], list[str]],
 
 def root_cause(failures: list[RankFailure],
                 exits: dict[int, tuple[int, float]]) -> RankFailure:
-    """The failure that came first and is not a peer's echo of it (e.g. "connection closed").
-
-    A rank killed by SIGTERM was stopped by the launcher after another rank failed, and a
-    rank that reports a closed connection lost a peer: both rank after a genuine failure, and
-    an abort at exit after a failure during the run. A failure of the launching process ranks
-    after its ranks' (mp.spawn fails when a rank did).
-    """
+    """The failure that came first and is not an echo of it: after genuine failures come a
+    lost peer or SIGTERM (the launcher stopping the rest), then an abort at exit, then the
+    launching process (mp.spawn fails when a rank did)."""
     def key(f: RankFailure) -> tuple[bool, bool, bool, float, int]:
         echo = bool(_SECONDARY.search(f.message + "\n" + f.traceback)) or f.signal == "SIGTERM"
         if f.rank is None:
@@ -139,14 +124,9 @@ EXIT_ABORT_HINT = (
 def mark_exit_aborts(failures: list[RankFailure], logs: dict[Union[int, str], list[str]],
                      exits: dict[int, tuple[int, float]],
                      stderr: Optional[dict[Union[int, str], list[str]]] = None) -> None:
-    """Tell an abort at the interpreter's exit from a crash during the run (``at_exit``).
-
-    A rank killed by SIGABRT aborted at exit if it had reported a clean end to the launcher
-    (ddplab's workers report their exit code before leaving), or if its output ends with the
-    C++ runtime's "terminate called without an active exception", followed at most by
-    Python's crash report of a process that was finishing (atexit handlers, finalization).
-    Its stderr is read alone where it was kept apart (stdout's lines may have been read later).
-    """
+    """Tell an abort at the interpreter's exit from a crash during the run (``at_exit``): a
+    SIGABRT after the rank said it ended cleanly, or after its stderr's last "terminate called
+    without an active exception" with at most a crash report of a finishing process after."""
     for failure in failures:
         if failure.signal != "SIGABRT":
             continue

@@ -1,9 +1,10 @@
-"""A rank's first frame: its own stdio, its stack on demand, then the target as ``__main__``.
+"""A rank's first frame: output to the caller, its stack on demand, the target as ``__main__``.
 
-``run_rank`` (forked ranks) and ``main`` (ranks of a torchrun subprocess) announce the rank and
-its pid (a ``rank`` event), dump every thread's stack at SIGUSR1 (``faulthandler``: a timeout
-names the line each rank waits at), run the target as ``python`` would, and say how it ended
-(an ``exit`` event). Only 0, 1 and 2 reach what a rank starts.
+``run_rank`` (ranks forked by the agent) and ``main`` (ranks of a torchrun subprocess) connect
+the rank's stdout and stderr to the caller's socket (saying which rank and pid they are), dump
+every thread's stack at SIGUSR1 (``faulthandler``: a timeout names the line each rank waits
+at), run the target as ``python`` would, and say how it ended (an ``exit`` event). Only 0, 1
+and 2 reach what a rank starts.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import zipfile
 from typing import Any, Callable
 
 from ..events import MARKER
-from .procs import close_on_exec_above_stdio, close_quietly, set_parent_death_signal
+from .procs import close_on_exec_above_stdio, connect_streams, set_parent_death_signal
 
 #: ``local_rank_arg`` values: the option ``torch.distributed.launch`` passed before torch 2.0
 #: (``--local_rank=N``) and since (``--local-rank=N``).
@@ -29,20 +30,16 @@ LOCAL_RANK_OPTIONS = {"underscore": "--local_rank", "dash": "--local-rank"}
 STACK_SIGNAL = signal.SIGUSR1
 
 
-def rank_argv(target: str, args: list[str]) -> list[str]:
-    """The rank's ``sys.argv``: the target, ``--local_rank=N`` if asked, then its arguments."""
-    option = LOCAL_RANK_OPTIONS.get(os.environ.get("DDPLAB_LOCAL_RANK_ARG", ""))
-    extra = [f"{option}={os.environ['LOCAL_RANK']}"] if option else []
-    return [target, *extra, *args]
+class _Rank:
+    """What the entry keeps: its stdout's identity, the script's exit handlers."""
+
+    pipe: tuple[int, int] = (0, 0)
+    exit_handlers: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
 
 
 def run_target(target: str, args: list[str]) -> None:
-    """Run a script path (file, directory or zip with ``__main__.py``) or a module name.
-
-    The process started before the rank's environment was set (a fork of the helper, or a
-    torchrun subprocess): the job's ``PYTHONPATH`` entries are put on ``sys.path``, and its
-    ``PYTHONWARNINGS`` become warning filters, as a fresh ``python`` would have done.
-    """
+    """Run a script path (file, directory or zip with ``__main__.py``) or a module name; the
+    job's ``PYTHONPATH`` and ``PYTHONWARNINGS`` apply as in a fresh ``python``."""
     import runpy
 
     for entry in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
@@ -51,7 +48,8 @@ def run_target(target: str, args: list[str]) -> None:
     for option in os.environ.get("PYTHONWARNINGS", "").split(","):
         if option.strip() and option not in sys.warnoptions:  # (a fresh python applied it)
             _warning_filter(option)
-    sys.argv = rank_argv(target, args)
+    option = LOCAL_RANK_OPTIONS.get(os.environ.get("DDPLAB_LOCAL_RANK_ARG", ""))
+    sys.argv = [target, *([f"{option}={os.environ['LOCAL_RANK']}"] if option else []), *args]
     if os.path.isabs(target):
         if os.path.isfile(target) and not zipfile.is_zipfile(target):
             sys.path.insert(0, os.path.dirname(target))  # (run_path adds a directory or zip)
@@ -59,13 +57,6 @@ def run_target(target: str, args: list[str]) -> None:
     else:
         sys.path.insert(0, os.getcwd())
         runpy.run_module(target, run_name="__main__", alter_sys=True)
-
-
-class _Rank:
-    """What the entry keeps about its rank: the pipe it reports on, the script's exit handlers."""
-
-    pipe: tuple[int, int] = (0, 0)
-    exit_handlers: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
 
 
 def _warning_filter(option: str) -> None:
@@ -93,21 +84,9 @@ def _warning_filter(option: str) -> None:
               file=sys.stderr)
 
 
-def run_rank(target: str, args: list[str], rank_fds: list[int], threads: int,
-             others: list[int]) -> None:
-    """Entry point of every rank (see the module's docstring); ``others``: fds to close."""
+def run_rank(target: str, args: list[str], threads: int) -> None:
+    """Entry point of every forked rank (see the module's docstring)."""
     set_parent_death_signal()
-    local_rank = int(os.environ["LOCAL_RANK"])
-    count = int(os.environ["LOCAL_WORLD_SIZE"])
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os.dup2(rank_fds[local_rank], 1)
-    os.dup2(rank_fds[count + local_rank], 2)
-    for fd in [*rank_fds, *others]:
-        close_quietly(fd)
-    from .stores import close_agent_connection
-
-    close_agent_connection()
     _announce()
     _like_a_fresh_process(threads)
     code: Any = 0
@@ -124,19 +103,17 @@ def run_rank(target: str, args: list[str], rank_fds: list[int], threads: int,
         raise
     finally:
         _finish_like_an_interpreter()
-        _say({"kind": "exit", "rank": int(os.environ["RANK"]), "code": code,
-              "time": time.time()})
+        _say_exit(code)
 
 
 def _announce() -> None:
-    """Line-buffered stdio, the ``rank`` event (rank and pid), the stack dump on SIGUSR1."""
+    """Output to the caller's socket, line-buffered; the stack dump on SIGUSR1."""
+    connect_streams(f"rank {os.environ['RANK']}")
     close_on_exec_above_stdio()
     stat = os.fstat(1)
     _Rank.pipe = (stat.st_dev, stat.st_ino)
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
-    _say({"kind": "rank", "rank": int(os.environ["RANK"]),
-          "local_rank": int(os.environ["LOCAL_RANK"]), "pid": os.getpid()})
     faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
 
 
@@ -173,11 +150,8 @@ def _like_a_fresh_process(threads: int) -> None:
 
 
 def _finish_like_an_interpreter() -> None:
-    """Do what ``python script.py`` does on its way out: flush, exit handlers, collect cycles.
-
-    Objects kept alive only by reference cycles (a process group's store, say) are finalised,
-    so a ``file://`` store does not stay behind after a clean job.
-    """
+    """Do what ``python script.py`` does on its way out: flush, exit handlers, collect cycles
+    (a ``file://`` store kept only by a cycle then goes too)."""
     _flush()
     while _Rank.exit_handlers:
         func, args, kwargs = _Rank.exit_handlers.pop()
@@ -198,12 +172,10 @@ def _flush() -> None:
             pass
 
 
-def _say(event: dict[str, Any]) -> None:
-    """Write one event line to the rank's pipe, whole, if fd 1 is still that pipe.
-
-    A script may close its stdout (``os.close(1)``) and the number may then name another
-    file: the line is then not written, and the rank's end is not a failure.
-    """
+def _say_exit(code: int) -> None:
+    """Tell the caller how the script ended (an ``exit`` event), if fd 1 is still the stream
+    ``_announce`` set up: a script may close its stdout, and the number then name another
+    file (the rank's end is then no failure)."""
     try:
         stat = os.fstat(1)
     except OSError:
@@ -211,6 +183,7 @@ def _say(event: dict[str, Any]) -> None:
     if (stat.st_dev, stat.st_ino) != _Rank.pipe:
         return
     _flush()
+    event = {"kind": "exit", "rank": int(os.environ["RANK"]), "code": code, "time": time.time()}
     try:
         os.write(1, (MARKER + json.dumps(event) + "\n").encode())
     except OSError:
@@ -229,15 +202,12 @@ def _print_user_traceback(exc: BaseException) -> None:
 def main() -> None:
     """``python -m ddplab.launcher.entry TARGET [ARGS...]``: a rank of a torchrun subprocess.
 
-    As ``run_rank`` on the fork path: the rank dies with torchrun (which starts each rank in a
-    session of its own, out of reach of the signal that ends torchrun's group), says which
-    rank and pid it is, dumps its stack at SIGUSR1, says how its script ended; then it leaves
-    as ``python script.py`` would, with the same exit status.
+    As ``run_rank``, then it leaves as ``python script.py`` would, with the same exit status.
     """
     if len(sys.argv) < 2:
         sys.exit("usage: python -m ddplab.launcher.entry TARGET [ARGS...] (a rank of a "
                  "torchrun that a ddplab launch started)")
-    set_parent_death_signal()
+    set_parent_death_signal()  # (torchrun starts each rank in a session of its own)
     if os.getppid() == 1:  # torchrun died before the line above
         sys.exit(1)
     _announce()
@@ -249,13 +219,12 @@ def main() -> None:
         if not isinstance(exc.code, (int, type(None))):
             print(exc.code, file=sys.stderr)
     except KeyboardInterrupt:  # python then ends the process by SIGINT
-        _say({"kind": "exit", "rank": int(os.environ["RANK"]), "code": -int(signal.SIGINT),
-              "time": time.time()})
+        _say_exit(-int(signal.SIGINT))
         raise
     except BaseException as exc:  # noqa: BLE001  (as python does: print it, exit 1)
         code = 1
         _print_user_traceback(exc)
-    _say({"kind": "exit", "rank": int(os.environ["RANK"]), "code": code, "time": time.time()})
+    _say_exit(code)
     sys.exit(code & 0xFF)
 
 

@@ -1,9 +1,10 @@
-"""The launch helper: a process that imported torch once and forks one agent per launch.
+"""The launch helper: a fresh interpreter that imported torch once and forks one agent a launch.
 
 The caller starts it once (``Helper.get``) as ``python -m ddplab.launcher.helper FD`` and sends
-it requests over a UNIX socket, with the write ends of the job's pipes. Every process below
-the caller dies with its parent (``PR_SET_PDEATHSIG``) and each agent leads a session of its
-own, so one ``killpg`` ends a launch and a Jupyter interrupt never reaches the workers.
+it one JSON request a launch over a UNIX socket; the answer names the request and the agent's
+pid. Each agent leads a session of its own, so one ``killpg`` ends a launch and a Jupyter
+interrupt never reaches the workers. When the caller goes (the socket closes, or SIGTERM at
+its death), the helper ends every launch and whatever carries its mark (``HELPER_TOKEN``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import resource
 import select
 import signal
 import socket
@@ -21,11 +21,10 @@ import threading
 import uuid
 from typing import Any, Optional
 
-from . import stores
-from .procs import close_quietly, kill_group, set_parent_death_signal
+from .procs import kill_group, kill_marked, set_parent_death_signal
 
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn", "torch.optim")
-FDS_PER_MESSAGE = 250  # Linux passes at most 253 descriptors in one message (SCM_MAX_FD)
+HELPER_TOKEN = "DDPLAB_HELPER"  # environment variable marking every process of one helper
 
 
 class Helper:
@@ -36,14 +35,11 @@ class Helper:
 
     def __init__(self, env: dict[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.sock = ours
-        self.next_id = 0
-        env = {**env, stores.HELPER_TOKEN: uuid.uuid4().hex}  # marks all it starts
+        self.sock, self.next_id = ours, 0
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ddplab.launcher.helper", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()], start_new_session=True,
-            stdin=subprocess.DEVNULL, cwd=os.getcwd(), env=env,
-        )
+            pass_fds=[theirs.fileno()], start_new_session=True, stdin=subprocess.DEVNULL,
+            cwd=os.getcwd(), env={**env, HELPER_TOKEN: uuid.uuid4().hex})
         theirs.close()
         try:
             self.sock.settimeout(300)
@@ -61,21 +57,17 @@ class Helper:
             cls._current = cls(env)
         return cls._current
 
-    def request(self, req: dict[str, Any], fds: list[int]) -> dict[str, Any]:
-        """Send one request and its descriptors (in several messages if many); its answer.
+    def request(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Send one request; its answer, which must carry the request's id.
 
-        Requests carry an id and the answer must name it. Any exception meanwhile (a Jupyter
-        interrupt while the helper imports the training stack, say) ends this helper, and
-        with it whatever it started for the request: the next launch starts a fresh one, so
-        no answer is ever read by the wrong launch.
+        Any exception meanwhile (a Jupyter interrupt while the helper imports the training
+        stack, say) ends this helper and what it started: the next launch starts a fresh one,
+        so no answer is ever read by the wrong launch.
         """
         self.next_id += 1
-        req = {**req, "id": self.next_id, "fds": len(fds)}
-        chunks = [fds[i:i + FDS_PER_MESSAGE] for i in range(0, len(fds), FDS_PER_MESSAGE)]
+        req = {**req, "id": self.next_id}
         try:
-            socket.send_fds(self.sock, [json.dumps(req).encode()], chunks[0] if chunks else [])
-            for chunk in chunks[1:]:
-                socket.send_fds(self.sock, [b"fds"], chunk)
+            self.sock.sendall(json.dumps(req).encode())
             reply = json.loads(self.sock.recv(1 << 16).decode() or "{}")
             if reply.get("id") != req["id"]:
                 raise RuntimeError(f"the ddplab launch helper answered {reply!r} to request "
@@ -86,107 +78,65 @@ class Helper:
             raise
 
     def end(self) -> None:
-        """End the helper (its agents and their ranks die with it, see ``stores``)."""
+        """End the helper; it ends its agents, and their ranks die with them."""
         if Helper._current is self:
             Helper._current = None
-        self.proc.kill()
+        self.proc.terminate()
         self.sock.close()
         try:
             self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # (a process in uninterruptible sleep)
-            pass
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 # --------------------------------------------------------------------------- helper side
 
 
-def serve(sock: socket.socket) -> None:
-    """Answer launch requests until the caller closes the socket, then end every launch."""
+def serve(sock: socket.socket, agents: set[int]) -> None:
+    """Answer launch requests until the caller closes the socket."""
     from .agent import run_agent
 
-    children: set[int] = set()
-    # Reap each agent the moment it exits: until then it is a zombie that still counts as a
-    # member of its process group, and the launcher waits for that group to be empty.
-    signal.signal(signal.SIGCHLD, lambda _sig, _frame: _reap(children))
+    # Reap each agent the moment it exits (a zombie still counts as a member of its group,
+    # and the caller waits for that group to be empty), and end what its ranks left there.
+    signal.signal(signal.SIGCHLD, lambda _sig, _frame: _reap(agents))
     while True:
-        _reap(children)
+        _reap(agents)
         if not select.select([sock], [], [], 0.2)[0]:
             continue
-        req, fds = _receive(sock)
+        try:
+            req = json.loads(sock.recv(1 << 22).decode() or "null")
+        except (OSError, ValueError):
+            req = None
         if req is None:
-            break
-        answer = {"id": req.get("id")}
-        if req.get("op") == "ping":
-            answer.update(pid=os.getpid(), store_host=stores.store_host_pid())
-            sock.sendall(json.dumps(answer).encode())
-            continue
-        preload(req.get("preload", ()))
-        refusal = fork_refusal()
-        if refusal:
-            for fd in fds:
-                close_quietly(fd)
-            sock.sendall(json.dumps({**answer, "refused": refusal}).encode())
-            continue
-        helper = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            sock.close()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            try:
-                run_agent(req, fds, helper)
-            finally:
-                os._exit(70)
-        for fd in fds:
-            close_quietly(fd)
-        children.add(pid)
-        sock.sendall(json.dumps({**answer, "pid": pid}).encode())
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # reaped below, not by the handler
-    for pid in list(children):  # the caller is gone: end every launch it started
-        kill_group(pid, signal.SIGKILL)
-    _reap(children, block=True)
-
-
-def _receive(sock: socket.socket) -> tuple[Optional[dict[str, Any]], list[int]]:
-    """One request and all its descriptors; (None, []) when the caller closed the socket."""
-    try:
-        msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, FDS_PER_MESSAGE)
-        if not msg:
-            return None, []
-        req = json.loads(msg.decode())
-        while len(fds) < int(req.get("fds", 0)):
-            _more, extra, _flags, _addr = socket.recv_fds(sock, 16, FDS_PER_MESSAGE)
-            if not extra:
-                raise OSError("the caller sent fewer descriptors than announced")
-            fds += extra
-    except OSError:
-        return None, []
-    return req, list(fds)
-
-
-def fork_refusal() -> str:
-    """Why forking workers from this process would be unsafe now ("" when it is safe).
-
-    A process that has initialised CUDA cannot be forked: CUDA does not work in the child
-    ("Cannot re-initialize CUDA in forked subprocess"). This helper never touches the GPU
-    itself, but a module named in ``DDPLAB_PRELOAD`` might. Without its store host, a rank
-    could be forked while a store's server thread holds a lock (see ``stores``).
-    """
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return ("CUDA is initialised in the launch helper (by a module in DDPLAB_PRELOAD?), "
-                "and workers forked from it could not use the GPU")
-    if stores.store_host_pid() is None:
-        return "the launch helper could not start its store host"
-    return ""
+            return
+        answer = {"id": req.get("id"), "pid": os.getpid()}
+        if req.get("op") == "launch":
+            preload(req.get("preload", ()))
+            torch = sys.modules.get("torch")
+            if torch is not None and torch.cuda.is_initialized():
+                answer["refused"] = ("CUDA is initialised in the launch helper (by a module in "
+                                     "DDPLAB_PRELOAD?), and workers forked from it could not "
+                                     "use the GPU")
+            else:
+                helper = os.getpid()
+                answer["pid"] = pid = os.fork()
+                if pid == 0:
+                    sock.close()
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    try:
+                        run_agent(req, helper)
+                    finally:
+                        os._exit(70)
+                agents.add(pid)
+        sock.sendall(json.dumps(answer).encode())
 
 
 def preload(names: Any) -> None:
     """Import modules now so that every forked agent and worker starts with them loaded.
 
-    Then freeze what exists (``gc.freeze``, as pre-forking servers do): the garbage collector
-    of every forked process skips the millions of objects torch brought in, so a worker's
-    collections only look at what its own script made (and do not touch, hence copy, the
-    helper's memory pages).
+    Then freeze what exists (``gc.freeze``, as pre-forking servers do): a worker's garbage
+    collections skip the millions of objects torch brought in (and do not copy their pages).
     """
     for name in names:
         if name and name not in sys.modules:
@@ -197,43 +147,36 @@ def preload(names: Any) -> None:
     gc.freeze()
 
 
-def _reap(children: set[int], block: bool = False) -> None:
-    for pid in list(children):
+def _reap(agents: set[int], block: bool = False) -> None:
+    for pid in list(agents):
         try:
             done, _status = os.waitpid(pid, 0 if block else os.WNOHANG)
         except ChildProcessError:
             done = pid
         if done:
-            children.discard(pid)
-
-
-def _more_descriptors() -> None:
-    """Raise this process's descriptor limit to the hard one: a 256-rank launch needs ~1,500."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError):
-            pass
+            agents.discard(pid)
+            kill_group(pid, signal.SIGKILL)  # (its pid names its group while one is left)
 
 
 def main() -> None:
     """``python -m ddplab.launcher.helper FD``: serve the caller on the inherited socket FD."""
-    set_parent_death_signal()
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(0))
+    set_parent_death_signal(signal.SIGTERM)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=int(sys.argv[1]))
-    _more_descriptors()
-    preload(PRELOAD + tuple(os.environ.get("DDPLAB_PRELOAD", "").split(",")))
-    stores.register_rendezvous()
+    agents: set[int] = set()
     try:
-        stores.start_store_host()
-    except OSError as exc:  # launches then go through a torchrun subprocess (fork_refusal)
-        print(f"ddplab: the launch helper has no store host ({exc})", file=sys.stderr)
-    sock.sendall(b'{"ready": true}')
-    try:
-        serve(sock)
-    finally:
-        stores.stop_store_host()
+        preload(PRELOAD + tuple(os.environ.get("DDPLAB_PRELOAD", "").split(",")))
+        sock.sendall(b'{"ready": true}')
+        serve(sock, agents)
+    finally:  # the caller is gone: end every launch it started, and what they left anywhere
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (its death signal may come meanwhile)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for pid in list(agents):
+            kill_group(pid, signal.SIGKILL)
+        kill_marked(HELPER_TOKEN, os.environ.get(HELPER_TOKEN, ""))
+        _reap(agents, block=True)
+        os._exit(0)  # (torch's exit handlers have nothing to do here)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,12 @@
-"""A started launch (``Job``): its pipes, its process group, how to end it.
+"""A started launch (``Job``): where its output comes from, its process group, how to end it.
 
 A job is one process group, the agent's (forked by the helper, ``start_forked``) or a
-subprocess's (``fallback``). It has ended when its agent reported or its subprocess exited;
-what the ranks left in the group is then ended, as torchrun's agent ends its workers.
+subprocess's (``fallback``). It has ended when its agent or its subprocess exited; what the
+ranks left in the group is then ended, as torchrun's agent ends its workers.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -18,9 +17,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from ..env import no_fork_reason
-from .helper import Helper
-from .procs import cmdline, group_running, kill_group, process_table, running, start_time
-from .stores import HELPER_TOKEN
+from .helper import HELPER_TOKEN, Helper
+from .procs import (cmdline, group_running, kill_group, process_table, rank_channel, running,
+                    start_time)
 
 # What training workers import on top of torch (DDP's constructor alone imports torch._dynamo,
 # seconds per process): the helper imports these once, so every later fork has them.
@@ -35,18 +34,14 @@ class Job:
     world_size: int
     engine: str
     pgid: int
-    sources: dict[int, Union[int, str]]  # fd -> rank label (local rank int) or "launcher"
+    sources: dict[int, Union[int, str]]  # fd -> rank, "launcher", or "accept" (the socket)
     node: str = ""
     err_fds: set[int] = field(default_factory=set)  # the sources that carry stderr
-    report_fd: Optional[int] = None
     popen: Optional[subprocess.Popen] = None
-    report: bytes = b""
-    report_done: bool = False
+    report: dict[str, Any] = field(default_factory=dict)  # the agent's last word
     nproc_per_node: int = 1
-    rank_of: dict[Union[int, str], int] = field(default_factory=dict)  # source label -> rank
-    pids: dict[int, int] = field(default_factory=dict)  # rank -> pid (its "rank" event)
+    pids: dict[int, int] = field(default_factory=dict)  # rank -> pid (it said so; stacks)
     started: dict[int, Optional[int]] = field(default_factory=dict)  # pid -> its start time
-    stack_pids: dict[int, int] = field(default_factory=dict)  # ranks that dump their stack
     said_exit: dict[int, tuple[int, float]] = field(default_factory=dict)  # its "exit" event
     workers_gone_at: Optional[float] = None
     stuck: bool = False
@@ -59,25 +54,15 @@ class Job:
     on_reap: Optional[Callable[[], None]] = None  # (a torchrun subprocess: end what it left)
 
     def ended(self) -> bool:
-        """True once the agent has reported (every rank exited) or the subprocess exited."""
+        """True once the agent (after every rank) or the subprocess has exited."""
         if self.popen is not None:
             return self.popen.poll() is not None
-        return self.report_done
-
-    def agent_report(self) -> dict[str, Any]:
-        """The agent's JSON report ({} when it died before writing one)."""
-        try:
-            return dict(json.loads(self.report.decode() or "{}"))
-        except ValueError:
-            return {}
+        return not running(self.pgid)
 
     def exits(self, before: float = math.inf) -> dict[int, tuple[int, float]]:
-        """rank -> (exit code, time): as the agent accounted them (by pid), else as the rank
-        said when its script ended (its own ``exit`` event: a rank that torch joined the
-        moment it ended may escape the agent's accounting, and a finished rank waits for its
-        peers before its process ends). ``before``: only the agent's facts older than that
-        (``time.time()``), as when a timeout came."""
-        by_pid = self.agent_report().get("exits", {})
+        """rank -> (exit code, time): the agent's accounting (by pid), else the rank's own
+        ``exit`` event; ``before``: only the agent's facts older than that (a timeout's)."""
+        by_pid = self.report.get("exits", {})
         found = dict(self.said_exit)
         found.update({rank: (int(by_pid[str(pid)][0]), float(by_pid[str(pid)][1]))
                       for rank, pid in self.pids.items()
@@ -87,8 +72,7 @@ class Job:
     def running_ranks(self) -> list[int]:
         """The ranks whose script still runs (a finished rank's process waits for its peers);
         of an mp.spawn script, those that ddplab.dist set up."""
-        ranks = self.pids if self.popen is None else self.stack_pids
-        return sorted(rank for rank, pid in ranks.items()
+        return sorted(rank for rank, pid in self.pids.items()
                       if running(pid) and rank not in self.said_exit)
 
     def workers_gone(self) -> bool:
@@ -104,14 +88,9 @@ class Job:
         return group_running(self.pgid)
 
     def watch_spawned(self, every: float = 0.2) -> None:
-        """Note the rank processes an ``mp.spawn`` script has started (engine "spawn").
-
-        A rank is a child of the script (or of its forkserver) that runs multiprocessing's
-        ``spawn_main``, or a fork of the script still running as the script two looks apart.
-        Other children are not ranks: the resource tracker, and short-lived programs the script
-        or its imports run (``import torch`` runs ``ldconfig -p``), which look like a fork of the
-        script until they execute. mp.spawn starts the ranks in rank order.
-        """
+        """Note the ranks an ``mp.spawn`` script has started, in rank order: children of the
+        script (or its forkserver) running ``spawn_main``, or forks still running as the
+        script two looks apart (not the resource tracker, nor ``ldconfig`` before its exec)."""
         now = time.monotonic()
         if self.popen is None or self.engine != "spawn" or now - self._watched_at < every:
             return
@@ -171,10 +150,7 @@ class Job:
 
 def end_jobs(jobs: list[Job], grace: float = 0.0, wait: float = 10.0) -> None:
     """End every job: signal them all first, wait after (``grace``: SIGTERM, then SIGKILL).
-
-    An exception meanwhile (a second Ctrl-C) skips no job: the signal goes out to every job,
-    the first exception is raised again once they all had it.
-    """
+    An exception meanwhile (a second Ctrl-C) is raised again once every job had the signal."""
     pending: list[BaseException] = []
 
     def signal_all(sig: int) -> None:
@@ -221,56 +197,32 @@ _REFUSED: list[str] = []  # why the helper refused to fork, once it has (for thi
 
 
 def why_no_fork() -> Optional[str]:
-    """Why launches cannot fork from the preloaded helper here, or None when they can.
-
-    The helper is a fresh interpreter (started by exec, never forked from the caller), so a
-    caller that has already initialised CUDA does not matter; what matters is CUDA in the
-    helper itself, which the helper checks before every fork. The rest of the rule is the
-    doctor's too (``env.no_fork_reason``).
-    """
+    """Why launches cannot fork from the helper here (the doctor's rule, ``env``, or the
+    helper's refusal: CUDA in it), or None when they can."""
     return no_fork_reason() or (_REFUSED[0] if _REFUSED else None)
 
 
 def start_forked(target: str, args: list[str], nprocs: int, job_env: dict[str, str], cwd: str,
-               threads: int, nnodes: int, node_rank: int, endpoint: str, run_id: str,
-               preload: bool = True, max_restarts: int = 0) -> Job:
-    """Start a torchrun-engine job through the preloaded helper (``helper``).
+                 threads: int, endpoint: str, run_id: str, preload: bool = True,
+                 max_restarts: int = 0, **_cold_only: Any) -> Job:
+    """Start a one-node torchrun-engine job through the preloaded helper (``helper``).
 
     Raises:
         ForkRefused: the helper cannot fork workers safely (CUDA is initialised in it).
     """
-    out_pipes = [os.pipe() for _ in range(nprocs)]
-    err_pipes = [os.pipe() for _ in range(nprocs)]
-    log_r, log_w = os.pipe()
-    report_r, report_w = os.pipe()
-    req = {
-        "op": "launch", "target": target, "args": args, "nproc_per_node": nprocs,
-        "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint, "run_id": run_id,
-        "env": job_env, "cwd": cwd, "threads": threads, "max_restarts": max_restarts,
-        "preload": list(PRELOAD_TRAINING) if preload else [],
-        "local_addr": "127.0.0.1" if endpoint.startswith(("127.", "localhost")) else None,
-    }
-    write_ends = [report_w, log_w, *[w for _r, w in out_pipes + err_pipes]]
-    read_ends = [report_r, log_r, *[r for r, _w in out_pipes + err_pipes]]
+    channel, address = rank_channel()
+    req = {"op": "launch", "target": target, "args": args, "nproc_per_node": nprocs,
+           "rdzv_endpoint": endpoint, "run_id": run_id, "cwd": cwd, "threads": threads,
+           "env": {**job_env, "DDPLAB_RANK_SOCKET": address}, "max_restarts": max_restarts,
+           "preload": list(PRELOAD_TRAINING) if preload else []}
     try:
         with Helper.lock:
-            reply = Helper.get(child_env(os.environ)).request(req, write_ends)
+            reply = Helper.get(child_env(os.environ)).request(req)
+        if "refused" in reply:
+            _REFUSED.append(str(reply["refused"]))
+            raise ForkRefused(reply["refused"])
     except BaseException:  # (the helper, and what it started for this request, has ended)
-        for fd in read_ends:
-            os.close(fd)
+        channel.close()
         raise
-    finally:
-        for fd in write_ends:
-            os.close(fd)
-    if "refused" in reply:
-        for fd in read_ends:
-            os.close(fd)
-        _REFUSED.append(str(reply["refused"]))
-        raise ForkRefused(reply["refused"])
-    sources: dict[int, Union[int, str]] = {log_r: "launcher"}
-    sources.update({r: i for i, (r, _w) in enumerate(out_pipes)})
-    sources.update({r: i for i, (r, _w) in enumerate(err_pipes)})
-    # The agent's own log is torchrun's stderr: its warnings and errors.
-    err_fds = {log_r, *[r for r, _w in err_pipes]}
-    return Job(world_size=nprocs * nnodes, engine="torchrun", pgid=int(reply["pid"]),
-               sources=sources, report_fd=report_r, nproc_per_node=nprocs, err_fds=err_fds)
+    return Job(world_size=nprocs, engine="torchrun", pgid=int(reply["pid"]),
+               sources={channel.detach(): "accept"}, nproc_per_node=nprocs)

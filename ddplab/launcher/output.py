@@ -1,9 +1,11 @@
 """Every rank's output, read live in the caller's main thread (so nbval sees it too).
 
-``Streams.pump`` reads all pipes with one selector, prints each line with its rank (stderr on
-stderr), turns ``@ddplab`` event lines into progress and metrics, and ends an agent left
-waiting for workers that are gone. An ended job's pipes are read to their end, then closed,
-whoever else still holds them.
+Each job has a listening socket; each rank (and the agent, as ``launcher``) connects once per
+stream and says first whose stream it is (``rank 3 err 4242``), so lines arrive whole and
+attributed. ``Streams.pump`` reads every connection and a subprocess's own pipes with one
+selector, prints each line with its rank (stderr on stderr), turns ``@ddplab`` event lines into
+progress and metrics, and ends an agent left waiting for workers that are gone. An ended job's
+connections are read to their end, then closed, whoever else still holds them.
 """
 
 from __future__ import annotations
@@ -22,18 +24,13 @@ from .jobs import Job
 from .procs import signal_process, start_time
 
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:? ?")
-# torchrun's --tee copies a rank's unfinished last line without a newline, so the next rank's
-# first line follows on the same line: "[rank0]:progress 99%[rank1]:pid 42".
-_TORCHRUN_PREFIX = re.compile(r"(?<=.)(?=\[rank\d+\]:)")
-#: ``DDPLAB_KEEP_LINES=N``: keep only about the last N lines of each rank's output, each cut to
-#: ``LONGEST_LINE`` characters (and end a line that grows past ``LONGEST_PARTIAL`` bytes
-#: without a newline), so that a rank that prints without end costs bounded memory
-#: (``ddplab check`` sets it); unset or 0: keep every line whole.
+#: ``DDPLAB_KEEP_LINES=N`` (``ddplab check``): keep about the last N lines of each rank, each
+#: cut to ``LONGEST_LINE`` characters (a line without end cut at ``LONGEST_PARTIAL`` bytes).
 LONGEST_LINE, LONGEST_PARTIAL = 8192, 1 << 22
 
 
 class Streams:
-    """Read every job's pipes in the calling thread: lines, events, reports."""
+    """Read every job's connections and pipes in the calling thread: lines, events, reports."""
 
     def __init__(self, jobs: list[Job], view: Any,
                  on_event: Optional[Callable[[dict[str, Any]], None]] = None) -> None:
@@ -42,7 +39,6 @@ class Streams:
         self.jobs = jobs
         self.sel = selectors.DefaultSelector()
         self.partial: dict[int, bytes] = {}
-        self.fragments: dict[tuple[int, Optional[int]], str] = {}  # torchrun's unfinished lines
         self.logs: dict[tuple[int, Union[int, str]], list[str]] = {}
         self.stderr: dict[tuple[int, Union[int, str]], list[str]] = {}
         self.events: dict[tuple[int, int], list[dict[str, Any]]] = {}
@@ -52,9 +48,6 @@ class Streams:
             for fd, label in job.sources.items():
                 os.set_blocking(fd, False)
                 self.sel.register(fd, selectors.EVENT_READ, (index, job, label))
-            if job.report_fd is not None:
-                os.set_blocking(job.report_fd, False)
-                self.sel.register(job.report_fd, selectors.EVENT_READ, (index, job, "report"))
         self.tick = 0.2 if any(job.engine == "spawn" for job in jobs) else 0.5
 
     def pump(self, deadline: float) -> str:
@@ -74,14 +67,20 @@ class Streams:
         return "done"
 
     def _finish(self, index: int) -> None:
-        """Read what an ended job's pipes hold, then close them (whoever else holds them)."""
-        while keys := [k for k in self.sel.get_map().values() if k.data[0] == index]:
-            for key in keys:
-                while key.fd in self.sel.get_map() and \
-                        self._read(key.fd, *self.sel.get_key(key.fd).data):
+        """Read what an ended job's connections hold (accepting those still waiting), then
+        close them, whoever else holds them."""
+        keys = lambda: [k for k in self.sel.get_map().values() if k.data[0] == index]
+        for key in keys():
+            if key.data[2] == "accept":
+                while self._read(key.fd, *key.data):
                     pass
-                if key.fd in self.sel.get_map():  # still open: a process the ranks left holds it
-                    self._lines(key.fd, *self.sel.get_key(key.fd).data, b"")  # (ends it)
+                self._close(key.fd)
+        for key in keys():
+            while key.fd in self.sel.get_map() and \
+                    self._read(key.fd, *self.sel.get_key(key.fd).data):
+                pass
+            if key.fd in self.sel.get_map():  # still open: a process the ranks left holds it
+                self._lines(key.fd, *self.sel.get_key(key.fd).data, b"")  # (ends it)
 
     def of_job(self, index: int) -> dict[str, Any]:
         """One job's logs, stderr lines and events (what its RunResult is built from)."""
@@ -106,7 +105,7 @@ class Streams:
             for rank in ranks:
                 asked[(index, rank)] = len(self.stderr.get((index, rank), [])) + \
                     self.dropped.get((index, rank), 0)
-                pid = job.stack_pids[rank]
+                pid = job.pids[rank]
                 signal_process(pid, STACK_SIGNAL, job.started.get(pid))
         end, quiet_since = time.monotonic() + 3.0, time.monotonic()
         while asked and time.monotonic() < end and time.monotonic() - quiet_since < 0.5:
@@ -160,12 +159,6 @@ class Streams:
             chunk = os.read(fd, 1 << 16)
         except BlockingIOError:
             return False
-        if label == "report":
-            job.report += chunk
-            if not chunk:
-                job.report_done = True
-                self._close(fd)
-            return bool(chunk)
         if label == "hello":  # a rank's own connection: "rank N out|err" comes first
             rest = self._hello(fd, index, job, chunk)
             if rest and fd in self.sel.get_map():
@@ -175,7 +168,7 @@ class Streams:
         return bool(chunk)
 
     def _hello(self, fd: int, index: int, job: Job, chunk: bytes) -> bytes:
-        """Read a rank connection's first line; from then on it is that rank's stream."""
+        """Read a connection's first line; from then on it is that rank's (or the agent's)."""
         data = self.partial.pop(fd, b"") + chunk
         first, newline, rest = data.partition(b"\n")
         words = first.decode(errors="replace").split()
@@ -185,15 +178,14 @@ class Streams:
             else:
                 self._close(fd)
             return b""
-        if len(words) >= 3 and words[0] == "rank" and words[1].isdigit():
-            self.sel.modify(fd, selectors.EVENT_READ, (index, job, int(words[1])))
-            if words[2] == "err":
-                job.err_fds.add(fd)
-            if len(words) == 4 and words[3].isdigit():  # its pid: it dumps its stack on demand
-                job.stack_pids[int(words[1])] = pid = int(words[3])
-                job.started[pid] = start_time(pid)
-        else:
-            self.sel.modify(fd, selectors.EVENT_READ, (index, job, "launcher"))
+        rank = len(words) == 4 and words[0] == "rank" and words[1].isdigit()
+        self.sel.modify(fd, selectors.EVENT_READ, (index, job, int(words[1]) if rank else
+                                                   "launcher"))
+        if len(words) == 4 and words[2] == "err":
+            job.err_fds.add(fd)
+        if rank and words[3].isdigit():  # its pid: it dumps its stack on demand
+            job.pids[int(words[1])] = pid = int(words[3])
+            job.started[pid] = start_time(pid)
         return rest
 
     def _lines(self, fd: int, index: int, job: Job, label: Union[int, str],
@@ -209,33 +201,9 @@ class Streams:
             self._close(fd)
             if lines and not lines[-1]:
                 lines.pop()
-        err = fd in job.err_fds
-        split = job.popen is not None and job.engine == "torchrun"
         for raw in lines:
-            text = raw.decode("utf-8", "replace").rstrip("\r")
-            if split:
-                self._torchrun_parts(fd, index, job, label, text, err)
-            else:
-                self._line(index, job, label, text, err)
-        if not chunk:
-            for key in [k for k in self.fragments if k[0] == fd]:
-                self._line(index, job, label, self.fragments.pop(key), err)
-
-    def _torchrun_parts(self, fd: int, index: int, job: Job, label: Union[int, str],
-                        text: str, err: bool) -> None:
-        """Rebuild each rank's lines from torchrun's ``--tee`` copy, in which a rank's
-        unfinished line is followed on the same line by the next piece (its rest, or another
-        rank's line): a piece is kept until the same rank's next piece completes it."""
-        parts = _TORCHRUN_PREFIX.split(text)
-        for number, part in enumerate(parts):
-            match = _RANK_PREFIX.match(part)
-            key = (fd, int(match.group(1)) if match else None)
-            if key in self.fragments:
-                part = self.fragments.pop(key) + (part[match.end():] if match else part)
-            if number < len(parts) - 1:
-                self.fragments[key] = part
-            else:
-                self._line(index, job, label, part, err)
+            self._line(index, job, label, raw.decode("utf-8", "replace").rstrip("\r"),
+                       fd in job.err_fds)
 
     def _close(self, fd: int) -> None:
         self.sel.unregister(fd)
@@ -249,24 +217,20 @@ class Streams:
 
     def _line(self, index: int, job: Job, label: Union[int, str], text: str,
               err: bool = False) -> None:
-        source = label
-        if label == "launcher":
-            match = _RANK_PREFIX.match(text)
-            if match:
-                source, text = int(match.group(1)), text[match.end():]
-                again = _RANK_PREFIX.match(text)  # torch's own "[rankN]:" on an error's lines
-                if again and int(again.group(1)) == source:
-                    text = text[again.end():]
-        rank = job.rank_of.get(source, source)
+        rank = label
+        match = _RANK_PREFIX.match(text) if label == "launcher" else None
+        if match:  # an mp.spawn rank's line (``ddplab.dist.prefix_output``, torch's errors)
+            rank, text = int(match.group(1)), text[match.end():]
+            again = _RANK_PREFIX.match(text)  # torch's own "[rankN]:" on an error's lines
+            if again and int(again.group(1)) == rank:
+                text = text[again.end():]
         text, event = split_event(text)
         if text:  # a line, or a last line without its newline that an event line followed
             self._print(index, job, rank, text, err)
         if event is None:
             return
-        if event["kind"] == "rank" and isinstance(source, int):
-            job.rank_of[source] = rank = int(event["rank"])
-            job.pids[rank] = job.stack_pids[rank] = pid = int(event.get("pid", 0))
-            job.started[pid] = start_time(pid)
+        if event["kind"] == "report" and label == "launcher" and job.popen is None:
+            job.report = event  # the agent's last line
             return
         if event["kind"] == "exit":
             job.said_exit[int(event["rank"])] = (int(event["code"]), float(event["time"]))

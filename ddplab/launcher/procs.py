@@ -1,94 +1,32 @@
-"""Process plumbing: death signals, process groups, ``/proc``, descriptors, socket folders."""
+"""Process plumbing: death signals, process groups, ``/proc``, the output channel's sockets."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 import signal
+import socket
 import sys
-from typing import Any, Optional
-
-
-def _prctl(option: int, value: Any) -> None:
-    """Linux's ``prctl(option, value)`` for this process (no-op elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def name_this_process(name: str) -> None:
-    """Set the name ``ps -o comm`` and ``/proc/PID/comm`` show (15 bytes at most)."""
-    _prctl(15, ctypes.c_char_p(name.encode()[:15]))  # 15 == PR_SET_NAME
+from typing import Optional
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
     """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere)."""
-    _prctl(1, int(sig))  # 1 == PR_SET_PDEATHSIG
-
-
-def become_quiet_child(parent: int, keep: set[int]) -> None:
-    """In a freshly forked server child: die with ``parent``, no output, only ``keep`` open.
-
-    Every other descriptor is closed, the launcher's pipes above all: they must close when
-    the processes that own them end. SIGINT is ignored (the parent decides), SIGTERM ends it.
-    """
-    set_parent_death_signal(signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(0)
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    low = 3
-    for fd in sorted(keep):
-        os.closerange(low, fd)
-        low = fd + 1
-    os.closerange(low, max_fd())
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-
-
-def max_fd() -> int:
-    try:
-        return int(os.sysconf("SC_OPEN_MAX"))
-    except (ValueError, OSError):
-        return 65536
-
-
-def open_fds() -> list[int]:
-    """This process's open descriptors (Linux: ``/proc/self/fd``; elsewhere 0, 1, 2)."""
-    try:
-        return sorted(int(name) for name in os.listdir("/proc/self/fd"))
-    except OSError:
-        return [0, 1, 2]
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
 
 
 def close_on_exec_above_stdio() -> None:
     """Mark every descriptor but 0, 1, 2 close-on-exec: nothing else reaches a program started."""
-    for fd in open_fds():
+    for fd in map(int, os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []):
         if fd > 2:
             try:
                 os.set_inheritable(fd, False)
             except OSError:
                 pass
-
-
-def close_quietly(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """Write ``data`` whole, then close ``fd``."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-    close_quietly(fd)
 
 
 def start_time(pid: int) -> Optional[int]:
@@ -140,13 +78,13 @@ _WITH_PARENT = ("import ctypes, os, sys\n"
                 "os.execv(sys.argv[3], sys.argv[3:])\n")
 
 
-def kill_marked(name: str, value: str, keep: int = 0) -> None:
-    """SIGKILL every process whose environment holds ``name=value`` (not this one, ``keep``)."""
+def kill_marked(name: str, value: str) -> None:
+    """SIGKILL every process but this one whose environment holds ``name=value``."""
     if not value:
         return
     mark = f"{name}={value}".encode()
     for pid in process_table():
-        if pid in (os.getpid(), keep):
+        if pid == os.getpid():
             continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as environ:
@@ -181,12 +119,8 @@ def process_table(pgid: int = 0) -> dict[int, tuple[int, int]]:
 
 
 def group_running(pgid: int) -> bool:
-    """True while a process of group ``pgid`` runs.
-
-    A zombie does not count: an orphan of the job (multiprocessing's resource tracker, say)
-    waits as a zombie until PID 1 reaps it, which takes a second in some containers and
-    forever in others.
-    """
+    """True while a process of group ``pgid`` runs; not a zombie: an orphan of the job waits
+    as one until PID 1 reaps it, a second in some containers and forever in others."""
     try:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
@@ -213,25 +147,10 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def whole_lines() -> None:
-    """Make stdout and stderr line-buffered streams whose writes hold a lock: lines that
-    several threads copy (torchrun's ``--tee``, one thread per rank) then arrive whole."""
-    import io
-
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        raw = io.FileIO(fd, "w", closefd=False)
-        setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(raw), line_buffering=True,
-                                            errors="backslashreplace"))
-
-
 def socket_folder(prefix: str) -> str:
-    """A new private (0700) temporary folder for UNIX sockets, removed at exit.
-
-    In the usual temporary folder, or in /tmp where that one's path is too long for a socket's
-    (104 bytes on macOS, whose per-user TMPDIR is long). Its name holds its owner's pid and
-    start time: folders of owners that died without removing theirs (a killed kernel) are
-    removed here, at the next start.
-    """
+    """A new private (0700) temporary folder for UNIX sockets, removed at exit; in /tmp where
+    the temporary folder's path is too long for a socket's (macOS). Its name holds its owner's
+    pid and start time: those of owners that died (a killed kernel) are removed here."""
     import atexit
     import shutil
     import tempfile
@@ -261,4 +180,41 @@ def _owner_alive(pid: int, started: str) -> bool:
         return False
     except OSError:
         pass
+    return True
+
+
+def rank_channel() -> tuple[socket.socket, str]:
+    """A listening UNIX socket for a job's processes to send their output to, and its address
+    as ``DDPLAB_RANK_SOCKET`` says it: ``@name`` in Linux's abstract namespace (nothing on
+    disk), elsewhere a path in a private temporary folder."""
+    channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if sys.platform.startswith("linux"):
+        address = f"@ddplab-ranks-{os.getpid()}-{os.urandom(8).hex()}"
+        channel.bind("\0" + address[1:])
+    else:
+        address = os.path.join(socket_folder("ddplab-ranks-"), "ranks")
+        channel.bind(address)
+    channel.listen(socket.SOMAXCONN)
+    return channel, address
+
+
+def connect_streams(who: str) -> bool:
+    """Connect this process's stdout and stderr to the caller's ``DDPLAB_RANK_SOCKET``, each
+    saying first whose stream it is (``rank 3 out 4242``); False when there is none.
+
+    One connection per process and stream: lines, however long, arrive whole and attributed
+    (processes writing to one shared pipe cut into each other's lines).
+    """
+    address = os.environ.get("DDPLAB_RANK_SOCKET", "")
+    if not address or not hasattr(socket, "AF_UNIX"):
+        return False
+    for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.connect("\0" + address[1:] if address.startswith("@") else address)
+                conn.sendall(f"{who} {'out' if fd == 1 else 'err'} {os.getpid()}\n".encode())
+                stream.flush()
+                os.dup2(conn.fileno(), fd)
+        except OSError:
+            return False
     return True

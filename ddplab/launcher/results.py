@@ -1,9 +1,6 @@
-"""What a launch returns (``RunResult``), built from what was read and what the agent said.
-
-A rank's exit facts come from the agent's report (its accounting of every rank's exit status,
-by pid, see ``agent``) and from the rank's own ``exit`` event; a torchrun subprocess adds its
-error report, an mp.spawn script only its own exit code.
-"""
+"""What a launch returns (``RunResult``): exit facts from the agent's report (by pid) and each
+rank's own ``exit`` event; a torchrun subprocess adds its error report, an mp.spawn script
+only its exit code."""
 
 from __future__ import annotations
 
@@ -111,12 +108,8 @@ class RunResult:
 def fail(result: RunResult, cause: RankFailure, engine: str,
           logs: dict[Union[int, str], list[str]], stderr: dict[Union[int, str], list[str]]
           ) -> None:
-    """Record ``cause`` as the result's failure, with a hint when ddplab knows the fix.
-
-    A failure with no exception line (``sys.exit("--depth must divide ...")``, or a message
-    printed to stderr before ``sys.exit(2)``) takes its message from the end of the failed
-    process's stderr: the words a script leaves on its way out are the reason.
-    """
+    """Record ``cause`` as the result's failure, with a hint when ddplab knows the fix; with
+    no exception line (``sys.exit("...")``), the end of its stderr is the message."""
     where: Union[int, str] = "launcher" if cause.rank is None else cause.rank
     if not cause.message and not cause.traceback and cause.signal is None:
         cause.message, cause.traceback = stderr_cause(stderr.get(where, [])[-50:])
@@ -149,7 +142,7 @@ def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, timeou
         return _timed_out(result, job, timeout, running, stacks, timed_out_at)
     if job.popen is not None:
         return _subprocess_outcome(result, job, logs, stderr)
-    report, exits = job.agent_report(), job.exits()
+    report, exits = job.report, job.exits()
     if report.get("status") not in ("ok", "failed") and not job.stuck:
         result.status, result.returncode = "error", 1
         result.error = "the launcher failed:\n" + "\n".join(logs.get("launcher", [])[-30:])
@@ -239,14 +232,9 @@ def share_root_cause(results: list[RunResult], jobs: list[Job]) -> None:
 def spawn_outcome(result: RunResult, code: Optional[int], ranks: Optional[dict[int, int]],
                   exits: dict[int, tuple[int, float]], logs: dict[Union[int, str], list[str]],
                   stderr: dict[Union[int, str], list[str]]) -> RunResult:
-    """What is known of an ``mp.spawn`` script's ranks, and nothing more.
-
-    The ranks are the script's children: their exit codes reach the script, not the launcher.
-    What the launcher knows: the processes it saw the script start, the lines that carry a
-    rank, mp.spawn's report of a failed rank, and the script's own exit code (0 means mp.spawn
-    returned, so every rank it started exited with 0). ``ranks`` is None where the launcher
-    cannot watch processes: then it cannot tell either whether any rank started.
-    """
+    """What is known of an ``mp.spawn`` script's ranks (their exit codes reach the script):
+    the processes seen (``ranks``, None where unwatchable), lines with a rank, mp.spawn's
+    report of a failed rank, and the script's exit code (0: every rank exited with 0)."""
     found = failures_from_output(code or 0, logs, ranks_only=True) if code else []
     mark_exit_aborts(found, logs, exits, stderr)
     seen = set(ranks or {}) | {r for r in logs if isinstance(r, int)} | {

@@ -1,9 +1,5 @@
-"""One launch's arguments, checked once before anything starts (``LaunchSpec.check``).
-
-Every mistake is a ``LaunchError`` that says what to do; the target is resolved as torchrun
-resolves it (a file with or without ``.py``, a directory or zip with ``__main__.py``, or a
-module name).
-"""
+"""One launch's arguments, checked before anything starts: each mistake a ``LaunchError`` that
+says what to do; the target resolved as torchrun resolves it."""
 
 from __future__ import annotations
 
@@ -20,9 +16,7 @@ from .. import env as _env
 from .entry import LOCAL_RANK_OPTIONS
 
 ENGINES = ("torchrun", "spawn")
-#: Ranks one launch may start on this machine: each takes two pipes (stdout, stderr), and the
-#: caller, the helper and the agent each hold their ends at once.
-MAX_NPROCS = 256
+MAX_NPROCS = 256  # ranks one launch may start here (the caller holds two sockets for each)
 
 
 class LaunchError(ValueError):
@@ -136,11 +130,8 @@ def _enough_descriptors(nprocs: int) -> None:
 
 
 def resolve_target(target: Union[str, os.PathLike], cwd: str) -> str:
-    """An absolute script path or a module name, as torchrun would run it; else LaunchError.
-
-    A script is an existing file (any name: torchrun runs ``train`` as it runs ``train.py``),
-    or a directory or zip file holding ``__main__.py``.
-    """
+    """An absolute script path (a file of any name, a directory or zip with ``__main__.py``)
+    or a module name, as torchrun would run it; else LaunchError."""
     text = os.fspath(target)
     path = Path(text) if os.path.isabs(text) else Path(cwd, text)
     if path.is_file() or (path.is_dir() and (path / "__main__.py").is_file()):
@@ -190,11 +181,8 @@ def _local_rank_style(value: Union[bool, str], engine: str) -> Optional[str]:
 
 
 def declares_local_rank(target: str) -> bool:
-    """True if the target declares a ``--local_rank`` option and never reads ``LOCAL_RANK``.
-
-    Such a script was written for ``torch.distributed.launch``, which passed the option; under
-    torchrun (and ddplab) every rank keeps the option's default unless asked.
-    """
+    """True if the target declares ``--local_rank`` and never reads ``LOCAL_RANK`` (written for
+    ``torch.distributed.launch``, which passed the option: each rank keeps its default)."""
     path = target
     if not os.path.isabs(target):
         import importlib.util

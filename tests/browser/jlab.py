@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
-from ddplab.launcher.stores import STORE_HOST_NAME
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -159,7 +158,7 @@ class Lab:
         """Processes of this server that should not exist between launches.
 
         Allowed: the server, its kernels, and each kernel's own helpers, which live as long as
-        their kernel: ``ddplab.launcher.helper`` (with its store host) and multiprocessing's resource
+        their kernel: ``ddplab.launcher.helper`` and multiprocessing's resource
         tracker (started when an in-kernel demo used ``mp.spawn``). Anything else (a rank, a per-launch agent forked
         from the helper, an ``mp.spawn`` script or child) outlived the launch that started it.
         """
@@ -167,8 +166,7 @@ class Lab:
         kernels = {p.pid for p in procs if "ipykernel_launcher" in p.cmd}
         helpers = {p.pid for p in procs if p.ppid in kernels and any(
             name in p.cmd for name in KERNEL_HELPERS)}
-        stores = {p.pid for p in procs if p.ppid in helpers and p.name == STORE_HOST_NAME}
-        allowed = {self.proc.pid} | kernels | helpers | stores
+        allowed = {self.proc.pid} | kernels | helpers
         return [p for p in procs if p.pid not in allowed]
 
     def shutdown_sessions(self) -> None:

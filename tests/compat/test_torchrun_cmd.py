@@ -1,4 +1,5 @@
-"""``fallback.torchrun_cmd`` builds a command line that the installed torchrun accepts as meant."""
+"""``fallback.torchrun_subprocess`` builds a command line that the installed torchrun accepts
+as meant."""
 
 from __future__ import annotations
 
@@ -7,36 +8,34 @@ import sys
 import pytest
 from torch.distributed.run import get_args_parser
 
-from ddplab.launcher.fallback import torchrun_cmd
+from ddplab.launcher.fallback import torchrun_subprocess
 
 
-def parse(cmd: list[str]) -> tuple[dict[str, str], object]:
-    """Split ``[env NAME=value ...] python -m ddplab.launcher.fallback ARGS`` (torchrun with
-    whole lines) and parse ARGS."""
-    start = cmd.index(sys.executable)
-    assert cmd[start + 1:start + 3] == ["-m", "ddplab.launcher.fallback"], cmd
-    env = dict(a.split("=", 1) for a in cmd[1:start]) if start else {}
-    return env, get_args_parser().parse_args(cmd[start + 3:])  # exits on an unknown flag
+def parse(target: str, args: list[str], nnodes: int = 1, node_rank: int = 0,
+          endpoint: str = "127.0.0.1:0", run_id: str = "r", max_restarts: int = 0) -> object:
+    """Parse the ARGS of ``python -m ddplab.launcher.fallback ARGS`` (torchrun, then what its
+    job left ends) as the installed torchrun does."""
+    _start, kwargs = torchrun_subprocess(None, target, args, 2, {}, "/", nnodes, node_rank,
+                                         endpoint, run_id, max_restarts)
+    cmd = kwargs["cmd"]
+    assert cmd[:3] == [sys.executable, "-m", "ddplab.launcher.fallback"], cmd
+    return get_args_parser().parse_args(cmd[3:])  # exits on an unknown flag
 
 
 @pytest.mark.parametrize("nnodes, node_rank, endpoint", [(1, 0, "127.0.0.1:29511"),
                                                          (2, 1, "10.0.0.5:29511")])
 def test_installed_torchrun_parses_the_command(nnodes, node_rank, endpoint):
-    cmd = torchrun_cmd("/lessons/train.py", ["--epochs", "1"], 2, nnodes, node_rank,
-                       endpoint, "run-7", max_restarts=1)
-    env, args = parse(cmd)
-    template = getattr(args, "log_line_prefix_template", None) \
-        or env.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
-    assert template == "[rank${rank}]:"
+    args = parse("/lessons/train.py", ["--epochs", "1"], nnodes, node_rank, endpoint, "run-7",
+                 max_restarts=1)
     assert (args.nnodes, str(args.nproc_per_node)) == (str(nnodes), "2")
     assert (args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id) == ("c10d", endpoint, "run-7")
-    assert (args.max_restarts, args.tee) == (1, "3")
+    assert args.max_restarts == 1
     assert args.node_rank == node_rank
     assert (args.local_addr == "127.0.0.1") == endpoint.startswith("127.")
-    assert (args.training_script, args.training_script_args) == \
-        ("/lessons/train.py", ["--epochs", "1"])
+    assert args.module and args.training_script == "ddplab.launcher.entry"  # each rank's entry
+    assert args.training_script_args == ["/lessons/train.py", "--epochs", "1"]
 
 
-def test_a_module_target_runs_with_dash_m():
-    _env, args = parse(torchrun_cmd("ddplab.workers.train", [], 2, 1, 0, "127.0.0.1:0", "r"))
-    assert args.module and args.training_script == "ddplab.workers.train"
+def test_a_module_target_reaches_the_entry_by_name():
+    args = parse("ddplab.workers.train", [])
+    assert args.training_script_args == ["ddplab.workers.train"]
