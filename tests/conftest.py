@@ -32,7 +32,7 @@ LAUNCHING = {
     "test_capstone.py::test_the_skeleton_is_told_to_write_the_job",
     "test_checkpoint.py::test_a_killed_save_leaves_nothing_the_next_save_does_not_reclaim",
     "test_pinning.py::test_a_cpu_rank_is_pinned_with_all_its_threads",
-    "test_public_torch_api.py::test_the_rendezvous_handlers_come_from_torchs_public_registry",
+    "test_public_torch_api.py::test_the_rendezvous_handler_comes_from_torchs_public_registry",
     "test_public_torch_api.py::"
     "test_the_agents_exit_accounting_reads_every_status_and_reaps_nothing",
 }

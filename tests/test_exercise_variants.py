@@ -441,7 +441,7 @@ def verdicts(tmp_path_factory, request) -> dict[str, object]:
     """The verdict on every variant this session runs (``-k`` picks them)."""
     folder = tmp_path_factory.mktemp("variants")
     chosen = {item.callspec.params["variant"].name for item in request.session.items
-              if item.module is request.module and hasattr(item, "callspec")}
+              if getattr(item, "module", None) is request.module and hasattr(item, "callspec")}
 
     def launch(variant: Variant, path: Path, nprocs: int, args: list[str]):
         return ddplab.launch(str(path), nprocs, quiet=True, live=False,
