@@ -18,9 +18,10 @@ import pytest
 
 #: Tests that start processes, as paths below tests/: a whole file, or ``file::test``.
 LAUNCHING = {
-    "gpu/test_run.py", "test_barrier_demo.py", "test_buckets.py", "test_check.py", "test_cifar10_workload.py",
-    "test_cli.py", "test_collectives.py", "test_comm_hooks.py",
-    "test_compile_ddp.py", "test_course_build.py", "test_cuda_clean.py", "test_debugging.py", "test_demos_spawning.py",
+    "gpu/test_run.py", "test_barrier_demo.py", "test_buckets.py", "test_check.py",
+    "test_cifar10_workload.py", "test_cli.py", "test_collectives.py", "test_comm_hooks.py",
+    "test_compile_ddp.py", "test_course_build.py", "test_cuda_clean.py", "test_debugging.py",
+    "test_demos_spawning.py",
     "test_dist.py", "test_distributed_checkpoint.py", "test_docstring_examples.py",
     "test_env.py", "test_exercise_variants.py", "test_exercises_06_08.py",
     "test_exercises_ddp.py", "test_exit_abort.py", "test_fork_safety.py",
