@@ -1,6 +1,7 @@
 """Every exercise launch in a notebook ends a hang within a minute (on digits), and its cell says
-how long it takes (what to do on a hang is said once, in the README); every coding exercise has
-a judge and a reference solution."""
+how long it takes and when a hang ends; what to do on a hang is said once, in the README's
+section that every exercise cell points to. Every coding exercise has a judge and a reference
+solution."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ddplab.workspace import NOTEBOOK_GLOB
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob(NOTEBOOK_GLOB))
+HANGS = "If a run hangs"   # the README's section on hangs, named by every exercise cell
 
 
 def cells(path: Path) -> list[tuple[str, str]]:
@@ -56,16 +58,36 @@ def workload_names(notebook: str, workload: str = "digits") -> dict[str, object]
     return names
 
 
-def launch_timeout(code: str, notebook: str, workload: str = "digits") -> float:
-    """The launch's ``timeout=``: a number, or a name the notebook sets per workload."""
+def launch_keyword(code: str, name: str) -> ast.expr | None:
+    """The value of keyword ``name`` in the first of the cell's ``launch(...)`` calls that pass
+    it, if one does."""
     for node in ast.walk(ast.parse(code)):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "launch":
             for keyword in node.keywords:
-                if keyword.arg == "timeout":
-                    if isinstance(keyword.value, ast.Name):
-                        return float(workload_names(notebook, workload)[keyword.value.id])
-                    return float(ast.literal_eval(keyword.value))
-    return float("inf")
+                if keyword.arg == name:
+                    return keyword.value
+    return None
+
+
+def launch_timeout(code: str, notebook: str, workload: str = "digits") -> float:
+    """The launch's ``timeout=``: a number, or a name the notebook sets per workload."""
+    value = launch_keyword(code, "timeout")
+    if value is None:
+        return float("inf")
+    if isinstance(value, ast.Name):
+        return float(workload_names(notebook, workload)[value.id])
+    return float(ast.literal_eval(value))
+
+
+def says_when_a_hang_ends(text: str, code: str, notebook: str) -> bool:
+    """The cell names the launch's timeout (``FIRST_TIMEOUT``), or says that a hang ends (times
+    out, fails) after N s, N at most the launch's timeout: a process-group timeout ends it
+    sooner."""
+    value = launch_keyword(code, "timeout")
+    if isinstance(value, ast.Name):
+        return f"`{value.id}`" in text
+    stated = re.findall(r"\bafter\b[^.;()]{0,30}?\b(\d+) s\b", " ".join(text.split()))
+    return any(float(seconds) <= launch_timeout(code, notebook) for seconds in stated)
 
 
 LAUNCHES = exercise_launches()
@@ -85,16 +107,30 @@ def test_an_exercise_launch_ends_a_hang_and_says_what_to_expect(notebook, index,
     assert launch_timeout(code, notebook) <= 60, (
         f"{notebook} cell {index}: on digits, give the launch a timeout of at most 60 s")
     assert re.search(r"about\s+\d+\s+s\b", before), f"{where}: say how long it takes"
+    assert says_when_a_hang_ends(before, code, notebook), (
+        f"{where}: say when a hang ends (\"a hang ends after 60 s\", or the timeout's name)")
+    assert f"README's \"{HANGS}\"" in " ".join(before.split()), (
+        f"{where}: point to the README's \"{HANGS}\" for what to do on a hang")
+    assert "interrupt the kernel" not in before, (
+        f"{where}: what to do on a hang is said once, in the README's \"{HANGS}\"")
 
 
-def test_what_to_do_on_a_hang_is_said_once_for_every_exercise():
-    """The README says it (the timeout, the judge's account of the hang, the stop button); the
-    exercise cells of 05 and 13 do not repeat it."""
+def readme_section(title: str) -> str:
+    """The text under the README's heading ``title``, up to the next heading."""
     readme = (ROOT / "README.md").read_text()
-    assert "60 s timeout ends a deadlock" in readme and "interrupt the kernel" in readme
-    for notebook, _, _, before in LAUNCHES:
-        if notebook.startswith(("05", "13")):
-            assert "interrupt the kernel" not in before, notebook
+    found = re.search(rf"^#+ {re.escape(title)}\n(.*?)(?=^#+ |\Z)", readme, re.M | re.S)
+    assert found, f"README.md has no section \"{title}\""
+    return " ".join(found.group(1).split())
+
+
+def test_the_readme_says_once_what_to_do_on_a_hang():
+    """The section every exercise cell points to: the exercises' timeout, what the judge then
+    says, and how to stop a launch sooner."""
+    section = readme_section(HANGS)
+    longest = max(launch_timeout(code, notebook) for notebook, _, code, _ in LAUNCHES)
+    assert f"{longest:.0f} s" in section, f"the README's \"{HANGS}\" gives the timeout"
+    assert "where each rank waited" in section
+    assert "interrupt the kernel" in section and "every rank goes with it" in section
 
 
 def test_on_cifar10_an_exercise_launch_lasts_as_long_as_the_notebooks_runs():
@@ -120,14 +156,11 @@ FACTOR = 8   # "about N s" is a learner's order of magnitude: wrong when 8 times
 
 def launch_args(code: str, work: Path) -> list:
     """The ``args=`` of the exercise's launch, its notebook names given their CPU values."""
-    for node in ast.walk(ast.parse(code)):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "launch":
-            for keyword in node.keywords:
-                if keyword.arg == "args":
-                    names = {**NOTEBOOK_NAMES, "WORK": work}
-                    return eval(compile(ast.Expression(keyword.value), "<cell>", "eval"),
-                                {"__builtins__": {}}, names)
-    return []
+    value = launch_keyword(code, "args")
+    if value is None:
+        return []
+    names = {**NOTEBOOK_NAMES, "WORK": work}
+    return eval(compile(ast.Expression(value), "<cell>", "eval"), {"__builtins__": {}}, names)
 
 
 @pytest.mark.slow
