@@ -15,6 +15,7 @@ EXPECTED = ["01_single_gpu", "02_data_parallel", "03_ddp_spawn", "03b_ddp_intern
             "07b_nodes_slurm", "08_collectives_ring_allreduce", "09_scaling_benchmark",
             "10_debugging", "11_sharding_and_model_parallel", "12_tensor_parallel", "13_capstone"]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob(NOTEBOOK_GLOB))
+MAX_CELLS = 50   # longer, a notebook splits where its story turns, or cuts, or says why it cannot
 
 
 def code_of(nb: dict) -> str:
@@ -43,6 +44,32 @@ def test_notebook_follows_the_course_shape(path):
     assert "ddplab.check(" in code, "every notebook ends with a checked exercise"
     assert "ddplab.show(" in code, "code is shown from the real files"
     assert "DDPLAB_WORKLOAD" in code, "the documented workload knob"
+
+
+def says_why_it_is_long(nb: dict) -> bool:
+    """Its first markdown cell gives the reason it has more than MAX_CELLS cells."""
+    first = next("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    return bool(re.search(rf"\b(?:over|more than) {MAX_CELLS} cells\b[^.]*\bbecause\b",
+                          " ".join(first.split())))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_notebook_over_the_cell_limit_says_why(path):
+    nb = json.loads(path.read_text())
+    assert len(nb["cells"]) <= MAX_CELLS or says_why_it_is_long(nb), (
+        f"{path.name} has {len(nb['cells'])} cells: split it where its story turns, or cut it, "
+        f"or say why in its first markdown cell (\"... more than {MAX_CELLS} cells because ...\")")
+
+
+def test_the_reason_for_a_long_notebook_is_read_from_its_first_markdown_cell():
+    def notebook(*sources: str) -> dict:
+        return {"cells": [{"cell_type": "code", "source": "import ddplab"}]
+                + [{"cell_type": "markdown", "source": text} for text in sources]}
+
+    why = f"It has more than {MAX_CELLS}\ncells because every fault gets a launch of its own."
+    assert says_why_it_is_long(notebook(f"# 10 · Debugging\n\n{why}", "## 1."))
+    assert not says_why_it_is_long(notebook("# 10 · Debugging", why))        # not its opening
+    assert not says_why_it_is_long(notebook(f"# 10\n\nIt has more than {MAX_CELLS} cells."))
 
 
 def test_strip_removes_outputs_and_counts():
