@@ -49,6 +49,7 @@ class Streams:
                 os.set_blocking(fd, False)
                 self.sel.register(fd, selectors.EVENT_READ, (index, job, label))
         self.tick = 0.2 if any(job.engine == "spawn" for job in jobs) else 0.5
+        self.closing: set[int] = set()  # jobs whose agent (or torchrun) closed its output
 
     def pump(self, deadline: float) -> str:
         """Read until every job has ended ("done") or the deadline passes ("timeout")."""
@@ -57,7 +58,9 @@ class Streams:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return "timeout"
-            for key, _mask in self.sel.select(timeout=min(remaining, self.tick)):
+            # An agent that closed its output is exiting: look again soon, not a tick later.
+            tick = 0.01 if self.closing & open_jobs else self.tick
+            for key, _mask in self.sel.select(timeout=min(remaining, tick)):
                 self._read(key.fd, *key.data)
             self._watch()
             for index in list(open_jobs):
@@ -199,6 +202,8 @@ class Streams:
                 lines.append(self.partial.pop(fd))
         else:
             self._close(fd)
+            if label == "launcher":
+                self.closing.add(index)
             if lines and not lines[-1]:
                 lines.pop()
         for raw in lines:
