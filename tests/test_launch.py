@@ -797,9 +797,6 @@ def _on(path: str, monkeypatch) -> None:
                                               ("interrupt", "SIGINT")])
 def test_a_rank_killed_by_a_signal_is_reported_with_that_signal(
         monkeypatch, path, mode, signal_name):
-    if (path, mode) == ("fork", "interrupt"):
-        pytest.skip("a forked rank's uncaught KeyboardInterrupt is torch multiprocessing's "
-                    "to handle (it swallows it), not a signal")
     _on(path, monkeypatch)
     result = launch(ENDINGS, 2, args=[mode], quiet=True, timeout=120)
     assert result.status == "failed", result.error

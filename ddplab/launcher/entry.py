@@ -1,10 +1,10 @@
 """A rank's first frame: output to the caller, its stack on demand, the target as ``__main__``.
 
-``run_rank`` (ranks forked by the agent) and ``main`` (ranks of a torchrun subprocess) connect
-the rank's stdout and stderr to the caller's socket (saying which rank and pid they are), dump
-every thread's stack at SIGUSR1 (``faulthandler``: a timeout names the line each rank waits
-at), run the target as ``python`` would, and say how it ended (an ``exit`` event). Only 0, 1
-and 2 reach what a rank starts.
+``run_rank`` (a rank forked by the agent, or through ``main`` one of a torchrun subprocess)
+connects the rank's stdout and stderr to the caller's socket (saying which rank and pid it is),
+dumps every thread's stack at SIGUSR1 (``faulthandler``: a timeout names the line each rank
+waits at), runs the target as ``python`` would, and says how it ended (an ``exit`` event).
+Only 0, 1 and 2 reach what a rank starts.
 """
 
 from __future__ import annotations
@@ -84,26 +84,38 @@ def _warning_filter(option: str) -> None:
               file=sys.stderr)
 
 
-def run_rank(target: str, args: list[str], threads: int) -> None:
-    """Entry point of every forked rank (see the module's docstring)."""
-    set_parent_death_signal()
+def run_rank(target: str, args: list[str], threads: int = 0) -> None:
+    """A rank, forked by the agent (``threads`` given) or of a torchrun subprocess (``main``):
+    see the module's docstring. It ends as ``python script.py`` would, with the same status
+    (``sys.exit(-1)`` is 255, an uncaught ``KeyboardInterrupt`` death by SIGINT)."""
+    set_parent_death_signal()  # (torchrun starts each rank in a session of its own)
+    if os.getppid() == 1:  # its parent died before the line above
+        sys.exit(1)
     _announce()
-    _like_a_fresh_process(threads)
+    if threads:
+        _like_a_fresh_process(threads)
     code: Any = 0
+    interrupted = False
     try:
         run_target(target, args)
+    except KeyboardInterrupt as exc:  # python then ends the process by SIGINT
+        code, interrupted = -int(signal.SIGINT), True
+        _print_user_traceback(exc)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if code != 0:
-            raise
-        # sys.exit(0) is success: return normally, or the agent waits for a return value.
-    except BaseException as exc:
+        if not isinstance(exc.code, (int, type(None))):
+            print(exc.code, file=sys.stderr)
+    except BaseException as exc:  # noqa: BLE001  (as python does: print it, exit 1)
         code = 1
         _print_user_traceback(exc)
-        raise
-    finally:
+    if threads:
         _finish_like_an_interpreter()
-        _say_exit(code)
+    _say_exit(code)
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    if code:  # (a forked rank that returns is a success to the agent)
+        sys.exit(code & 0xFF)
 
 
 def _announce() -> None:
@@ -200,32 +212,11 @@ def _print_user_traceback(exc: BaseException) -> None:
 
 
 def main() -> None:
-    """``python -m ddplab.launcher.entry TARGET [ARGS...]``: a rank of a torchrun subprocess.
-
-    As ``run_rank``, then it leaves as ``python script.py`` would, with the same exit status.
-    """
+    """``python -m ddplab.launcher.entry TARGET [ARGS...]``: a rank of a torchrun subprocess."""
     if len(sys.argv) < 2:
         sys.exit("usage: python -m ddplab.launcher.entry TARGET [ARGS...] (a rank of a "
                  "torchrun that a ddplab launch started)")
-    set_parent_death_signal()  # (torchrun starts each rank in a session of its own)
-    if os.getppid() == 1:  # torchrun died before the line above
-        sys.exit(1)
-    _announce()
-    code: Any = 0
-    try:
-        run_target(sys.argv[1], sys.argv[2:])
-    except SystemExit as exc:  # sys.exit(-1) is exit status 255, as in python, not a signal
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if not isinstance(exc.code, (int, type(None))):
-            print(exc.code, file=sys.stderr)
-    except KeyboardInterrupt:  # python then ends the process by SIGINT
-        _say_exit(-int(signal.SIGINT))
-        raise
-    except BaseException as exc:  # noqa: BLE001  (as python does: print it, exit 1)
-        code = 1
-        _print_user_traceback(exc)
-    _say_exit(code)
-    sys.exit(code & 0xFF)
+    run_rank(sys.argv[1], sys.argv[2:])
 
 
 if __name__ == "__main__":
