@@ -105,7 +105,7 @@ def launch_multinode(
     port: Optional[int] = None,
 ) -> list[RunResult]:
     """Pretend this machine is ``nnodes`` machines: one torchrun per "node", started as on a
-    cluster (one rendezvous on 127.0.0.1); one ``RunResult`` per node, in node order. Lesson 07.
+    cluster (one rendezvous on 127.0.0.1); one ``RunResult`` per node, in node order. Lesson 07b.
     """
     seconds = check_timeout(timeout, DEFAULT_TIMEOUT)
     port = port or _env.free_port()
