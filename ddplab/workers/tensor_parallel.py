@@ -71,7 +71,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
-                                               PrepareModuleInputOutput, RowwiseParallel,
+                                               PrepareModuleOutput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
 from ddplab import data, dist, events
@@ -238,8 +238,11 @@ def llama_plan(block: nn.Module, mesh: DeviceMesh) -> nn.Module:
     # Attention.forward views q, k, v with self.n_heads: this rank holds only its heads.
     rows = block.attention.wq.weight.to_local().shape[0]
     block.attention.n_heads = rows // block.attention.head_dim
-    return parallelize_module(block, mesh, PrepareModuleInputOutput(
-        input_layouts=Replicate(), desired_input_layouts=Shard(1), use_local_input=True,
+    # The block takes and gives whole sequences: sliced on the way in, gathered on the way out.
+    # (PrepareModuleInputOutput does both in one style, in torch releases after 2.7.)
+    parallelize_module(block, mesh, PrepareModuleInput(
+        input_layouts=Replicate(), desired_input_layouts=Shard(1), use_local_output=True))
+    return parallelize_module(block, mesh, PrepareModuleOutput(
         output_layouts=Shard(1), desired_output_layouts=Replicate()))
 # [/llama_plan]
 
