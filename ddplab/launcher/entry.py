@@ -22,6 +22,7 @@ import zipfile
 from typing import Any, Callable
 
 from ..events import MARKER
+from ..flight_recorder import start_in_rank
 from .procs import close_on_exec_above_stdio, connect_streams, set_parent_death_signal
 
 #: ``local_rank_arg`` values: the option ``torch.distributed.launch`` passed before torch 2.0
@@ -94,6 +95,7 @@ def run_rank(target: str, args: list[str], threads: int = 0) -> None:
     _announce()
     if threads:
         _like_a_fresh_process(threads)
+    start_in_rank()  # (launch(flight_recorder=True): torch's debug server)
     code: Any = 0
     interrupted = False
     try:
