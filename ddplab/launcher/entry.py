@@ -49,6 +49,7 @@ def run_target(target: str, args: list[str]) -> None:
     for option in os.environ.get("PYTHONWARNINGS", "").split(","):
         if option.strip() and option not in sys.warnoptions:  # (a fresh python applied it)
             _warning_filter(option)
+    start_in_rank()  # launch(flight_recorder=True): torch's debug server, on the job's path
     option = LOCAL_RANK_OPTIONS.get(os.environ.get("DDPLAB_LOCAL_RANK_ARG", ""))
     sys.argv = [target, *([f"{option}={os.environ['LOCAL_RANK']}"] if option else []), *args]
     if os.path.isabs(target):
@@ -95,7 +96,6 @@ def run_rank(target: str, args: list[str], threads: int = 0) -> None:
     _announce()
     if threads:
         _like_a_fresh_process(threads)
-    start_in_rank()  # (launch(flight_recorder=True): torch's debug server)
     code: Any = 0
     interrupted = False
     try:
