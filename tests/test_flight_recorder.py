@@ -59,6 +59,10 @@ def _hang(**options) -> tuple[RunResult, str]:
     return result, token
 
 
+def _timed_out(**fields) -> RunResult:
+    return RunResult(status="timeout", returncode=124, wall_time=1.0, world_size=2, **fields)
+
+
 def _report_line(result: RunResult) -> str:
     lines = [line for line in result.error.splitlines() if line.startswith("Flight Recorder")]
     assert len(lines) == 1, result.error
@@ -125,8 +129,7 @@ def test_the_reader_parses_the_page_rank_0_serves():
         server.server_close()
     assert {rank: str(c) for rank, c in reader.waits.items()} == {0: "all_reduce #1",
                                                                   1: "all_gather #1"}
-    timed_out = RunResult(status="timeout", returncode=124, wall_time=1.0, world_size=2,
-                          error="timed out after 1 s")
+    timed_out = _timed_out(error="timed out after 1 s")
     reader.report(timed_out)
     assert timed_out.waits == reader.waits
     assert _report_line(timed_out).startswith("Flight Recorder: rank 0 waits in all_reduce #1;")
@@ -138,14 +141,17 @@ def test_the_reader_parses_the_page_rank_0_serves():
 def test_a_reader_with_nothing_to_read_says_so_in_one_line():
     reader = flight_recorder.Reader()   # a free port: nobody listens there
     reader.read()
-    timed_out = RunResult(status="timeout", returncode=124, wall_time=1.0, world_size=2,
-                          error="timed out after 1 s")
+    timed_out = _timed_out(error="timed out after 1 s")
     reader.report(timed_out)
     assert timed_out.waits == {} and timed_out.error.startswith("timed out after 1 s\n")
     line = _report_line(timed_out)
     assert line.startswith("Flight Recorder not read:") and str(reader.port) in line
     said = {"kind": flight_recorder.EVENT, "rank": 0, "error": "rank 0: no tabulate"}
-    told = RunResult(status="timeout", returncode=124, wall_time=1.0, world_size=2,
-                     error="timed out", events={0: [said]})
+    told = _timed_out(error="timed out", events={0: [said]})
     reader.report(told)   # what a rank said wins over what the fetch saw
     assert _report_line(told) == "Flight Recorder not read: rank 0: no tabulate"
+
+
+def test_an_mp_spawn_script_is_refused_before_anything_starts():
+    with pytest.raises(ddplab.LaunchError, match="engine='torchrun'"):
+        ddplab.launch(DESYNC, 2, engine="spawn", flight_recorder=True, quiet=True)

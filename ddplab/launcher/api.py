@@ -90,6 +90,9 @@ def launch(
             again once every process of the job has ended; ``.result`` holds the RunResult.
     """
     seconds = check_timeout(timeout, DEFAULT_TIMEOUT)
+    if flight_recorder and engine != "torchrun":
+        raise LaunchError("flight_recorder=True needs engine='torchrun': ddplab starts each "
+                          "rank's debug server, and an mp.spawn script starts its own ranks")
     flight = Reader() if flight_recorder else None
     spec = LaunchSpec(target, nprocs, args, engine, {**flight.env, **(env or {})} if flight
                       else env, backend, threads, cwd, nnodes, node_rank, rdzv_endpoint,
