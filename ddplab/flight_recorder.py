@@ -12,7 +12,7 @@ and reads it when the launch times out, before the ranks are ended::
 
 How: every rank starts ``torch.distributed.debug.start_debug_server`` (:func:`start_in_rank`,
 which the launcher's entry calls before the script runs; experimental in torch); rank 0's
-serves the page ``/fr_trace_json``, every rank's records, on a free port the launcher chose
+server serves the page ``/fr_trace_json``, every rank's records, on a free port the launcher chose
 (:class:`Reader`). The same parsers read a page saved earlier (:func:`debug_server_records`,
 :func:`collective_waits`, :func:`describe_waits`; lesson 10 also reads a recording).
 
@@ -41,6 +41,7 @@ from .env import free_port
 
 PORT_ENV = "DDPLAB_FLIGHT_RECORDER"  # in each rank's environment: rank 0's debug server port
 EVENT = "flight_recorder"  # what a rank emits when its debug server could not start
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # (rank 0 is local)
 _RANK_RECORDS = re.compile(r"<h2>Rank (?P<rank>\d+):[^<]*</h2>\s*<pre>(?P<json>.*?)</pre>", re.S)
 
 
@@ -140,7 +141,7 @@ class Reader:
         self.url = f"http://localhost:{self.port}/fr_trace_json"
         self.env = {"TORCH_FR_BUFFER_SIZE": "100", PORT_ENV: str(self.port)}
         self.waits: Optional[dict[int, Optional[Collective]]] = None
-        self.problem = "the launch did not time out"
+        self.problem = "not asked"
 
     def read(self, seconds: float = 10.0) -> None:
         """Fetch rank 0's ``/fr_trace_json`` and find each rank's collective (``waits``), or note
@@ -148,7 +149,7 @@ class Reader:
         start = time.monotonic()
         while True:
             try:
-                with urllib.request.urlopen(self.url, timeout=seconds) as reply:
+                with _NO_PROXY.open(self.url, timeout=seconds) as reply:
                     self.waits = collective_waits(debug_server_records(reply.read().decode()))
             except urllib.error.URLError as exc:
                 if isinstance(exc.reason, ConnectionRefusedError) and time.monotonic() < start + 2:
