@@ -11,8 +11,9 @@ killed by a signal. These helpers pull out the facts a notebook cell prints and 
     assert postmortem.survivors(result.pids) == []           # nothing left running
 
 torch's Flight Recorder names the collective each rank waits in, with its sequence number (the
-same number on every rank for the same collective); :func:`collective_waits` reads the records
-that ``torch.distributed.debug``'s server shows (:func:`debug_server_records`)::
+same number on every rank for the same collective); ``launch(..., flight_recorder=True)`` reads
+it at a timeout (``result.waits``), and :func:`collective_waits` (from ``ddplab.flight_recorder``)
+reads a page of ``torch.distributed.debug``'s server saved earlier (:func:`recording`)::
 
     waits = postmortem.collective_waits(postmortem.debug_server_records(page))
     print("; ".join(postmortem.describe_waits(waits)))   # rank 0 waits in all_reduce #1; ...
@@ -24,16 +25,17 @@ Lesson: 10.
 
 from __future__ import annotations
 
-import html
 import json
 import linecache
 import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Optional
 
 from .. import torch_words
+from ..flight_recorder import (Collective, collective_waits, debug_server_records,  # noqa: F401
+                              describe_waits, flight_records)
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
 _LIBRARY = re.compile(r"site-packages|dist-packages|<frozen|/lib/python\d|ddplab/launcher/")
@@ -148,26 +150,6 @@ def survivors(pids: Iterable[int]) -> list[int]:
 
 
 RECORDINGS = Path(__file__).resolve().parent / "recordings"
-_RANK_RECORDS = re.compile(r"<h2>Rank (?P<rank>\d+):[^<]*</h2>\s*<pre>(?P<json>.*?)</pre>", re.S)
-
-
-@dataclass(frozen=True)
-class Collective:
-    """One collective in a rank's Flight Recorder: its name, sequence number, and whether it ended.
-
-    ``seq`` counts the collectives of the process group ``group``: the n-th collective has the
-    same number on every rank, so two ranks in different collectives with the same number are
-    out of step, and a rank with a smaller number than the others is the one they wait for.
-    """
-
-    op: str
-    seq: int
-    group: str
-    finished: bool
-    shapes: tuple
-
-    def __str__(self) -> str:
-        return f"{self.op} #{self.seq}"
 
 
 def recording(name: str) -> dict:
@@ -178,67 +160,3 @@ def recording(name: str) -> dict:
         known = sorted(p.stem for p in RECORDINGS.glob("*.json"))
         raise FileNotFoundError(f"no recording {name!r}; the recordings are {known}")
     return json.loads(path.read_text())
-
-
-def debug_server_records(page: str) -> dict[int, dict]:
-    """Each rank's Flight Recorder records from the debug server's ``/fr_trace_json`` page.
-
-    ``torch.distributed.debug.start_debug_server()`` (each rank calls it after
-    ``init_process_group``) serves on rank 0's ``port`` a page that holds, rank by rank, the JSON
-    that rank's recorder returned. Raises ValueError for a page without any.
-    """
-    found = {int(m["rank"]): json.loads(html.unescape(m["json"])) for m in _RANK_RECORDS.finditer(page)}
-    if not found:
-        raise ValueError("no rank's records on this page: pass the text of the debug server's "
-                         "/fr_trace_json page (http://RANK0_HOST:PORT/fr_trace_json)")
-    return found
-
-
-def flight_records(record: Mapping[str, Any]) -> list[Collective]:
-    """The collectives (not point-to-point sends) in one rank's Flight Recorder JSON, oldest first.
-
-    Reads ``entries``: ``profiling_name`` (``"gloo:all_reduce"``), ``collective_seq_id`` and
-    ``retired`` (the work ended; on gloo ``state`` stays ``"scheduled"`` even after that).
-    """
-    if "entries" not in record:
-        raise ValueError("not a Flight Recorder record: it has no 'entries' (pass one rank's JSON, "
-                         "e.g. a value of debug_server_records(page))")
-    return [Collective(op=entry["profiling_name"].split(":", 1)[-1], seq=int(entry["collective_seq_id"]),
-                       group=str(entry.get("process_group", ["0"])[0]), finished=bool(entry["retired"]),
-                       shapes=tuple(tuple(size) for size in entry.get("input_sizes", [])))
-            for entry in sorted(record["entries"], key=lambda entry: entry.get("record_id", 0))
-            if not entry.get("is_p2p")]
-
-
-def collective_waits(records: Mapping[int, Mapping[str, Any]]) -> dict[int, Optional[Collective]]:
-    """For each rank, the oldest collective it entered and never finished; None if none.
-
-    Args:
-        records: rank -> that rank's Flight Recorder JSON (e.g. from :func:`debug_server_records`).
-    """
-    return {rank: next((c for c in flight_records(record) if not c.finished), None)
-            for rank, record in sorted(records.items())}
-
-
-def describe_waits(waits: Mapping[int, Optional[Collective]]) -> list[str]:
-    """One line per rank (``"rank 1 waits in all_reduce #7"``), then what the numbers say."""
-    lines = [f"rank {rank} waits in {c}" if c else f"rank {rank} waits in no collective"
-             for rank, c in sorted(waits.items())]
-    waiting = {rank: c for rank, c in waits.items() if c}
-    idle = sorted(rank for rank, c in waits.items() if c is None)
-    seqs = sorted({c.seq for c in waiting.values()})
-    if not waiting:
-        return lines
-    if idle:
-        lines.append(f"rank(s) {idle} are not in a collective, and the others wait for them: still "
-                     "computing or loading data, or past a branch that skipped the collective")
-    elif len(seqs) > 1:
-        behind = sorted(rank for rank, c in waiting.items() if c.seq == seqs[0])
-        lines.append(f"rank(s) {behind} are behind: the others already wait in a later collective")
-    elif len({c.op for c in waiting.values()}) > 1:
-        lines.append(f"the ranks called different collectives as #{seqs[0]}: they are out of step "
-                     "(a collective in a rank-dependent branch, or a different order)")
-    else:
-        lines.append(f"every rank is in {next(iter(waiting.values()))}: the collective itself does "
-                     "not end (shapes that differ, or the network)")
-    return lines

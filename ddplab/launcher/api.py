@@ -19,6 +19,7 @@ import uuid
 from typing import Any, Callable, Optional, Sequence, Union
 
 from .. import env as _env
+from ..flight_recorder import Reader
 from .fallback import start_subprocess, torchrun_subprocess
 from .jobs import ForkRefused, Job, child_env, end_jobs, start_forked, why_no_fork
 from .output import Streams
@@ -50,6 +51,7 @@ def launch(
     max_restarts: int = 0,
     local_rank_arg: Union[bool, str] = False,
     on_event: Optional[Callable[[dict[str, Any]], None]] = None,
+    flight_recorder: bool = False,
 ) -> RunResult:
     """Run ``target`` on ``nprocs`` processes and return what happened.
 
@@ -75,6 +77,9 @@ def launch(
         local_rank_arg: pass each rank ``--local_rank=N`` (True or ``"underscore"``) or
             ``--local-rank=N`` (``"dash"``), as ``torch.distributed.launch`` did (lesson 07).
         on_event: called with every event a worker emits, as it arrives.
+        flight_recorder: on a timeout, name the collective each rank waits in and its sequence
+            number (``result.waits``), from torch's Flight Recorder (``ddplab.flight_recorder``:
+            a debug server per rank, engine ``torchrun``; lesson 10).
 
     Returns:
         A ``RunResult``; ``result.ok`` is False for any failure or timeout.
@@ -85,11 +90,15 @@ def launch(
             again once every process of the job has ended; ``.result`` holds the RunResult.
     """
     seconds = check_timeout(timeout, DEFAULT_TIMEOUT)
-    spec = LaunchSpec(target, nprocs, args, engine, env, backend, threads, cwd, nnodes,
-                      node_rank, rdzv_endpoint, master_addr, master_port, max_restarts,
-                      local_rank_arg)
+    if flight_recorder and engine != "torchrun":
+        raise LaunchError("flight_recorder=True needs engine='torchrun': ddplab starts each "
+                          "rank's debug server, and an mp.spawn script starts its own ranks")
+    flight = Reader() if flight_recorder else None
+    spec = LaunchSpec(target, nprocs, args, engine, {**flight.env, **(env or {})} if flight
+                      else env, backend, threads, cwd, nnodes, node_rank, rdzv_endpoint,
+                      master_addr, master_port, max_restarts, local_rank_arg)
     jobs, view = _start_jobs([spec], quiet, live)
-    return _run(jobs, view, seconds, on_event)[0]
+    return _run(jobs, view, seconds, on_event, flight)[0]
 
 
 def launch_multinode(
@@ -191,7 +200,8 @@ def _preload(target: str) -> bool:
 
 
 def _run(jobs: list[Job], view: Any, timeout: float,
-         on_event: Optional[Callable[[dict[str, Any]], None]] = None) -> list[RunResult]:
+         on_event: Optional[Callable[[dict[str, Any]], None]] = None,
+         flight: Optional[Reader] = None) -> list[RunResult]:
     """Stream every job's output until all end; end them all on timeout or interrupt (then
     raised again, once every process of every job has ended)."""
     start = time.monotonic()
@@ -207,6 +217,7 @@ def _run(jobs: list[Job], view: Any, timeout: float,
                 timed_out_at = time.time()
                 running = [job.running_ranks() for job in jobs]
                 stacks = streams.stacks(running, timeout)
+                flight and flight.read()
         except KeyboardInterrupt as exc:
             status, interrupt = "interrupted", exc
         if status != "done":  # a timeout lets torchrun's agents end their workers first
@@ -224,6 +235,7 @@ def _run(jobs: list[Job], view: Any, timeout: float,
     results = [job_outcome(job, streams.of_job(i), status, wall, timeout, running[i], stacks[i],
                            timed_out_at) for i, job in enumerate(jobs)]
     share_root_cause(results, jobs)
+    flight and flight.report(results[0])
     if interrupt is not None:
         again = KeyboardInterrupt(f"ddplab.launch: {results[0].error}")
         again.result, again.results = results[0], results  # type: ignore[attr-defined]

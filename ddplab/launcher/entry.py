@@ -22,6 +22,7 @@ import zipfile
 from typing import Any, Callable
 
 from ..events import MARKER
+from ..flight_recorder import start_in_rank
 from .procs import close_on_exec_above_stdio, connect_streams, set_parent_death_signal
 
 #: ``local_rank_arg`` values: the option ``torch.distributed.launch`` passed before torch 2.0
@@ -48,6 +49,7 @@ def run_target(target: str, args: list[str]) -> None:
     for option in os.environ.get("PYTHONWARNINGS", "").split(","):
         if option.strip() and option not in sys.warnoptions:  # (a fresh python applied it)
             _warning_filter(option)
+    start_in_rank()  # launch(flight_recorder=True): torch's debug server, on the job's path
     option = LOCAL_RANK_OPTIONS.get(os.environ.get("DDPLAB_LOCAL_RANK_ARG", ""))
     sys.argv = [target, *([f"{option}={os.environ['LOCAL_RANK']}"] if option else []), *args]
     if os.path.isabs(target):

@@ -55,6 +55,9 @@ class RunResult:
     #: empty when nothing timed out (or the ranks could not be asked: subprocess paths).
     still_running: list[int] = field(default_factory=list)
     stacks: dict[int, str] = field(default_factory=dict)
+    #: After a timeout with ``flight_recorder=True``: rank -> the collective it waited in (None:
+    #: in none), from torch's Flight Recorder (``ddplab.flight_recorder.Collective``).
+    waits: dict[int, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -85,6 +88,7 @@ class RunResult:
             "exit_codes": keys(self.exit_codes), "pids": keys(self.pids),
             "error": self.error, "still_running": self.still_running,
             "stacks": keys(self.stacks),
+            "waits": keys({rank: c and asdict(c) for rank, c in self.waits.items()}),
             "root_cause": asdict(self.root_cause) if self.root_cause else None,
             "job_root_cause": asdict(self.job_root_cause) if self.job_root_cause else None,
             "summary": self.summary, "events": keys(self.events), "logs": keys(self.logs),
