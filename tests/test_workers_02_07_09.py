@@ -95,6 +95,14 @@ def two_nodes(tmp_path_factory):
     return out, nodes
 
 
+def test_ddp_across_two_nodes_trains_one_set_of_weights(two_nodes):
+    _out, nodes = two_nodes
+    sums = {e["rank"]: e for run in nodes for e in run.events_of("metric") if e["name"] == "checksum"}
+    assert sorted(sums) == [0, 1, 2, 3]
+    assert len({e["value"] for e in sums.values()}) == 1  # each rank's own data, one model
+    assert len({e["initial"] for e in sums.values()}) == 1 and sums[0]["value"] != sums[0]["initial"]
+
+
 def test_local_rank_guard_writes_once_per_node_and_rank_guard_once(two_nodes):
     out, _nodes = two_nodes
     shared = {guard: (out / "shared" / f"{guard}_guard_writes.log").read_text().split()

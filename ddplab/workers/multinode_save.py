@@ -17,13 +17,16 @@ Each checkpoint is saved twice under ``--out``, to two kinds of storage:
 - ``shared/``: one folder every node sees, as on a shared filesystem (NFS, Lustre);
 - ``node<GROUP_RANK>/``: a folder per node, as each machine's own local disk.
 
-Every write also appends one line (``rank node``) to ``<guard>_writes.log`` next to the file,
-so the writes can be counted afterwards. After a barrier, every rank loads the file from its
-node's view of the storage.
+What is saved is a small model first trained with DDP for a few steps, each rank on data of
+its own: ranks under two agents, one set of weights. Every write also appends one line
+(``rank node``) to ``<guard>_writes.log`` next to the file, so the writes can be counted
+afterwards. After a barrier, every rank loads the file from its node's view of the storage.
 
 Events: ``identity`` per rank (``rank``, ``local_rank``, ``group_rank``, ``world_size``,
 ``agent_pid``: the pid of the torchrun agent that started this worker, ``hostname``);
-``metric`` ``loaded`` per rank, guard and storage (``guard``, ``storage``, ``ok``, ``error``).
+``metric`` ``checksum`` per rank (``value``: the sum of the trained weights, float64;
+``initial``: the same before training); ``metric`` ``loaded`` per rank, guard and storage
+(``guard``, ``storage``, ``ok``, ``error``).
 
 Lesson: 07b.
 """
@@ -37,11 +40,14 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddplab import checkpoint, dist, events
+from ddplab import checkpoint, dist, events, train
 
 STORAGES = ("shared", "node-local")
+STEPS = 3  # DDP steps before the save
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -86,8 +92,22 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 world_size=info.world_size, agent_pid=os.getppid(),
                 hostname=socket.gethostname())
 
-    torch.manual_seed(0)  # the same weights on every rank, as after DDP training
-    state = {"model": nn.Linear(4, 2).state_dict()}
+    # [train]
+    torch.manual_seed(0)  # the same initial weights on every rank
+    model = nn.Linear(4, 2)
+    initial = train.param_checksum(model)
+    ddp = DDP(model)  # a CPU module: no device_ids
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(info.rank)  # each rank its own samples
+    for _ in range(STEPS):
+        inputs = torch.randn(8, 4, generator=data)
+        loss = F.mse_loss(ddp(inputs), inputs[:, :2])
+        optimizer.zero_grad()
+        loss.backward()  # the gradients are averaged over all ranks, on both nodes
+        optimizer.step()
+    events.emit("metric", name="checksum", value=train.param_checksum(model), initial=initial)
+    # [/train]
+    state = {"model": model.state_dict()}
     for storage in STORAGES:
         folder = Path(args.out, "shared" if storage == "shared" else f"node{node}")
         folder.mkdir(parents=True, exist_ok=True)
