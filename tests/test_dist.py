@@ -110,8 +110,10 @@ def _collectives(rank: int, world_size: int, init_file: str, out_dir: str) -> No
 
 @pytest.mark.slow
 def test_collectives_on_three_gloo_processes(tmp_path):
-    torch.multiprocessing.spawn(_collectives, args=(3, str(tmp_path / "init"), str(tmp_path)),
-                                nprocs=3)
+    # Forked from this process, which never touched CUDA: no rank imports torch again.
+    torch.multiprocessing.start_processes(
+        _collectives, args=(3, str(tmp_path / "init"), str(tmp_path)), nprocs=3,
+        start_method="fork")
     facts = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(3)]
     for fact in facts:  # every rank gets the same answer
         assert fact["sum"] == [1.0 + 2.0 + 3.0, 3.0]
