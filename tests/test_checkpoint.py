@@ -253,6 +253,7 @@ def _save_on_two_ranks(rank: int, init_file: str, folder: str) -> None:
     import json
     import time
 
+    torch.set_num_threads(1)  # forked: the parent's OpenMP threads do not exist in this child
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                                          world_size=2)
     writes = []

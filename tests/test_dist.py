@@ -94,6 +94,7 @@ def test_collectives_in_a_world_of_one_return_the_value(monkeypatch):
 
 
 def _collectives(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)  # forked: the parent's OpenMP threads do not exist in this child
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                                          world_size=world_size)
     try:
