@@ -6,8 +6,6 @@ import contextlib
 import os
 import random
 import signal
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 from typing import Iterator
@@ -139,20 +137,20 @@ def test_a_saved_file_gets_the_mode_the_umask_gives(tmp_path: Path, umask: int) 
 
 def test_a_killed_save_leaves_nothing_the_next_save_does_not_reclaim(tmp_path: Path) -> None:
     """A process killed (SIGKILL) while it writes: its temporary file goes at the next save."""
-    code = ("import sys, torch\n"
-            "from unittest import mock\n"
-            "from ddplab import checkpoint\n"
-            "def killed(obj, file):\n"
-            "    file.write(b'half a checkpoint'); file.flush()\n"
-            "    import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n"
-            "with mock.patch('torch.save', killed):\n"
-            "    checkpoint.atomic_save({'w': torch.ones(2)}, sys.argv[1])\n")
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c.pt")],
-                          capture_output=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              [str(Path(__file__).resolve().parent.parent),
-                               os.environ.get("PYTHONPATH", "")])})
-    assert done.returncode == -signal.SIGKILL, done.stderr
+    def killed(obj, file):
+        file.write(b"half a checkpoint")
+        file.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    pid = os.fork()  # this process never touched CUDA: forking it is safe
+    if pid == 0:
+        try:
+            with mock.patch("torch.save", killed):
+                checkpoint.atomic_save({"w": torch.ones(2)}, tmp_path / "c.pt")
+        finally:
+            os._exit(1)  # only if the kill did not happen: the wait below then fails
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
     left = os.listdir(tmp_path)  # killed: it had no chance to clean
     assert len(left) == 1 and left[0].startswith(".c.pt.tmp-"), left
     checkpoint.atomic_save({"w": torch.zeros(2)}, tmp_path / "c.pt")
@@ -255,6 +253,7 @@ def _save_on_two_ranks(rank: int, init_file: str, folder: str) -> None:
     import json
     import time
 
+    torch.set_num_threads(1)  # forked: the parent's OpenMP threads do not exist in this child
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                                          world_size=2)
     writes = []
@@ -279,8 +278,10 @@ def _save_on_two_ranks(rank: int, init_file: str, folder: str) -> None:
 def test_only_rank0_writes_and_every_rank_finds_the_file(tmp_path: Path) -> None:
     import json
 
-    torch.multiprocessing.spawn(_save_on_two_ranks, args=(str(tmp_path / "init"), str(tmp_path)),
-                                nprocs=2)
+    # Forked from this process, which never touched CUDA: no rank imports torch again.
+    torch.multiprocessing.start_processes(
+        _save_on_two_ranks, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2,
+        start_method="fork")
     facts = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [f["writes"] for f in facts] == [1, 0]
     assert all(f["found"] for f in facts)

@@ -94,6 +94,7 @@ def test_collectives_in_a_world_of_one_return_the_value(monkeypatch):
 
 
 def _collectives(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)  # forked: the parent's OpenMP threads do not exist in this child
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                                          world_size=world_size)
     try:
@@ -110,8 +111,10 @@ def _collectives(rank: int, world_size: int, init_file: str, out_dir: str) -> No
 
 @pytest.mark.slow
 def test_collectives_on_three_gloo_processes(tmp_path):
-    torch.multiprocessing.spawn(_collectives, args=(3, str(tmp_path / "init"), str(tmp_path)),
-                                nprocs=3)
+    # Forked from this process, which never touched CUDA: no rank imports torch again.
+    torch.multiprocessing.start_processes(
+        _collectives, args=(3, str(tmp_path / "init"), str(tmp_path)), nprocs=3,
+        start_method="fork")
     facts = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(3)]
     for fact in facts:  # every rank gets the same answer
         assert fact["sum"] == [1.0 + 2.0 + 3.0, 3.0]

@@ -2,9 +2,10 @@
 
 These two modules are the ones learners copy into their own scripts, so each ``::`` block of
 their docstrings (module, functions, classes) is a whole script: it is written to a file and run
-under ``torchrun --nproc-per-node 2`` in an empty folder. Each path runs once: every example
-under torchrun, and the two module examples (which use every helper a plain script needs) also as
-plain ``python``, a world of one. The examples assert what they claim, so running them checks them.
+on 2 ranks by ``ddplab.launch`` (torchrun's engine, its ranks forked from a process that has
+already imported torch) in an empty folder. Each path runs once: every example on 2 ranks, and
+the two module examples (which use every helper a plain script needs) also as a cold plain
+``python``, a world of one. The examples assert what they claim, so running them checks them.
 """
 
 from __future__ import annotations
@@ -67,18 +68,36 @@ def test_every_public_function_with_an_example_is_collected():
     assert not any(">>>" in script for _, script in EXAMPLES), "examples are scripts, not doctests"
 
 
-def _start(script: str, folder: Path, nprocs: int) -> subprocess.Popen:
+def _run_plain(script: str, folder: Path) -> tuple[int, str]:
+    """Run ``script`` as a plain ``python example.py`` in ``folder``: (exit code, output)."""
     folder.mkdir()
     (folder / "example.py").write_text(script)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                  "LOCAL_WORLD_SIZE", "DDPLAB_BACKEND"):
         env.pop(name, None)
-    launcher = [] if nprocs == 1 else ["-m", "torch.distributed.run", "--standalone",
-                                       f"--nproc-per-node={nprocs}"]
-    return subprocess.Popen([sys.executable, *launcher, "example.py"], cwd=folder, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # killpg ends torchrun's ranks too
+    run = subprocess.Popen([sys.executable, "example.py"], cwd=folder, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        out, _ = run.communicate(timeout=240)  # a safety net: a run takes seconds
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    return run.returncode, out
+
+
+def _run_ranks(script: str, folder: Path, nprocs: int) -> tuple[bool, str]:
+    """Run ``script`` on ``nprocs`` ranks with torchrun's engine in ``folder``: (ok, output)."""
+    import ddplab
+
+    folder.mkdir()
+    (folder / "example.py").write_text(script)
+    result = ddplab.launch(str(folder / "example.py"), nprocs, cwd=str(folder), quiet=True,
+                           live=False, timeout=240)  # a safety net: a run takes seconds
+    logs = "\n".join(f"[{who}] {line}" for who, lines in result.logs.items() for line in lines)
+    return result.ok, f"{result.status} {result.exit_codes}\n{logs}"
 
 
 RUNS = [(name, script, 2) for name, script in EXAMPLES] + [
@@ -94,12 +113,10 @@ def test_both_module_examples_also_run_as_plain_python():
 @pytest.mark.parametrize("name,script,nprocs", RUNS,
                          ids=[f"{name}-{nprocs}" for name, _, nprocs in RUNS])
 def test_example_runs_as_written(name, script, nprocs, tmp_path):
-    run = _start(script, tmp_path / f"nprocs{nprocs}", nprocs)
-    try:
-        out, err = run.communicate(timeout=240)  # a safety net: a run takes seconds
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
-    assert run.returncode == 0, (
-        f"{name} failed on {nprocs} process(es):\n{script}\n{out[-2000:]}\n{err[-3000:]}")
+    folder = tmp_path / f"nprocs{nprocs}"
+    if nprocs == 1:
+        code, out = _run_plain(script, folder)
+        ok = code == 0
+    else:
+        ok, out = _run_ranks(script, folder, nprocs)
+    assert ok, f"{name} failed on {nprocs} process(es):\n{script}\n{out[-5000:]}"

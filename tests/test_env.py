@@ -1,5 +1,7 @@
 """Hardware facts and the doctor report."""
 
+import functools
+import json
 import os
 import socket
 import subprocess
@@ -21,6 +23,7 @@ def test_free_port_is_free_and_a_bound_port_is_not():
         assert not ddenv.port_is_free(sock.getsockname()[1])
 
 
+@functools.cache
 def gpus_here() -> int:
     """The CUDA GPUs torch sees on this machine, counted in a process of its own (not ddplab's)."""
     code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
@@ -96,17 +99,29 @@ def test_doctor_says_how_launches_start_here(monkeypatch, setting, expected):
 FAKE_GPUS = str(Path(__file__).parent / "scripts" / "fake_gpus.py")
 
 
+#: Every machine the tests below fake: (GPUs, peer access, nccl in the build, environment).
+MACHINES = [dict(gpus=0), dict(gpus=1), dict(gpus=2, p2p=True), dict(gpus=2, p2p=False),
+            dict(gpus=2, p2p=False, env={"NCCL_P2P_DISABLE": "1"}), dict(gpus=2, nccl=False),
+            dict(gpus=4, env={"DDPLAB_BACKEND": "gloo"})]
+
+
+@functools.cache
+def _decisions() -> list[dict]:
+    """What ``fake_gpus.py`` finds on each of ``MACHINES``, in one process of its own."""
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("DDPLAB_BACKEND", "NCCL_P2P_DISABLE")}
+    out = subprocess.run([sys.executable, FAKE_GPUS, json.dumps(MACHINES)], capture_output=True,
+                         text=True, timeout=300, env=environ)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.strip().splitlines()[-len(MACHINES):]]
+
+
 def decide(extra_env=None, **spec):
     """The doctor's plan and problems, and dist's choices, with torch.cuda patched elsewhere.
     Whatever the machine, the doctor's backend is the one the ranks pick (one rule)."""
-    import json
-
-    environ = {k: v for k, v in os.environ.items()
-               if k not in ("DDPLAB_BACKEND", "NCCL_P2P_DISABLE")}
-    out = subprocess.run([sys.executable, FAKE_GPUS, json.dumps(spec)], capture_output=True,
-                         text=True, timeout=300, env={**environ, **(extra_env or {})})
-    assert out.returncode == 0, out.stderr
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    machine = {**spec, **({"env": extra_env} if extra_env else {})}
+    assert machine in MACHINES, f"add {machine} to MACHINES"
+    seen = _decisions()[MACHINES.index(machine)]
     assert seen["doctor"]["backend"] == seen["backend"], seen
     assert seen["doctor"]["plan"] == seen["plan"] and f"with {seen['backend']}" in seen["plan"]
     return seen
