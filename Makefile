@@ -49,12 +49,12 @@ lab: setup
 # (a file named twice runs once). PYTEST_EXIT turns pytest's exit status 5 (nothing collected)
 # into a failure that says so.
 XDIST ?= -n 3 --dist loadfile --no-loadscope-reorder  # loadfile: a notebook's cells share a kernel
-LONGEST := $(wildcard tests/test_launch.py tests/test_docstring_examples.py \
-	tests/test_spawn_engine.py tests/test_capstone.py tests/test_rank_behaviour.py \
-	notebooks/09_*.ipynb tests/test_env.py notebooks/03_*.ipynb notebooks/11_*.ipynb \
-	notebooks/13_*.ipynb tests/test_cli.py tests/test_wheel.py tests/test_train_worker.py \
-	notebooks/06_*.ipynb tests/test_workers_02_07_09.py tests/test_exit_abort.py \
-	notebooks/12_*.ipynb tests/test_check.py tests/test_exercise_variants.py)
+LONGEST := $(wildcard tests/test_launch.py tests/test_rank_behaviour.py tests/test_spawn_engine.py \
+	tests/test_exercise_variants.py notebooks/03_*.ipynb notebooks/09_*.ipynb tests/test_cli.py \
+	notebooks/10_*.ipynb notebooks/13_*.ipynb tests/test_env.py tests/test_cuda_clean.py \
+	tests/test_check.py notebooks/07b_*.ipynb tests/test_train_worker.py \
+	tests/test_workers_02_07_09.py tests/test_demos_spawning.py notebooks/03b_*.ipynb \
+	tests/test_exit_abort.py notebooks/06_*.ipynb notebooks/11_*.ipynb)
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=$(NB_TIMEOUT)
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 PYTEST_EXIT = s=$$?; [ $$s -ne 5 ] || echo "make $@: pytest collected no tests: a failure here" >&2; exit $$s
