@@ -1,8 +1,5 @@
-"""A started launch (``Job``): where its output comes from, its process group, how to end it.
-
-A job is one process group, the agent's (forked by the helper, ``start_forked``) or a
-subprocess's (``fallback``). It has ended when its agent or its subprocess exited; what the
-ranks left in the group is then ended, as torchrun's agent ends its workers.
+"""A started launch (``Job``): one process group, the agent's (forked by the helper,
+``start_forked``) or a subprocess's (``fallback``); where its output comes from, how it ends.
 """
 
 from __future__ import annotations
@@ -39,7 +36,6 @@ class Job:
     err_fds: set[int] = field(default_factory=set)  # the sources that carry stderr
     popen: Optional[subprocess.Popen] = None
     report: dict[str, Any] = field(default_factory=dict)  # the agent's last word
-    nproc_per_node: int = 1
     pids: dict[int, int] = field(default_factory=dict)  # rank -> pid (it said so; stacks)
     started: dict[int, Optional[int]] = field(default_factory=dict)  # pid -> its start time
     said_exit: dict[int, tuple[int, float]] = field(default_factory=dict)  # its "exit" event
@@ -77,7 +73,7 @@ class Job:
 
     def workers_gone(self) -> bool:
         """True once every local worker has reported its pid and none of them runs any more."""
-        if self.popen is not None or len(self.pids) < self.nproc_per_node:
+        if self.popen is not None or len(self.pids) < self.world_size:
             return False
         return not any(running(pid) for pid in self.pids.values())
 
@@ -204,12 +200,9 @@ def why_no_fork() -> Optional[str]:
 
 def start_forked(target: str, args: list[str], nprocs: int, job_env: dict[str, str], cwd: str,
                  threads: int, endpoint: str, run_id: str, preload: bool = True,
-                 max_restarts: int = 0, **_cold_only: Any) -> Job:
-    """Start a one-node torchrun-engine job through the preloaded helper (``helper``).
-
-    Raises:
-        ForkRefused: the helper cannot fork workers safely (CUDA is initialised in it).
-    """
+                 max_restarts: int = 0) -> Job:
+    """Start a one-node torchrun-engine job through the helper; ForkRefused where the helper
+    cannot fork workers safely (CUDA is initialised in it)."""
     channel, address = rank_channel()
     req = {"op": "launch", "target": target, "args": args, "nproc_per_node": nprocs,
            "rdzv_endpoint": endpoint, "run_id": run_id, "cwd": cwd, "threads": threads,
@@ -225,4 +218,4 @@ def start_forked(target: str, args: list[str], nprocs: int, job_env: dict[str, s
         channel.close()
         raise
     return Job(world_size=nprocs, engine="torchrun", pgid=int(reply["pid"]),
-               sources={channel.detach(): "accept"}, nproc_per_node=nprocs)
+               sources={channel.detach(): "accept"})

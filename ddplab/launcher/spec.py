@@ -66,7 +66,32 @@ class LaunchSpec:
         self.local_rank_style = _local_rank_style(self.local_rank_arg, self.engine)
         self.resolved = resolve_target(self.target, self.cwd)
         self.argv = [str(a) for a in self.args]
+        if self.engine == "torchrun" and not self.local_rank_style and not any(
+                a.startswith(("--local_rank", "--local-rank")) for a in self.argv) \
+                and declares_local_rank(self.resolved):
+            print(f"ddplab.launch: {self.resolved} declares --local_rank (written for "
+                  f"torch.distributed.launch) and does not read LOCAL_RANK: every rank keeps "
+                  f"the option's default. Pass local_rank_arg=True (CLI: --local-rank-arg), or "
+                  f"read int(os.environ['LOCAL_RANK']) in the script.", file=sys.stderr)
         return self
+
+    def job_env(self) -> dict[str, str]:
+        """What the launch adds to the caller's environment for its processes."""
+        extra = dict(self.env or {})
+        if self.local_rank_style:
+            extra["DDPLAB_LOCAL_RANK_ARG"] = self.local_rank_style  # read by the rank's entry
+        if self.backend not in (None, "auto"):
+            extra["DDPLAB_BACKEND"] = str(self.backend)
+        inherited = {"OMP_NUM_THREADS": str(self.threads)}
+        if self.nnodes > 1 or self.max_restarts:
+            # A torchrun's workers would share its c10d rendezvous's store (torch >= 2.5), and
+            # a restarted attempt read the failed one's addresses there (pytorch#135712).
+            inherited["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        if self.host.startswith("127."):
+            inherited["GLOO_SOCKET_IFNAME"] = "lo"
+        for name, value in inherited.items():
+            extra.setdefault(name, os.environ.get(name, value))
+        return extra
 
     def _check_numbers(self) -> None:
         if self.engine not in ENGINES:
