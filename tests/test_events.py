@@ -31,7 +31,7 @@ def test_numpy_and_tensor_values_become_plain_json(capsys):
 
 
 def test_an_event_after_a_line_without_newline_is_split_off():
-    from ddplab.launcher.output import split_event
+    split_event = events.split
 
     exit_event = {"kind": "exit", "rank": 1, "code": 0, "time": 1.5}
     glued = "progress 99%" + events.MARKER + json.dumps(exit_event)

@@ -165,7 +165,7 @@ def _run(jobs: list[Job], view: Any, timeout: float,
         streams.close()
         view.close()
     wall = time.monotonic() - start
-    results = [job_outcome(job, streams.of_job(i), status, wall, timeout, running[i], stacks[i],
+    results = [job_outcome(job, streams.read[i], status, wall, timeout, running[i], stacks[i],
                            timed_out_at) for i, job in enumerate(jobs)]
     share_root_cause(results, jobs)
     if interrupt is not None:

@@ -56,8 +56,8 @@ class Job:
         return not running(self.pgid)
 
     def exits(self, before: float = math.inf) -> dict[int, tuple[int, float]]:
-        """rank -> (exit code, time): the agent's accounting (by pid), else the rank's own
-        ``exit`` event; ``before``: only the agent's facts older than that (a timeout's)."""
+        """rank -> (exit code, time): the agent's accounting (by pid, only what it saw
+        ``before``), else the rank's own ``exit`` event."""
         by_pid = self.report.get("exits", {})
         found = dict(self.said_exit)
         found.update({rank: (int(by_pid[str(pid)][0]), float(by_pid[str(pid)][1]))
@@ -66,13 +66,12 @@ class Job:
         return found
 
     def running_ranks(self) -> list[int]:
-        """The ranks whose script still runs (a finished rank's process waits for its peers);
-        of an mp.spawn script, those that ddplab.dist set up."""
+        """The ranks that said who they are and whose script still runs."""
         return sorted(rank for rank, pid in self.pids.items()
                       if running(pid) and rank not in self.said_exit)
 
     def workers_gone(self) -> bool:
-        """True once every local worker has reported its pid and none of them runs any more."""
+        """True once every forked worker has said its pid and none of them runs any more."""
         if self.popen is not None or len(self.pids) < self.world_size:
             return False
         return not any(running(pid) for pid in self.pids.values())
@@ -84,9 +83,8 @@ class Job:
         return group_running(self.pgid)
 
     def watch_spawned(self, every: float = 0.2) -> None:
-        """Note the ranks an ``mp.spawn`` script has started, in rank order: children of the
-        script (or its forkserver) running ``spawn_main``, or forks still running as the
-        script two looks apart (not the resource tracker, nor ``ldconfig`` before its exec)."""
+        """Note the ranks an ``mp.spawn`` script starts: children of the script (or of its
+        forkserver) running ``spawn_main``, or forks still the script two looks apart."""
         now = time.monotonic()
         if self.popen is None or self.engine != "spawn" or now - self._watched_at < every:
             return
@@ -126,10 +124,6 @@ class Job:
         if sig == signal.SIGKILL and self.on_reap is not None:
             self.on_reap()
 
-    def terminate(self, grace: float = 3.0) -> None:
-        """SIGTERM the job's process group, then SIGKILL whatever is left after ``grace``."""
-        end_jobs([self], grace)
-
     def reap(self) -> None:
         """End what the ranks left in the job's group (SIGTERM, then SIGKILL after 1 s)."""
         if self.popen is not None:
@@ -139,7 +133,7 @@ class Job:
                 self.kill(signal.SIGKILL)
                 self.popen.wait()
         if self.alive():
-            self.terminate(grace=1.0)
+            end_jobs([self], grace=1.0)
         if self.on_reap is not None:
             self.on_reap()
 

@@ -40,14 +40,11 @@ class RunResult:
     events: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     root_cause: Optional[RankFailure] = None
     error: str = ""
-    #: The first genuine failure of the whole job: ``root_cause`` for one node; across every
-    #: node for ``launch_multinode`` (a node whose ranks only lost their peers points here).
+    #: The first genuine failure across every node of ``launch_multinode`` (one node: root_cause).
     job_root_cause: Optional[RankFailure] = None
     engine: str = "torchrun"
     pids: dict[int, int] = field(default_factory=dict)
-    #: After a timeout: the ranks still running then, and for each the text of its Python
-    #: stack dump (every thread, innermost frame first, with file paths and line numbers);
-    #: empty when nothing timed out (or the ranks could not be asked: subprocess paths).
+    #: After a timeout: the ranks still running then, and each one's Python stack dump.
     still_running: list[int] = field(default_factory=list)
     stacks: dict[int, str] = field(default_factory=dict)
 
@@ -71,19 +68,7 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Everything in the result as JSON-able values (``python -m ddplab launch --json``)."""
-        def keys(mapping: dict[Any, Any]) -> dict[str, Any]:
-            return {str(key): value for key, value in mapping.items()}
-
-        return {
-            "status": self.status, "ok": self.ok, "returncode": self.returncode,
-            "wall_time": self.wall_time, "world_size": self.world_size, "engine": self.engine,
-            "exit_codes": keys(self.exit_codes), "pids": keys(self.pids),
-            "error": self.error, "still_running": self.still_running,
-            "stacks": keys(self.stacks),
-            "root_cause": asdict(self.root_cause) if self.root_cause else None,
-            "job_root_cause": asdict(self.job_root_cause) if self.job_root_cause else None,
-            "summary": self.summary, "events": keys(self.events), "logs": keys(self.logs),
-        }
+        return {**asdict(self), "ok": self.ok, "summary": self.summary}
 
     def check(self) -> "RunResult":
         """Return self when ok, else raise RuntimeError with the root cause."""
