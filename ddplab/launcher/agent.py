@@ -204,21 +204,9 @@ def launch_config(**options: Any) -> Any:
     from torch.distributed.launcher.api import LaunchConfig
 
     known = {f.name for f in dataclasses.fields(LaunchConfig)}
-    options = {name: value for name, value in options.items() if name in known}
-    if "numa_options" in known and options.get("numa_options") is None:
-        options["numa_options"] = _numa_placeholder()
-        config = LaunchConfig(**options)
+    numa = "numa_options" in known
+    config = LaunchConfig(**{name: value for name, value in options.items() if name in known},
+                          **({"numa_options": object()} if numa else {}))
+    if numa:
         config.numa_options = None
-        return config
-    return LaunchConfig(**options)
-
-
-def _numa_placeholder() -> Any:
-    """A ``numa_options`` value that only stops ``LaunchConfig`` from asking the accelerator
-    (as accelerate's ``notebook_launcher``, which forks its workers too, does)."""
-    try:
-        from torch.numa.binding import AffinityMode, NumaOptions
-
-        return NumaOptions(AffinityMode.NODE)
-    except (ImportError, AttributeError, TypeError):
-        return object()
+    return config
