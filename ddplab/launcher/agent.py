@@ -96,8 +96,9 @@ def _one_node_handler() -> Any:
             # Each round a fresh store: a restarted round must not read the failed one's
             # addresses (pytorch/pytorch#135712). A port given is the first round's.
             port = 0 if self.server else self.port
-            if self.server:
-                os.kill(self.server, signal.SIGKILL)  # (a child of this agent: not reaped)
+            if self.server:  # (a child of this agent, not reaped until now: still its pid)
+                os.kill(self.server, signal.SIGKILL)
+                os.waitpid(self.server, 0)  # gone, its port closed, before the next round
             self.server, port = serve_store(self.host, port)
             return RendezvousInfo(PrefixStore(self.run_id, HashStore()), 0, 1,
                                   RendezvousStoreInfo(self.host, port))
