@@ -69,6 +69,14 @@ def parse(line: str) -> dict[str, Any] | None:
     return event
 
 
+def split(text: str) -> tuple[str, dict[str, Any] | None]:
+    """A line as (output, event): ``print("99%", end="")`` then an event gives one line,
+    ``99%@ddplab {...}``."""
+    at = 0 if parse(text) is not None else max(text.rfind(MARKER), 0)
+    event = parse(text[at:])
+    return (text[:at], event) if event is not None else (text, None)
+
+
 def _jsonable(value: Any) -> Any:
     """Convert numbers held in tensors or numpy scalars to plain Python for JSON."""
     if hasattr(value, "tolist"):

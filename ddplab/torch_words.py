@@ -193,7 +193,27 @@ UNRECOGNIZED_ARGUMENTS = Words(
     (("Python 3.11", "train.py: error: unrecognized arguments: --local-rank=1"),),
 )
 
+#: torchrun's error report (its ``ChildFailedError``), a failed rank and its exit code
+#: (-N: killed by signal N); the launcher reads the ranks of a torchrun subprocess from it.
+TORCHRUN_FAILURE = Words(
+    "torchrun's failure report", "torchrun reports a rank that failed, with its exit code",
+    re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+).*\n\s*exitcode\s*:\s*(?P<code>-?\d+)", re.M),
+    (("2.6-2.14", "  rank      : 1 (local_rank: 1)\n  exitcode  : 3 (pid: 4242)"),),
+)
+
+#: ``mp.spawn``'s error for a failed process: its exit code, its signal, or its exception.
+SPAWN_FAILURE = Words(
+    "mp.spawn's failure report", "torch.multiprocessing.spawn reports a process that failed",
+    re.compile(r"[Pp]rocess (?P<rank>\d+) terminated with (?:exit code (?P<code>\d+)|signal "
+               r"(?P<signal>SIG\w+)|the following error)"),
+    (("2.6-2.14", "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated "
+                  "with exit code 3"),
+     ("2.6-2.14", "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated "
+                  "with signal SIGKILL"),
+     ("2.6-2.14", "-- Process 1 terminated with the following error:")),
+)
+
 #: Every pattern of this module (the tests walk it).
 ALL = (PEER_LOST, NCCL_WITHOUT_GPU, TORCHRUN_VARIABLES_MISSING, COLLECTIVE_TIMEOUT,
        DETAIL_MISMATCH, UNUSED_PARAMETERS, FIND_UNUSED_COST, UNPICKLABLE_MAIN,
-       UNRECOGNIZED_ARGUMENTS)
+       UNRECOGNIZED_ARGUMENTS, TORCHRUN_FAILURE, SPAWN_FAILURE)

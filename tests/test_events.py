@@ -31,15 +31,13 @@ def test_numpy_and_tensor_values_become_plain_json(capsys):
 
 
 def test_an_event_after_a_line_without_newline_is_split_off():
-    from ddplab.launcher.output import split_event
-
     exit_event = {"kind": "exit", "rank": 1, "code": 0, "time": 1.5}
     glued = "progress 99%" + events.MARKER + json.dumps(exit_event)
-    assert split_event(glued) == ("progress 99%", exit_event)
-    assert split_event(events.MARKER + json.dumps(exit_event)) == ("", exit_event)
-    assert split_event("loss 0.25") == ("loss 0.25", None)
+    assert events.split(glued) == ("progress 99%", exit_event)
+    assert events.split(events.MARKER + json.dumps(exit_event)) == ("", exit_event)
+    assert events.split("loss 0.25") == ("loss 0.25", None)
     # Text that merely contains the marker is output, not an event.
     odd = "see " + events.MARKER + "{not json"
-    assert split_event(odd) == (odd, None)
-    assert split_event("x" + events.MARKER + json.dumps([1])) == ("x" + events.MARKER + "[1]",
-                                                                 None)
+    assert events.split(odd) == (odd, None)
+    not_an_event = "x" + events.MARKER + json.dumps([1])
+    assert events.split(not_an_event) == (not_an_event, None)

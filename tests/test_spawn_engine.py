@@ -6,13 +6,14 @@ Includes unedited scripts from pytorch/examples (tests/scripts/pytorch_examples,
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
 
 from ddplab import env as ddenv
 from ddplab import launch, torch_words
-from ddplab.launcher.results import EXIT_ABORT, hint_for
+from ddplab.launcher.causes import EXIT_ABORT, hint_for
 from ddplab.workers import spawn_ddp
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -177,14 +178,16 @@ def test_a_timeout_ends_the_script_and_every_rank_it_started():
     assert gone(result.pids.values())
 
 
-def test_where_processes_cannot_be_watched_nothing_is_claimed_about_ranks():
-    from ddplab.launcher.results import spawn_outcome
-    from ddplab.launcher.results import RunResult
+def test_where_processes_cannot_be_watched_nothing_is_claimed_about_ranks(monkeypatch):
+    from ddplab.launcher.jobs import Job
+    from ddplab.launcher.results import job_outcome
 
     def outcome(code):
-        fresh = RunResult(status="ok", returncode=0, wall_time=1.0, world_size=2)
-        return spawn_outcome(fresh, code, None, {}, {"launcher": ["hi"]},
-                             {"launcher": ["boom"]})  # ranks=None: no /proc (not Linux)
+        job = Job(world_size=2, engine="spawn", pgid=0, sources={},
+                  popen=SimpleNamespace(returncode=code))
+        monkeypatch.setattr(job, "spawned_ranks", lambda: None)  # no /proc (not Linux)
+        read = {"logs": {"launcher": ["hi"]}, "stderr": {"launcher": ["boom"]}, "events": {}}
+        return job_outcome(job, read, "done", 1.0, 60.0, [], {})
 
     assert outcome(0).ok and outcome(0).exit_codes == {} and outcome(0).world_size == 2
     failed = outcome(2)

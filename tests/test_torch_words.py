@@ -22,7 +22,7 @@ import ddplab
 from ddplab import env as ddenv
 from ddplab import torch_words
 from ddplab.lab import postmortem
-from ddplab.launcher import results
+from ddplab.launcher import causes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,7 +153,7 @@ def test_nccl_without_a_gpu_is_recognised_on_this_torch():
                           timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode != 0, "nccl started without a GPU"
     assert torch_words.NCCL_WITHOUT_GPU.search(done.stderr), done.stderr[-2000:]
-    assert results.hint_for(done.stderr, "torchrun") == results.hint_for(
+    assert causes.hint_for(done.stderr, "torchrun") == causes.hint_for(
         done.stderr, "spawn") != ""
 
 

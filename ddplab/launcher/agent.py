@@ -1,12 +1,10 @@
-"""One elastic agent per launch, forked by the helper: torchrun's engine with forked ranks.
+"""One elastic agent per launch, forked by the helper: torch's ``elastic_launch`` with forked
+ranks (``entry.run_rank``), its output on the caller's socket.
 
-``run_agent`` makes the child a session of its own, sends its output to the caller's socket,
-then calls PyTorch's ``elastic_launch`` with ``start_method="fork"``; each rank runs
-``entry.run_rank``. The rendezvous is ``OneNode``, registered with torch's public
-``rendezvous_handler_registry``: the agent's store is an in-process ``HashStore``, and the
-workers' store is served by a process the agent forks for each round: a rank forked while a
-store's server thread holds a libc lock would hang, so the agent never runs one. Exit statuses are read as ranks end (``_note_exits``), completed by
-torch's ``ChildFailedError``, and sent back as the agent's last line, a ``report`` event.
+Its rendezvous (``OneNode``, through torch's ``rendezvous_handler_registry``) keeps the agent's
+store in-process and has a forked process serve the workers' store each round: a rank forked
+while a store's thread holds a lock would hang. Exit statuses, read as ranks end and completed
+by torch's ``ChildFailedError``, go back as the agent's last line (a ``report`` event).
 """
 
 from __future__ import annotations
@@ -98,8 +96,9 @@ def _one_node_handler() -> Any:
             # Each round a fresh store: a restarted round must not read the failed one's
             # addresses (pytorch/pytorch#135712). A port given is the first round's.
             port = 0 if self.server else self.port
-            if self.server:
-                os.kill(self.server, signal.SIGKILL)  # (a child of this agent: not reaped)
+            if self.server:  # (a child of this agent, not reaped until now: still its pid)
+                os.kill(self.server, signal.SIGKILL)
+                os.waitpid(self.server, 0)  # gone, its port closed, before the next round
             self.server, port = serve_store(self.host, port)
             return RendezvousInfo(PrefixStore(self.run_id, HashStore()), 0, 1,
                                   RendezvousStoreInfo(self.host, port))
@@ -130,12 +129,9 @@ def _one_node_handler() -> Any:
 
 
 def serve_store(host: str, port: int) -> tuple[int, int]:
-    """Fork a process that serves the workers' store on ``host:port`` (0: any port) until
-    this one dies; its pid and the port.
-
-    torch's TCPStore binds every interface; handed a socket bound to the loopback address
-    (``master_listen_fd``; libuv's store takes one from torch 2.7 on) it listens there alone.
-    """
+    """Fork a process that serves the workers' store on ``host:port`` (0: any) until this one
+    dies; its pid and port. On loopback it is handed a socket bound there (``master_listen_fd``,
+    libuv's from torch 2.7 on): a TCPStore left to bind would listen on every interface."""
     import socket
     from datetime import timedelta
 
@@ -203,31 +199,15 @@ def _children() -> list[int]:
 
 
 def launch_config(**options: Any) -> Any:
-    """PyTorch's ``LaunchConfig`` for the installed torch, built without asking CUDA anything.
-
-    Options this torch does not know are left out (``shutdown_timeout`` came in 2.7). From
-    torch 2.8 on, a ``numa_options`` of None makes it ask the accelerator for its device
-    count, which would leave every rank forked from here unable to use CUDA: another value
-    skips the question, and the field (of ddplab's config) is then set back to None.
-    """
+    """PyTorch's ``LaunchConfig`` without options this torch lacks (``shutdown_timeout``: 2.7),
+    built without asking CUDA anything: from 2.8 a ``numa_options`` of None asks the accelerator
+    (forked ranks could then not use CUDA), so a placeholder is given, then set back to None."""
     from torch.distributed.launcher.api import LaunchConfig
 
     known = {f.name for f in dataclasses.fields(LaunchConfig)}
-    options = {name: value for name, value in options.items() if name in known}
-    if "numa_options" in known and options.get("numa_options") is None:
-        options["numa_options"] = _numa_placeholder()
-        config = LaunchConfig(**options)
+    numa = "numa_options" in known
+    config = LaunchConfig(**{name: value for name, value in options.items() if name in known},
+                          **({"numa_options": object()} if numa else {}))
+    if numa:
         config.numa_options = None
-        return config
-    return LaunchConfig(**options)
-
-
-def _numa_placeholder() -> Any:
-    """A ``numa_options`` value that only stops ``LaunchConfig`` from asking the accelerator
-    (as accelerate's ``notebook_launcher``, which forks its workers too, does)."""
-    try:
-        from torch.numa.binding import AffinityMode, NumaOptions
-
-        return NumaOptions(AffinityMode.NODE)
-    except (ImportError, AttributeError, TypeError):
-        return object()
+    return config

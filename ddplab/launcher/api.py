@@ -2,12 +2,7 @@
 
 PyTorch's own engines run the job (torchrun's elastic agent, or the script's ``mp.spawn``);
 every rank's output shows live, events become progress and plots, a ``RunResult`` comes back.
-Nothing outlives it: a timeout (after each rank still running showed its stack), an interrupt
-(raised again, carrying ``.result``), an error in the caller or its death ends the whole job.
-Example::
-
-    result = ddplab.launch("ddplab.workers.train", nprocs=2, args=["--epochs", "2"])
-    assert result.ok, result.error
+Nothing outlives it: a timeout, an interrupt or an error in the caller ends the whole job.
 """
 
 from __future__ import annotations
@@ -20,11 +15,11 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from .. import env as _env
 from ..flight_recorder import Reader
-from .fallback import start_subprocess, torchrun_subprocess
+from .fallback import start_subprocess, start_torchrun
 from .jobs import ForkRefused, Job, child_env, end_jobs, start_forked, why_no_fork
 from .output import Streams
 from .results import RunResult, job_outcome, share_root_cause
-from .spec import LaunchError, LaunchSpec, check_timeout, declares_local_rank
+from .spec import LaunchError, LaunchSpec, check_timeout
 
 __all__ = ["launch", "launch_multinode", "LaunchError", "RunResult"]
 DEFAULT_TIMEOUT = float(os.environ.get("DDPLAB_TIMEOUT", "3600"))
@@ -53,41 +48,19 @@ def launch(
     on_event: Optional[Callable[[dict[str, Any]], None]] = None,
     flight_recorder: bool = False,
 ) -> RunResult:
-    """Run ``target`` on ``nprocs`` processes and return what happened.
+    """Run ``target`` (a script path or a module name) on ``nprocs`` processes; what happened.
 
-    Args:
-        target: a script (a file, with or without ``.py``, or a directory or zip with
-            ``__main__.py``) or a module name (``"ddplab.workers.train"``).
-        nprocs: processes on this node (torchrun's ``--nproc-per-node``), 1 to ``MAX_NPROCS``.
-        args: command-line arguments for the target.
-        engine: ``"torchrun"`` or ``"spawn"`` (the script calls ``mp.spawn`` itself).
-        timeout: seconds (> 0) before the whole job is ended and reported as a timeout
-            (None: ``DDPLAB_TIMEOUT`` or 3600; ``math.inf``: no limit).
-        env: extra environment variables for the workers.
-        quiet: print nothing (output is still kept in the result).
-        backend: None (auto: nccl with GPUs, gloo without), or force ``gloo``/``nccl``; passed
-            to the workers as ``DDPLAB_BACKEND``, which ``ddplab.dist.setup()`` honours.
-        threads: torch threads per worker (``OMP_NUM_THREADS`` unless already set).
-        cwd: working directory of the job (default: the caller's).
-        nnodes, node_rank, rdzv_endpoint, master_addr, master_port: multi-node options as in
-            torchrun; by default one node with a rendezvous on 127.0.0.1 and a free port.
-        live: show a progress bar and live loss plot from the workers' events.
-        max_restarts: torchrun's ``--max-restarts`` (engine ``torchrun``): every worker is
-            restarted after one fails, with ``TORCHELASTIC_RESTART_COUNT`` > 0 (lesson 10).
-        local_rank_arg: pass each rank ``--local_rank=N`` (True or ``"underscore"``) or
-            ``--local-rank=N`` (``"dash"``), as ``torch.distributed.launch`` did (lesson 07).
-        on_event: called with every event a worker emits, as it arrives.
-        flight_recorder: on a timeout, name the collective each rank waits in and its sequence
-            number (``result.waits``), from torch's Flight Recorder (``ddplab.flight_recorder``:
-            a debug server per rank, engine ``torchrun``; lesson 10).
+    ``engine="torchrun"`` starts the ranks as torchrun does; ``"spawn"`` runs a script that
+    calls ``mp.spawn`` itself. ``timeout`` (None: ``DDPLAB_TIMEOUT`` or 3600 s, ``math.inf``: no
+    limit) ends the job and returns each running rank's stack; an interrupt ends it and is
+    raised again, carrying ``.result``. The other options are torchrun's (``nnodes``,
+    ``max_restarts``, ...) or ddplab's (``backend``, ``threads``, ``live``, ``on_event``), as
+    lessons 01, 07 and 10 show; ``flight_recorder=True`` names, after a timeout, the collective
+    each rank waits in (``result.waits``, lesson 10). Bad input raises ``LaunchError`` before
+    anything starts::
 
-    Returns:
-        A ``RunResult``; ``result.ok`` is False for any failure or timeout.
-
-    Raises:
-        LaunchError: bad input, before anything starts.
-        KeyboardInterrupt: the launch was interrupted (a Jupyter interrupt, Ctrl-C), raised
-            again once every process of the job has ended; ``.result`` holds the RunResult.
+        result = ddplab.launch("ddplab.workers.train", nprocs=2, args=["--epochs", "2"])
+        assert result.ok, result.error
     """
     seconds = check_timeout(timeout, DEFAULT_TIMEOUT)
     if flight_recorder and engine != "torchrun":
@@ -126,20 +99,15 @@ def launch_multinode(
 
 def _start_jobs(specs: list[LaunchSpec], quiet: bool, live: bool) -> tuple[list[Job], Any]:
     """Check every spec, then start them all; on any error end what already started."""
-    prepared = [_prepare(spec.check()) for spec in specs]
+    checked = [spec.check() for spec in specs]
     from ..lab.widgets import LiveView
 
     view = LiveView(quiet=quiet, live=live)
     jobs: list[Job] = []
     try:
-        for index, (starter, kwargs) in enumerate(prepared):
-            try:
-                job = starter(**kwargs)
-            except ForkRefused as refused:
-                starter, kwargs = torchrun_subprocess(str(refused), **kwargs)
-                job = starter(**kwargs)
-            job.node = f"node{index} " if len(prepared) > 1 else ""
-            jobs.append(job)
+        for index, spec in enumerate(checked):
+            jobs.append(_start(spec))
+            jobs[-1].node = f"node{index} " if len(checked) > 1 else ""
     except BaseException:
         end_jobs(jobs)
         view.close()
@@ -147,56 +115,31 @@ def _start_jobs(specs: list[LaunchSpec], quiet: bool, live: bool) -> tuple[list[
     return jobs, view
 
 
-def _prepare(spec: LaunchSpec) -> tuple[Callable[..., Job], dict[str, Any]]:
-    """The function and arguments that start one checked launch."""
-    extra = dict(spec.env or {})
-    if spec.local_rank_style:
-        extra["DDPLAB_LOCAL_RANK_ARG"] = spec.local_rank_style  # read by the rank's entry
-    elif spec.engine == "torchrun" and not any(a.startswith(("--local_rank", "--local-rank"))
-                                               for a in spec.argv) \
-            and declares_local_rank(spec.resolved):
-        print(f"ddplab.launch: {spec.resolved} declares --local_rank (written for "
-              f"torch.distributed.launch, which passed it) and does not read LOCAL_RANK: every "
-              f"rank will keep the option's default. Pass local_rank_arg=True (CLI: "
-              f"--local-rank-arg) to give each rank --local_rank=N, or read "
-              f"int(os.environ['LOCAL_RANK']) in the script.", file=sys.stderr)
-    if spec.backend not in (None, "auto"):
-        extra["DDPLAB_BACKEND"] = str(spec.backend)
-    extra.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", str(spec.threads)))
-    if spec.nnodes > 1 or spec.max_restarts:
-        # A torchrun subprocess's workers would share its c10d rendezvous's store (torch >= 2.5),
-        # and a restarted attempt read the failed one's addresses there (pytorch#135712).
-        extra.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
-                         os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"))
-    if spec.host.startswith("127."):
-        extra.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
-    job_env = child_env(os.environ, extra)
+def _start(spec: LaunchSpec) -> Job:
+    """Start one checked launch: forked from the helper where it can, else a subprocess."""
+    job_env = child_env(os.environ, spec.job_env())
     if spec.engine == "spawn":
         script = [spec.resolved] if os.path.isabs(spec.resolved) else ["-m", spec.resolved]
         job_env.update(MASTER_ADDR=spec.host,
                        MASTER_PORT=str(spec.port or _env.free_port(spec.host)),
                        DDPLAB_NPROCS=str(spec.nprocs), DDPLAB_RANK_PREFIX="1")
-        return start_subprocess, dict(cmd=[sys.executable, *script, *spec.argv],
-                                      job_env=job_env, cwd=spec.cwd, world_size=spec.nprocs,
-                                      engine="spawn")
+        return start_subprocess([sys.executable, *script, *spec.argv], job_env, spec.cwd,
+                                spec.nprocs, "spawn")
     endpoint = f"{spec.host}:{spec.port if spec.port is not None else 0}"
     run_id = uuid.uuid4().hex if spec.nnodes == 1 else f"ddplab-{endpoint}"
-    fast = dict(target=spec.resolved, args=spec.argv, nprocs=spec.nprocs, job_env=job_env,
-                cwd=spec.cwd, threads=spec.threads, nnodes=spec.nnodes,
-                node_rank=spec.node_rank, endpoint=endpoint, run_id=run_id,
-                preload=_preload(spec.resolved), max_restarts=spec.max_restarts)
-    why_not = why_no_fork()
-    if why_not is None and spec.nnodes == 1:
-        return start_forked, fast
-    return torchrun_subprocess(why_not, **fast)
-
-
-def _preload(target: str) -> bool:
-    """Whether the helper imports the training stack first (``DDPLAB_PRELOAD_TRAINING``)."""
-    mode = os.environ.get("DDPLAB_PRELOAD_TRAINING", "1")
-    if mode == "auto":
-        return target.startswith("ddplab.workers")
-    return mode != "0"
+    why = why_no_fork()
+    if why is None and spec.nnodes == 1:
+        # DDPLAB_PRELOAD_TRAINING: 1 (default) the helper imports the training stack first,
+        # 0 never, "auto" for ddplab's own workers only.
+        mode = os.environ.get("DDPLAB_PRELOAD_TRAINING", "1")
+        preload = spec.resolved.startswith("ddplab.workers") if mode == "auto" else mode != "0"
+        try:
+            return start_forked(spec.resolved, spec.argv, spec.nprocs, job_env, spec.cwd,
+                                spec.threads, endpoint, run_id, preload, spec.max_restarts)
+        except ForkRefused as refused:
+            why = str(refused)
+    return start_torchrun(why, spec.resolved, spec.argv, spec.nprocs, job_env, spec.cwd,
+                          spec.nnodes, spec.node_rank, endpoint, run_id, spec.max_restarts)
 
 
 def _run(jobs: list[Job], view: Any, timeout: float,
@@ -232,7 +175,7 @@ def _run(jobs: list[Job], view: Any, timeout: float,
         streams.close()
         view.close()
     wall = time.monotonic() - start
-    results = [job_outcome(job, streams.of_job(i), status, wall, timeout, running[i], stacks[i],
+    results = [job_outcome(job, streams.read[i], status, wall, timeout, running[i], stacks[i],
                            timed_out_at) for i, job in enumerate(jobs)]
     share_root_cause(results, jobs)
     flight and flight.report(results[0])

@@ -1,5 +1,6 @@
 """Why a job failed, read from exit codes and output: the first genuine failure (not a peer
-that only lost its connection to it), and a hint where ddplab knows the fix."""
+that only lost its connection to it), and a hint where ddplab knows the fix. The words of torch
+read here are ``ddplab.torch_words``'s."""
 
 from __future__ import annotations
 
@@ -11,9 +12,6 @@ from typing import Optional, Union
 from .. import torch_words
 
 Logs = dict[Union[int, str], list[str]]
-
-# Errors a healthy rank reports when a peer died first: never the root cause.
-_SECONDARY = torch_words.PEER_LOST.pattern
 
 
 @dataclass
@@ -56,32 +54,15 @@ def signal_name(code: Optional[int]) -> Optional[str]:
         return f"signal {-code}"
 
 
-def failures_from_output(code: int, logs: dict[Union[int, str], list[str]],
-                         ranks_only: bool = False) -> list[RankFailure]:
-    """Failures of a subprocess job, read from torchrun's or mp.spawn's error report (none
-    named: the launching process failed, ``rank=None``, unless ``ranks_only``)."""
-    if code == 0:
-        return []
+def reported_exits(logs: Logs) -> dict[int, int]:
+    """rank -> exit code of each failed rank that torchrun's or mp.spawn's error report names."""
     text = "\n".join(logs.get("launcher", []))
-    found: list[RankFailure] = []
-    for match in re.finditer(r"^\s*rank\s*:\s*(\d+).*\n\s*exitcode\s*:\s*(-?\d+)", text, re.M):
-        code = int(match.group(2))
-        found.append(RankFailure(rank=int(match.group(1)), exitcode=code,
-                                 signal=signal_name(code)))
-    for match in re.finditer(r"[Pp]rocess (\d+) terminated with (?:exit code (\d+)|signal "
-                             r"(SIG\w+)|the following error)", text):
-        exitcode = int(match.group(2)) if match.group(2) else 1
-        if match.group(3):
-            exitcode = -getattr(signal.Signals, match.group(3), signal.SIGKILL).value
-        found.append(RankFailure(rank=int(match.group(1)), exitcode=exitcode,
-                                 signal=match.group(3)))
-    if not found and not ranks_only:
-        found.append(RankFailure(rank=None, exitcode=code, signal=signal_name(code)))
-    for failure in found:
-        lines = (logs.get(failure.rank, []) if failure.rank is not None else []) or \
-            logs.get("launcher", [])
-        failure.traceback = traceback_tail(lines)
-        failure.message = short_message(lines)
+    found = {int(match["rank"]): int(match["code"])
+             for match in torch_words.TORCHRUN_FAILURE.pattern.finditer(text)}
+    for match in torch_words.SPAWN_FAILURE.pattern.finditer(text):
+        name = match["signal"]
+        found[int(match["rank"])] = -getattr(signal.Signals, name, signal.SIGKILL).value \
+            if name else int(match["code"] or 1)
     return found
 
 
@@ -91,7 +72,8 @@ def root_cause(failures: list[RankFailure],
     lost peer or SIGTERM (the launcher stopping the rest), then an abort at exit, then the
     launching process (mp.spawn fails when a rank did)."""
     def key(f: RankFailure) -> tuple[bool, bool, bool, float, int]:
-        echo = bool(_SECONDARY.search(f.message + "\n" + f.traceback)) or f.signal == "SIGTERM"
+        echo = bool(torch_words.PEER_LOST.search(f"{f.message}\n{f.traceback}")) \
+            or f.signal == "SIGTERM"
         if f.rank is None:
             return echo, f.at_exit, True, 0.0, -1
         return echo, f.at_exit, False, exits.get(f.rank, (0, 0.0))[1], f.rank
@@ -121,17 +103,15 @@ EXIT_ABORT_HINT = (
     "group.WORLD as a default argument when imported later, as DDP's constructor does).")
 
 
-def mark_exit_aborts(failures: list[RankFailure], logs: dict[Union[int, str], list[str]],
-                     exits: dict[int, tuple[int, float]],
-                     stderr: Optional[dict[Union[int, str], list[str]]] = None) -> None:
+def mark_exit_aborts(failures: list[RankFailure], logs: Logs,
+                     exits: dict[int, tuple[int, float]], stderr: Logs) -> None:
     """Tell an abort at the interpreter's exit from a crash during the run (``at_exit``): a
     SIGABRT after the rank said it ended cleanly, or after its stderr's last "terminate called
     without an active exception" with at most a crash report of a finishing process after."""
     for failure in failures:
         if failure.signal != "SIGABRT":
             continue
-        own = [] if failure.rank is None else \
-            (stderr or {}).get(failure.rank) or logs.get(failure.rank, [])
+        own = [] if failure.rank is None else stderr.get(failure.rank) or logs.get(failure.rank, [])
         said = [i for i, line in enumerate(own) if EXIT_ABORT in line]
         after = "\n".join(own[said[-1] + 1:]) if said else ""
         finishing = not after.strip() or bool(re.search(

@@ -1,10 +1,8 @@
 """A rank's first frame: output to the caller, its stack on demand, the target as ``__main__``.
 
-``run_rank`` (a rank forked by the agent, or through ``main`` one of a torchrun subprocess)
-connects the rank's stdout and stderr to the caller's socket (saying which rank and pid it is),
-dumps every thread's stack at SIGUSR1 (``faulthandler``: a timeout names the line each rank
-waits at), runs the target as ``python`` would, and says how it ended (an ``exit`` event).
-Only 0, 1 and 2 reach what a rank starts.
+``run_rank`` (forked by the agent, or ``main`` in a torchrun subprocess) connects stdout and
+stderr to the caller's socket, dumps every thread's stack at SIGUSR1 (so a timeout names the line
+each rank waits at), runs the target as ``python`` would and says how it ended (an ``exit`` event).
 """
 
 from __future__ import annotations

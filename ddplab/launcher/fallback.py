@@ -1,10 +1,9 @@
 """A launch as a subprocess: a cold torchrun (``torch.distributed.run``), or an mp.spawn script.
 
-Engine "spawn" always runs here; engine "torchrun" where the helper cannot fork workers (not
-Linux, ``DDPLAB_LAUNCH_PATH=subprocess``, CUDA in the helper; said once) and for several
-nodes. The subprocess leads a session of its own and dies with the caller; its own output is
-the ``launcher``'s, and each rank (``entry.main``, or ``ddplab.dist`` in an mp.spawn rank)
-connects to the job's socket (``DDPLAB_RANK_SOCKET``), as on the fork path.
+Engine "spawn" always runs here; engine "torchrun" for several nodes and where the helper cannot
+fork workers (not Linux, ``DDPLAB_LAUNCH_PATH=subprocess``, CUDA in the helper; said once). The
+subprocess leads a session of its own and dies with the caller; its output is the
+``launcher``'s, and each rank connects to the job's socket, as on the fork path.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any, Callable, Optional
+from typing import Optional
 
 from .jobs import Job
 from .procs import dies_with_parent, kill_marked, rank_channel
@@ -22,27 +21,32 @@ JOB_TOKEN = "DDPLAB_JOB"  # in a torchrun subprocess's environment: marks what i
 _NOTICE_SHOWN: set[str] = set()
 
 
-def torchrun_subprocess(why: Optional[str], target: str, args: list[str], nprocs: int,
-                        job_env: dict[str, str], cwd: str, nnodes: int, node_rank: int,
-                        endpoint: str, run_id: str, max_restarts: int = 0,
-                        **_fork_only: Any) -> tuple[Callable[..., Job], dict[str, Any]]:
-    """The launch as a cold torchrun subprocess; say ``why`` once (None: nothing to say)."""
+def torchrun_command(target: str, args: list[str], nprocs: int, nnodes: int, node_rank: int,
+                     endpoint: str, run_id: str, max_restarts: int = 0) -> list[str]:
+    """The command of a cold torchrun whose ranks run ``entry``; node 0 hosts the store (torch
+    would guess from the hostname, and a wrong guess leaves every node waiting)."""
+    options = ["--nnodes", str(nnodes), "--nproc-per-node", str(nprocs), "--rdzv-backend",
+               "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts",
+               str(max_restarts), "--monitor-interval", "0.02",  # (its default: 0.1 s a launch)
+               "--node-rank", str(node_rank), "--rdzv-conf", f"is_host={int(node_rank == 0)}"]
+    if endpoint.startswith("127."):
+        options += ["--local-addr", "127.0.0.1"]
+    return [sys.executable, "-m", "ddplab.launcher.fallback", *options,
+            "-m", "ddplab.launcher.entry", target, *args]
+
+
+def start_torchrun(why: Optional[str], target: str, args: list[str], nprocs: int,
+                   job_env: dict[str, str], cwd: str, nnodes: int, node_rank: int,
+                   endpoint: str, run_id: str, max_restarts: int = 0) -> Job:
+    """Start the launch as a cold torchrun subprocess; say ``why`` once (None: say nothing)."""
     if why and "subprocess" not in _NOTICE_SHOWN:
         _NOTICE_SHOWN.add("subprocess")
         print(f"ddplab: launching through a torchrun subprocess (a few seconds a launch): "
               f"{why}.", file=sys.stderr)
-    options = ["--nnodes", str(nnodes), "--nproc-per-node", str(nprocs), "--rdzv-backend",
-               "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts",
-               str(max_restarts), "--monitor-interval", "0.02"]  # (its default: 0.1 s a launch)
-    # Node 0 hosts the store: torch would guess from the hostname, and a guess that misses
-    # leaves the nodes waiting for a server nobody starts.
-    options += ["--node-rank", str(node_rank), "--rdzv-conf", f"is_host={int(node_rank == 0)}"]
-    if endpoint.startswith("127."):
-        options += ["--local-addr", "127.0.0.1"]
-    cmd = [sys.executable, "-m", "ddplab.launcher.fallback", *options,
-           "-m", "ddplab.launcher.entry", target, *args]
-    return start_subprocess, dict(cmd=cmd, job_env={**job_env, JOB_TOKEN: os.urandom(8).hex()},
-                                  cwd=cwd, world_size=nprocs * nnodes, engine="torchrun")
+    cmd = torchrun_command(target, args, nprocs, nnodes, node_rank, endpoint, run_id,
+                           max_restarts)
+    return start_subprocess(cmd, {**job_env, JOB_TOKEN: os.urandom(8).hex()}, cwd,
+                            nprocs * nnodes, "torchrun")
 
 
 def start_subprocess(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int,

@@ -1,10 +1,8 @@
 """The launch helper: a fresh interpreter that imported torch once and forks one agent a launch.
 
-The caller starts it once (``Helper.get``) as ``python -m ddplab.launcher.helper FD`` and sends
-it one JSON request a launch over a UNIX socket; the answer names the request and the agent's
-pid. Each agent leads a session of its own, so one ``killpg`` ends a launch and a Jupyter
-interrupt never reaches the workers. When the caller goes (the socket closes, or SIGTERM at
-its death), the helper ends every launch and whatever carries its mark (``HELPER_TOKEN``).
+The caller starts it once (``Helper.get``) and sends it one JSON request a launch; the answer
+names the request and the agent's pid, the leader of the launch's own session (one ``killpg``
+ends it). When the caller goes, the helper ends every launch and all that carries its mark.
 """
 
 from __future__ import annotations
@@ -58,12 +56,9 @@ class Helper:
         return cls._current
 
     def request(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Send one request; its answer, which must carry the request's id.
-
-        Any exception meanwhile (a Jupyter interrupt while the helper imports the training
-        stack, say) ends this helper and what it started: the next launch starts a fresh one,
-        so no answer is ever read by the wrong launch.
-        """
+        """Send one request; its answer, which must carry the request's id. Any exception
+        meanwhile (an interrupt) ends this helper and what it started, so that no answer is
+        ever read by the wrong launch."""
         self.next_id += 1
         req = {**req, "id": self.next_id}
         try:
@@ -133,11 +128,8 @@ def serve(sock: socket.socket, agents: set[int]) -> None:
 
 
 def preload(names: Any) -> None:
-    """Import modules now so that every forked agent and worker starts with them loaded.
-
-    Then freeze what exists (``gc.freeze``, as pre-forking servers do): a worker's garbage
-    collections skip the millions of objects torch brought in (and do not copy their pages).
-    """
+    """Import modules now, so that every forked agent and worker has them, then freeze them
+    (``gc.freeze``): a worker's collections skip (and do not copy) torch's millions of objects."""
     for name in names:
         if name and name not in sys.modules:
             try:

@@ -1,8 +1,5 @@
-"""A started launch (``Job``): where its output comes from, its process group, how to end it.
-
-A job is one process group, the agent's (forked by the helper, ``start_forked``) or a
-subprocess's (``fallback``). It has ended when its agent or its subprocess exited; what the
-ranks left in the group is then ended, as torchrun's agent ends its workers.
+"""A started launch (``Job``): one process group, the agent's (forked by the helper,
+``start_forked``) or a subprocess's (``fallback``); where its output comes from, how it ends.
 """
 
 from __future__ import annotations
@@ -39,7 +36,6 @@ class Job:
     err_fds: set[int] = field(default_factory=set)  # the sources that carry stderr
     popen: Optional[subprocess.Popen] = None
     report: dict[str, Any] = field(default_factory=dict)  # the agent's last word
-    nproc_per_node: int = 1
     pids: dict[int, int] = field(default_factory=dict)  # rank -> pid (it said so; stacks)
     started: dict[int, Optional[int]] = field(default_factory=dict)  # pid -> its start time
     said_exit: dict[int, tuple[int, float]] = field(default_factory=dict)  # its "exit" event
@@ -60,8 +56,8 @@ class Job:
         return not running(self.pgid)
 
     def exits(self, before: float = math.inf) -> dict[int, tuple[int, float]]:
-        """rank -> (exit code, time): the agent's accounting (by pid), else the rank's own
-        ``exit`` event; ``before``: only the agent's facts older than that (a timeout's)."""
+        """rank -> (exit code, time): the agent's accounting (by pid, only what it saw
+        ``before``), else the rank's own ``exit`` event."""
         by_pid = self.report.get("exits", {})
         found = dict(self.said_exit)
         found.update({rank: (int(by_pid[str(pid)][0]), float(by_pid[str(pid)][1]))
@@ -70,14 +66,13 @@ class Job:
         return found
 
     def running_ranks(self) -> list[int]:
-        """The ranks whose script still runs (a finished rank's process waits for its peers);
-        of an mp.spawn script, those that ddplab.dist set up."""
+        """The ranks that said who they are and whose script still runs."""
         return sorted(rank for rank, pid in self.pids.items()
                       if running(pid) and rank not in self.said_exit)
 
     def workers_gone(self) -> bool:
-        """True once every local worker has reported its pid and none of them runs any more."""
-        if self.popen is not None or len(self.pids) < self.nproc_per_node:
+        """True once every forked worker has said its pid and none of them runs any more."""
+        if self.popen is not None or len(self.pids) < self.world_size:
             return False
         return not any(running(pid) for pid in self.pids.values())
 
@@ -88,9 +83,8 @@ class Job:
         return group_running(self.pgid)
 
     def watch_spawned(self, every: float = 0.2) -> None:
-        """Note the ranks an ``mp.spawn`` script has started, in rank order: children of the
-        script (or its forkserver) running ``spawn_main``, or forks still running as the
-        script two looks apart (not the resource tracker, nor ``ldconfig`` before its exec)."""
+        """Note the ranks an ``mp.spawn`` script starts: children of the script (or of its
+        forkserver) running ``spawn_main``, or forks still the script two looks apart."""
         now = time.monotonic()
         if self.popen is None or self.engine != "spawn" or now - self._watched_at < every:
             return
@@ -130,10 +124,6 @@ class Job:
         if sig == signal.SIGKILL and self.on_reap is not None:
             self.on_reap()
 
-    def terminate(self, grace: float = 3.0) -> None:
-        """SIGTERM the job's process group, then SIGKILL whatever is left after ``grace``."""
-        end_jobs([self], grace)
-
     def reap(self) -> None:
         """End what the ranks left in the job's group (SIGTERM, then SIGKILL after 1 s)."""
         if self.popen is not None:
@@ -143,7 +133,7 @@ class Job:
                 self.kill(signal.SIGKILL)
                 self.popen.wait()
         if self.alive():
-            self.terminate(grace=1.0)
+            end_jobs([self], grace=1.0)
         if self.on_reap is not None:
             self.on_reap()
 
@@ -204,12 +194,9 @@ def why_no_fork() -> Optional[str]:
 
 def start_forked(target: str, args: list[str], nprocs: int, job_env: dict[str, str], cwd: str,
                  threads: int, endpoint: str, run_id: str, preload: bool = True,
-                 max_restarts: int = 0, **_cold_only: Any) -> Job:
-    """Start a one-node torchrun-engine job through the preloaded helper (``helper``).
-
-    Raises:
-        ForkRefused: the helper cannot fork workers safely (CUDA is initialised in it).
-    """
+                 max_restarts: int = 0) -> Job:
+    """Start a one-node torchrun-engine job through the helper; ForkRefused where the helper
+    cannot fork workers safely (CUDA is initialised in it)."""
     channel, address = rank_channel()
     req = {"op": "launch", "target": target, "args": args, "nproc_per_node": nprocs,
            "rdzv_endpoint": endpoint, "run_id": run_id, "cwd": cwd, "threads": threads,
@@ -225,4 +212,4 @@ def start_forked(target: str, args: list[str], nprocs: int, job_env: dict[str, s
         channel.close()
         raise
     return Job(world_size=nprocs, engine="torchrun", pgid=int(reply["pid"]),
-               sources={channel.detach(): "accept"}, nproc_per_node=nprocs)
+               sources={channel.detach(): "accept"})

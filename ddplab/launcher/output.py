@@ -1,11 +1,9 @@
 """Every rank's output, read live in the caller's main thread (so nbval sees it too).
 
-Each job has a listening socket; each rank (and the agent, as ``launcher``) connects once per
-stream and says first whose stream it is (``rank 3 err 4242``), so lines arrive whole and
-attributed. ``Streams.pump`` reads every connection and a subprocess's own pipes with one
-selector, prints each line with its rank (stderr on stderr), turns ``@ddplab`` event lines into
-progress and metrics, and ends an agent left waiting for workers that are gone. An ended job's
-connections are read to their end, then closed, whoever else still holds them.
+Each rank (and the agent, as ``launcher``) connects once per stream to its job's socket and
+says first whose stream it is (``rank 3 err 4242``), so lines arrive whole and attributed; one
+selector reads them and a subprocess's own pipes, prints each line with its rank and turns
+``@ddplab`` event lines into progress and metrics.
 """
 
 from __future__ import annotations
@@ -20,12 +18,11 @@ from typing import Any, Callable, Optional, Union
 
 from .. import events as _events
 from .entry import STACK_SIGNAL
-from .jobs import Job
+from .jobs import Job, end_jobs
 from .procs import signal_process, start_time
 
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:? ?")
-#: ``DDPLAB_KEEP_LINES=N`` (``ddplab check``): keep about the last N lines of each rank, each
-#: cut to ``LONGEST_LINE`` characters (a line without end cut at ``LONGEST_PARTIAL`` bytes).
+#: ``DDPLAB_KEEP_LINES=N`` (``ddplab check``): keep about N lines a rank, cut to these lengths.
 LONGEST_LINE, LONGEST_PARTIAL = 8192, 1 << 22
 
 
@@ -39,9 +36,9 @@ class Streams:
         self.jobs = jobs
         self.sel = selectors.DefaultSelector()
         self.partial: dict[int, bytes] = {}
-        self.logs: dict[tuple[int, Union[int, str]], list[str]] = {}
-        self.stderr: dict[tuple[int, Union[int, str]], list[str]] = {}
-        self.events: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        # What each job's RunResult is built from: logs, stderr lines and events, by rank.
+        self.read: list[dict[str, dict[Any, list[Any]]]] = [
+            {"logs": {}, "stderr": {}, "events": {}} for _ in jobs]
         self.keep = int(os.environ.get("DDPLAB_KEEP_LINES") or 0)
         self.dropped: dict[tuple[int, Union[int, str]], int] = {}  # stderr lines let go
         for index, job in enumerate(jobs):
@@ -70,28 +67,15 @@ class Streams:
         return "done"
 
     def _finish(self, index: int) -> None:
-        """Read what an ended job's connections hold (accepting those still waiting), then
-        close them, whoever else holds them."""
-        keys = lambda: [k for k in self.sel.get_map().values() if k.data[0] == index]
-        for key in keys():
-            if key.data[2] == "accept":
-                while self._read(key.fd, *key.data):
-                    pass
-                self._close(key.fd)
-        for key in keys():
-            while key.fd in self.sel.get_map() and \
-                    self._read(key.fd, *self.sel.get_key(key.fd).data):
-                pass
-            if key.fd in self.sel.get_map():  # still open: a process the ranks left holds it
-                self._lines(key.fd, *self.sel.get_key(key.fd).data, b"")  # (ends it)
-
-    def of_job(self, index: int) -> dict[str, Any]:
-        """One job's logs, stderr lines and events (what its RunResult is built from)."""
-        def mine(table: dict[Any, Any]) -> dict[Any, Any]:
-            return {key: value for (i, key), value in table.items() if i == index}
-
-        return {"logs": mine(self.logs), "stderr": mine(self.stderr),
-                "events": mine(self.events)}
+        """Read an ended job's connections to their end (first accepting those still waiting),
+        then close them, whoever else holds them (a process the ranks left)."""
+        for accepting in (True, False):
+            for key in [k for k in list(self.sel.get_map().values())
+                        if k.data[0] == index and (k.data[2] == "accept") == accepting]:
+                while key.fd in self.sel.get_map() and self._read(key.fd, *key.data):
+                    key = self.sel.get_key(key.fd)  # (a hello names its connection's rank)
+                if key.fd in self.sel.get_map():
+                    self._lines(key.fd, *key.data, b"")  # (takes its last line, closes it)
 
     def stacks(self, running: list[list[int]], timeout: float) -> list[dict[int, str]]:
         """Ask each rank still running for its Python stack; the dumps, job by job. Only the
@@ -106,7 +90,7 @@ class Streams:
                       f"{', '.join(f'rank {r}' for r in ranks)}. Where each one is:",
                       file=sys.stderr, flush=True)
             for rank in ranks:
-                asked[(index, rank)] = len(self.stderr.get((index, rank), [])) + \
+                asked[(index, rank)] = len(self.read[index]["stderr"].get(rank, [])) + \
                     self.dropped.get((index, rank), 0)
                 pid = job.pids[rank]
                 signal_process(pid, STACK_SIGNAL, job.started.get(pid))
@@ -118,7 +102,7 @@ class Streams:
         found: list[dict[int, str]] = [{} for _ in self.jobs]
         for (index, rank), start in asked.items():
             start -= self.dropped.get((index, rank), 0)
-            lines = self.stderr.get((index, rank), [])[max(start, 0):]
+            lines = self.read[index]["stderr"].get(rank, [])[max(start, 0):]
             first = next((i for i, line in enumerate(lines) if "most recent call first" in line),
                          None)
             found[index][rank] = "\n".join(lines[first:]) if first is not None else ""
@@ -136,7 +120,7 @@ class Streams:
             job.workers_gone_at = job.workers_gone_at or now
             if now - job.workers_gone_at > grace:
                 job.stuck = True
-                job.terminate(grace=1.0)
+                end_jobs([job], grace=1.0)
 
     def drain(self) -> None:
         """After killing the jobs, take what is left in the pipes without blocking long."""
@@ -229,7 +213,7 @@ class Streams:
             again = _RANK_PREFIX.match(text)  # torch's own "[rankN]:" on an error's lines
             if again and int(again.group(1)) == rank:
                 text = text[again.end():]
-        text, event = split_event(text)
+        text, event = _events.split(text)
         if text:  # a line, or a last line without its newline that an event line followed
             self._print(index, job, rank, text, err)
         if event is None:
@@ -240,16 +224,16 @@ class Streams:
         if event["kind"] == "exit":
             job.said_exit[int(event["rank"])] = (int(event["code"]), float(event["time"]))
             return
-        self.events.setdefault((index, int(event.get("rank", rank if isinstance(rank, int)
-                                                           else 0))), []).append(event)
+        self.read[index]["events"].setdefault(int(event.get(
+            "rank", rank if isinstance(rank, int) else 0)), []).append(event)
         self.view.event(event)
         if self.on_event is not None:
             self.on_event(event)
 
     def _print(self, index: int, job: Job, rank: Union[int, str], text: str, err: bool) -> None:
-        self._keep(self.logs.setdefault((index, rank), []), text)
+        self._keep(self.read[index]["logs"].setdefault(rank, []), text)
         if err:
-            dropped = self._keep(self.stderr.setdefault((index, rank), []), text)
+            dropped = self._keep(self.read[index]["stderr"].setdefault(rank, []), text)
             self.dropped[(index, rank)] = self.dropped.get((index, rank), 0) + dropped
         prefix = f"{job.node}rank{rank}" if isinstance(rank, int) else f"{job.node}{rank}"
         if not err:
@@ -274,17 +258,3 @@ class Streams:
         dropped = len(lines) - self.keep
         del lines[:dropped]
         return dropped
-
-
-def split_event(text: str) -> tuple[str, Optional[dict[str, Any]]]:
-    """Split a line into (output, event): ``print("99%", end="")`` then an event gives one
-    line, ``99%@ddplab {...}``."""
-    event = _events.parse(text)
-    if event is not None:
-        return "", event
-    at = text.rfind(_events.MARKER)
-    if at > 0:
-        event = _events.parse(text[at:])
-        if event is not None:
-            return text[:at], event
-    return text, None

@@ -7,7 +7,7 @@ import os
 import signal
 import socket
 import sys
-from typing import Optional
+from typing import Optional, Union
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
@@ -29,14 +29,25 @@ def close_on_exec_above_stdio() -> None:
                 pass
 
 
-def start_time(pid: int) -> Optional[int]:
-    """When ``pid`` started (clock ticks since boot, from ``/proc``); None if it is gone or
-    this is not Linux. A pid that names another start time was reused by another process."""
+def _stat(pid: Union[int, str]) -> list[bytes]:
+    """The fields of ``/proc/PID/stat`` after the command (state, ppid, pgid, ...), or []."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            return int(stat.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+            return stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def start_time(pid: int) -> Optional[int]:
+    """When ``pid`` started (clock ticks since boot); None if it is gone or this is not Linux.
+    A pid that names another start time was reused by another process."""
+    fields = _stat(pid)
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (Linux: read from /proc)."""
+    return _stat(pid)[:1] not in ([], [b"Z"])
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL, started: Optional[int] = None) -> None:
@@ -62,10 +73,8 @@ def signal_process(pid: int, sig: int, started: Optional[int]) -> None:
 
 
 def dies_with_parent(cmd: list[str], sig: int = signal.SIGKILL) -> list[str]:
-    """``cmd`` started so that it gets ``sig`` when this process dies (Linux; elsewhere
-    ``cmd``): a tiny Python asks for it (``PR_SET_PDEATHSIG``, kept across exec), then
-    executes ``cmd``. No ``preexec_fn``: code between fork and exec can deadlock in a process
-    with threads."""
+    """``cmd`` behind a tiny Python that asks Linux for ``sig`` at this process's death, then
+    executes it (no ``preexec_fn``: code between fork and exec can deadlock with threads)."""
     if not sys.platform.startswith("linux"):
         return cmd
     return [sys.executable, "-I", "-S", "-c", _WITH_PARENT, str(int(sig)), str(os.getpid()),
@@ -101,19 +110,9 @@ def kill_marked(name: str, value: str) -> None:
 def process_table(pgid: int = 0) -> dict[int, tuple[int, int]]:
     """Running (non-zombie) processes, of group ``pgid`` if given: pid -> (ppid, start time)."""
     found: dict[int, tuple[int, int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if (not pgid or int(fields[2]) == pgid) and fields[0] != b"Z":
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        fields = _stat(name) if name.isdigit() else []
+        if len(fields) > 19 and (not pgid or int(fields[2]) == pgid) and fields[0] != b"Z":
             found[int(name)] = (int(fields[1]), int(fields[19]))
     return found
 
@@ -128,15 +127,6 @@ def group_running(pgid: int) -> bool:
     if not sys.platform.startswith("linux"):
         return True
     return bool(process_table(pgid))
-
-
-def running(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie (Linux: read from /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def cmdline(pid: int) -> str:
@@ -199,12 +189,9 @@ def rank_channel() -> tuple[socket.socket, str]:
 
 
 def connect_streams(who: str) -> bool:
-    """Connect this process's stdout and stderr to the caller's ``DDPLAB_RANK_SOCKET``, each
-    saying first whose stream it is (``rank 3 out 4242``); False when there is none.
-
-    One connection per process and stream: lines, however long, arrive whole and attributed
-    (processes writing to one shared pipe cut into each other's lines).
-    """
+    """Connect stdout and stderr, one connection each (processes sharing a pipe cut into each
+    other's lines), to the caller's ``DDPLAB_RANK_SOCKET``, each saying first whose stream it
+    is (``rank 3 out 4242``); False when there is none."""
     address = os.environ.get("DDPLAB_RANK_SOCKET", "")
     if not address or not hasattr(socket, "AF_UNIX"):
         return False

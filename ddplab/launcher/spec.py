@@ -66,7 +66,32 @@ class LaunchSpec:
         self.local_rank_style = _local_rank_style(self.local_rank_arg, self.engine)
         self.resolved = resolve_target(self.target, self.cwd)
         self.argv = [str(a) for a in self.args]
+        if self.engine == "torchrun" and not self.local_rank_style and not any(
+                a.startswith(("--local_rank", "--local-rank")) for a in self.argv) \
+                and _declares_local_rank(self.resolved, self.cwd):
+            print(f"ddplab.launch: {self.resolved} declares --local_rank (written for "
+                  f"torch.distributed.launch) and does not read LOCAL_RANK: every rank keeps "
+                  f"the option's default. Pass local_rank_arg=True (CLI: --local-rank-arg), or "
+                  f"read int(os.environ['LOCAL_RANK']) in the script.", file=sys.stderr)
         return self
+
+    def job_env(self) -> dict[str, str]:
+        """What the launch adds to the caller's environment for its processes."""
+        extra = dict(self.env or {})
+        if self.local_rank_style:
+            extra["DDPLAB_LOCAL_RANK_ARG"] = self.local_rank_style  # read by the rank's entry
+        if self.backend not in (None, "auto"):
+            extra["DDPLAB_BACKEND"] = str(self.backend)
+        inherited = {"OMP_NUM_THREADS": str(self.threads)}
+        if self.nnodes > 1 or self.max_restarts:
+            # A torchrun's workers would share its c10d rendezvous's store (torch >= 2.5), and
+            # a restarted attempt read the failed one's addresses there (pytorch#135712).
+            inherited["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        if self.host.startswith("127."):
+            inherited["GLOO_SOCKET_IFNAME"] = "lo"
+        for name, value in inherited.items():
+            extra.setdefault(name, os.environ.get(name, value))
+        return extra
 
     def _check_numbers(self) -> None:
         if self.engine not in ENGINES:
@@ -137,7 +162,7 @@ def resolve_target(target: Union[str, os.PathLike], cwd: str) -> str:
     if path.is_file() or (path.is_dir() and (path / "__main__.py").is_file()):
         return str(path.resolve())
     looks_like_path = text.endswith(".py") or os.sep in text or "/" in text
-    if not looks_like_path and _module_exists(text, [cwd, *sys.path]):
+    if not looks_like_path and _find_module(text, cwd) is not None:
         return text
     if path.is_dir():
         raise LaunchError(f"{path} is a directory without __main__.py: give the script inside "
@@ -147,22 +172,24 @@ def resolve_target(target: Union[str, os.PathLike], cwd: str) -> str:
                       f"an importable module name such as 'ddplab.workers.train'.")
 
 
-def _module_exists(name: str, path: list[str]) -> bool:
-    """True if ``python -m name`` would find the module (searched like ``-m``, nothing run)."""
+def _find_module(name: str, cwd: str) -> Any:
+    """The spec of the module ``python -m name`` would run from ``cwd`` (searched as ``-m``
+    searches, nothing imported), or None."""
     import importlib.util
     from importlib.machinery import PathFinder
 
-    search: Optional[list[str]] = path
+    spec: Any = None
+    search: Optional[list[str]] = [cwd, *sys.path]
     for depth, part in enumerate(name.split(".")):
         if search is None or not part.isidentifier():
-            return False
+            return None
         spec = PathFinder.find_spec(part, search)
         if spec is None and depth == 0:  # installed packages (editable installs use a finder)
             spec = importlib.util.find_spec(part)
         if spec is None:
-            return False
+            return None
         search = list(spec.submodule_search_locations or []) or None
-    return True
+    return spec
 
 
 def _local_rank_style(value: Union[bool, str], engine: str) -> Optional[str]:
@@ -180,20 +207,12 @@ def _local_rank_style(value: Union[bool, str], engine: str) -> Optional[str]:
     return str(style)
 
 
-def declares_local_rank(target: str) -> bool:
+def _declares_local_rank(target: str, cwd: str) -> bool:
     """True if the target declares ``--local_rank`` and never reads ``LOCAL_RANK`` (written for
     ``torch.distributed.launch``, which passed the option: each rank keeps its default)."""
-    path = target
-    if not os.path.isabs(target):
-        import importlib.util
-
-        try:
-            spec = importlib.util.find_spec(target)
-        except (ImportError, ValueError):
-            return False
-        path = spec.origin if spec is not None and spec.origin else ""
+    spec = None if os.path.isabs(target) else _find_module(target, cwd)
     try:
-        text = Path(path).read_text(errors="replace")
+        text = Path(getattr(spec, "origin", None) or target).read_text(errors="replace")
     except (OSError, UnicodeError):
         return False
     return bool(re.search(r"""["']--local[_-]rank["']""", text)) and "LOCAL_RANK" not in text

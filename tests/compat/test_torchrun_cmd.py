@@ -1,4 +1,4 @@
-"""``fallback.torchrun_subprocess`` builds a command line that the installed torchrun accepts
+"""``fallback.torchrun_command`` builds a command line that the installed torchrun accepts
 as meant."""
 
 from __future__ import annotations
@@ -8,16 +8,14 @@ import sys
 import pytest
 from torch.distributed.run import get_args_parser
 
-from ddplab.launcher.fallback import torchrun_subprocess
+from ddplab.launcher.fallback import torchrun_command
 
 
 def parse(target: str, args: list[str], nnodes: int = 1, node_rank: int = 0,
           endpoint: str = "127.0.0.1:0", run_id: str = "r", max_restarts: int = 0) -> object:
     """Parse the ARGS of ``python -m ddplab.launcher.fallback ARGS`` (torchrun, then what its
     job left ends) as the installed torchrun does."""
-    _start, kwargs = torchrun_subprocess(None, target, args, 2, {}, "/", nnodes, node_rank,
-                                         endpoint, run_id, max_restarts)
-    cmd = kwargs["cmd"]
+    cmd = torchrun_command(target, args, 2, nnodes, node_rank, endpoint, run_id, max_restarts)
     assert cmd[:3] == [sys.executable, "-m", "ddplab.launcher.fallback"], cmd
     return get_args_parser().parse_args(cmd[3:])  # exits on an unknown flag
 
