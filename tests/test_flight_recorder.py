@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import importlib.util
+import json
 import os
 import threading
 import uuid
@@ -85,7 +86,7 @@ def test_a_hung_launch_names_each_ranks_collective_and_its_sequence_number():
     line = _report_line(result)
     assert f"rank 0 waits in all_reduce #{waits[0].seq}" in line
     assert f"rank 1 waits in all_gather #{waits[1].seq}" in line and "out of step" in line
-    assert result.to_dict()["waits"]["1"]["op"] == "all_gather"
+    assert json.loads(json.dumps(result.to_dict()))["waits"]["1"]["op"] == "all_gather"  # --json
     assert _left_behind(token) == []   # rank 0's debug server went with the job
 
 
