@@ -911,6 +911,29 @@ def test_on_event_receives_every_event_as_the_result_keeps_them(tmp_path):
         assert [e["value"] for e in seen if e["rank"] == rank] == [0, 1, 2]
 
 
+def test_on_event_returning_seconds_ends_the_job_as_a_timeout_with_each_ranks_stack(tmp_path):
+    """A hang seen through the ranks' events need not wait out its timeout: ``on_event``
+    returning N ends the job N seconds later exactly as a timeout does (stacks, nothing left)."""
+    script = tmp_path / "emits.py"
+    script.write_text(EMITS)
+    ticked: set[int] = set()
+
+    def stop_once_both_tick(event: dict):
+        if event.get("name") == "tick":
+            ticked.add(event["rank"])
+        return 0.5 if ticked == {0, 1} else None
+
+    result = launch(script, 2, args=[tmp_path, "hold"], quiet=True, timeout=600,
+                    on_event=stop_once_both_tick)
+    assert result.status == "timeout" and result.returncode == 124, result.error
+    assert "on_event" in result.error and result.wall_time < 300
+    assert result.still_running == [0, 1]
+    for rank in (0, 1):  # each stack names the script's line the rank was on
+        assert "emits.py" in result.stacks[rank], result.stacks
+    pids = _pids_in(tmp_path)
+    assert len(pids) == 2 and not wait_gone(pids, 10)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_an_exception_in_the_caller_ends_every_process_of_the_job(monkeypatch, path, tmp_path):
     """A callback that raises (or any error in the calling process) ends the job, then the

@@ -45,7 +45,7 @@ def launch(
     live: bool = True,
     max_restarts: int = 0,
     local_rank_arg: Union[bool, str] = False,
-    on_event: Optional[Callable[[dict[str, Any]], None]] = None,
+    on_event: Optional[Callable[[dict[str, Any]], Optional[float]]] = None,
     flight_recorder: bool = False,
 ) -> RunResult:
     """Run ``target`` (a script path or a module name) on ``nprocs`` processes; what happened.
@@ -55,7 +55,8 @@ def launch(
     limit) ends the job and returns each running rank's stack; an interrupt ends it and is
     raised again, carrying ``.result``. The other options are torchrun's (``nnodes``,
     ``max_restarts``, ...) or ddplab's (``backend``, ``threads``, ``live``, ``on_event``), as
-    lessons 01, 07 and 10 show; ``flight_recorder=True`` names, after a timeout, the collective
+    lessons 01, 07 and 10 show (``on_event`` returning a number N ends the launch as a timeout
+    N seconds later: a hang seen, its stacks taken); ``flight_recorder=True`` names, after a timeout, the collective
     each rank waits in (``result.waits``, lesson 10). Bad input raises ``LaunchError`` before
     anything starts::
 
@@ -143,7 +144,7 @@ def _start(spec: LaunchSpec) -> Job:
 
 
 def _run(jobs: list[Job], view: Any, timeout: float,
-         on_event: Optional[Callable[[dict[str, Any]], None]] = None,
+         on_event: Optional[Callable[[dict[str, Any]], Optional[float]]] = None,
          flight: Optional[Reader] = None) -> list[RunResult]:
     """Stream every job's output until all end; end them all on timeout or interrupt (then
     raised again, once every process of every job has ended)."""
@@ -152,14 +153,16 @@ def _run(jobs: list[Job], view: Any, timeout: float,
     interrupt: Optional[KeyboardInterrupt] = None
     running: list[list[int]] = [[] for _ in jobs]
     stacks: list[dict[int, str]] = [{} for _ in jobs]
-    timed_out_at = 0.0
+    timed_out_at, why = 0.0, f"timed out after {timeout:g} s"
     try:
         try:
             status = streams.pump(start + timeout)
             if status == "timeout":
                 timed_out_at = time.time()
+                if streams.stop_at < start + timeout:
+                    why = f"ended {time.monotonic() - start:.1f} s in, as on_event asked"
                 running = [job.running_ranks() for job in jobs]
-                stacks = streams.stacks(running, timeout)
+                stacks = streams.stacks(running, why)
                 flight and flight.read()
         except KeyboardInterrupt as exc:
             status, interrupt = "interrupted", exc
@@ -175,7 +178,7 @@ def _run(jobs: list[Job], view: Any, timeout: float,
         streams.close()
         view.close()
     wall = time.monotonic() - start
-    results = [job_outcome(job, streams.read[i], status, wall, timeout, running[i], stacks[i],
+    results = [job_outcome(job, streams.read[i], status, wall, why, running[i], stacks[i],
                            timed_out_at) for i, job in enumerate(jobs)]
     share_root_cause(results, jobs)
     flight and flight.report(results[0])

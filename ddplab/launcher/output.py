@@ -8,6 +8,7 @@ selector reads them and a subprocess's own pipes, prints each line with its rank
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import selectors
@@ -30,7 +31,7 @@ class Streams:
     """Read every job's connections and pipes in the calling thread: lines, events, reports."""
 
     def __init__(self, jobs: list[Job], view: Any,
-                 on_event: Optional[Callable[[dict[str, Any]], None]] = None) -> None:
+                 on_event: Optional[Callable[[dict[str, Any]], Optional[float]]] = None) -> None:
         self.view = view
         self.on_event = on_event
         self.jobs = jobs
@@ -47,12 +48,13 @@ class Streams:
                 self.sel.register(fd, selectors.EVENT_READ, (index, job, label))
         self.tick = 0.2 if any(job.engine == "spawn" for job in jobs) else 0.5
         self.closing: set[int] = set()  # jobs whose agent (or torchrun) closed its output
+        self.stop_at = math.inf  # on_event returned a number: end as at a timeout then
 
     def pump(self, deadline: float) -> str:
         """Read until every job has ended ("done") or the deadline passes ("timeout")."""
         open_jobs = set(range(len(self.jobs)))
         while open_jobs:
-            remaining = deadline - time.monotonic()
+            remaining = min(deadline, self.stop_at) - time.monotonic()
             if remaining <= 0:
                 return "timeout"
             # An agent that closed its output is exiting: look again soon, not a tick later.
@@ -77,7 +79,7 @@ class Streams:
                 if key.fd in self.sel.get_map():
                     self._lines(key.fd, *key.data, b"")  # (takes its last line, closes it)
 
-    def stacks(self, running: list[list[int]], timeout: float) -> list[dict[int, str]]:
+    def stacks(self, running: list[list[int]], why: str) -> list[dict[int, str]]:
         """Ask each rank still running for its Python stack; the dumps, job by job. Only the
         ranks that said they dump it at SIGUSR1 are asked (ddplab's entry, ``ddplab.dist``)."""
         asked: dict[tuple[int, int], int] = {}
@@ -86,7 +88,7 @@ class Streams:
             if not ranks:
                 continue
             if not getattr(self.view, "quiet", False):
-                print(f"ddplab.launch: timed out after {timeout:g} s; still running: "
+                print(f"ddplab.launch: {why}; still running: "
                       f"{', '.join(f'rank {r}' for r in ranks)}. Where each one is:",
                       file=sys.stderr, flush=True)
             for rank in ranks:
@@ -227,8 +229,9 @@ class Streams:
         self.read[index]["events"].setdefault(int(event.get(
             "rank", rank if isinstance(rank, int) else 0)), []).append(event)
         self.view.event(event)
-        if self.on_event is not None:
-            self.on_event(event)
+        answer = self.on_event(event) if self.on_event is not None else None
+        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+            self.stop_at = min(self.stop_at, time.monotonic() + max(0.0, answer))
 
     def _print(self, index: int, job: Job, rank: Union[int, str], text: str, err: bool) -> None:
         self._keep(self.read[index]["logs"].setdefault(rank, []), text)

@@ -103,7 +103,7 @@ def fail(result: RunResult, cause: RankFailure, engine: str, logs: Logs, stderr:
     result.error = str(cause)
 
 
-def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, timeout: float,
+def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, why: str,
                 running: list[int], stacks: dict[int, str], timed_out_at: float = 0.0
                 ) -> RunResult:
     """One job's RunResult (``read``: its logs, stderr and events, see ``output``;
@@ -118,7 +118,7 @@ def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, timeou
         result.error = "interrupted: every process of the job was ended."  # shown once
         return result
     if status == "timeout":
-        return _timed_out(result, job, timeout, running, stacks, timed_out_at)
+        return _timed_out(result, job, why, running, stacks, timed_out_at)
     report = job.report.get("status")
     if job.popen is None and report not in ("ok", "failed") and not job.stuck:
         result.status, result.returncode = "error", 1
@@ -163,7 +163,7 @@ def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, timeou
     return result
 
 
-def _timed_out(result: RunResult, job: Job, timeout: float, running: list[int],
+def _timed_out(result: RunResult, job: Job, why: str, running: list[int],
                stacks: dict[int, str], wall_clock_at_timeout: float) -> RunResult:
     """A timeout keeps what is known: exit codes of ranks that had ended, and who still ran."""
     exits = job.exits(before=wall_clock_at_timeout)
@@ -178,7 +178,7 @@ def _timed_out(result: RunResult, job: Job, timeout: float, running: list[int],
     result.status, result.returncode = "timeout", 124
     where = f"; still running: {', '.join(f'rank {r}' for r in running)}" if running else ""
     seen = " (their Python stacks are in result.stacks)" if stacks else ""
-    result.error = f"timed out after {timeout:g} s{where}{seen}: every process of the job " \
+    result.error = f"{why}{where}{seen}: every process of the job " \
                    f"was ended."
     if result.root_cause is not None:
         result.error += f"\nbefore that, {result.root_cause}"
