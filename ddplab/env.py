@@ -148,8 +148,12 @@ def _probe_in_subprocess() -> dict[str, Any]:
 
 def cache_key() -> dict[str, Any]:
     """Everything the probe's answer depends on, read without importing torch (milliseconds)."""
-    spec = importlib.util.find_spec("torch")
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):   # a torch module without a spec: no file to compare
+        spec = None
     origin = spec.origin if spec is not None and spec.origin else None
+    stamp = os.stat(origin).st_mtime_ns if origin and os.path.isfile(origin) else None
     try:
         version: Optional[str] = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
@@ -161,7 +165,7 @@ def cache_key() -> dict[str, Any]:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "python": sys.executable,
-        "torch": [version, origin, os.stat(origin).st_mtime_ns if origin else None],
+        "torch": [version, origin, stamp],
         "environment": {name: value for name, value in sorted(os.environ.items())
                         if name.startswith(KEY_PREFIXES) or name in KEY_VARIABLES},
         "host": socket.gethostname(), "boot": boot, "cpus": cpus,
