@@ -2,8 +2,14 @@
 
 Asking ``torch.cuda`` about devices in a notebook kernel would create a CUDA context there, and a
 kernel holding a context cannot safely start workers by fork and keeps GPU memory for nothing.
-So the facts come from a short-lived ``python -m ddplab.env`` subprocess, cached per process.
-Ports, shared memory and the process start method are read directly.
+So the facts come from a short-lived ``python -m ddplab.env`` subprocess. Importing torch there
+costs seconds of CPU, and every notebook's first cell asks, so the answer is kept in a file
+(``$DDPLAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/ddplab`` or ``~/.cache/ddplab``) under a key made
+of everything that can change it: the Python executable, the torch it would import (version,
+path, file time), the environment variables that steer CUDA, ROCm, threads and the import path,
+the host, its boot, its CPUs and its GPU device files. Any change asks torch again;
+``probe(refresh=True)`` always does. Ports, shared memory and the process start method are read
+directly.
 
 Example::
 
@@ -15,17 +21,28 @@ Lessons: 01 (hardware cell of every notebook), 07 (ports and backends).
 
 from __future__ import annotations
 
+import glob
+import hashlib
+import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any, Optional
 
 from . import versions
 
-_PROBE: Optional[dict[str, Any]] = None
+_PROBE: Optional[tuple[dict[str, Any], dict[str, Any]]] = None   # (key, facts), this process
+
+#: Environment variables read by torch, CUDA, ROCm or OpenMP when they count devices and threads,
+#: and the ones that decide which torch (and which CUDA libraries) a new process imports.
+KEY_PREFIXES = ("CUDA_", "NVIDIA_", "HIP_", "ROCR_", "ROCM_", "OMP_", "MKL_", "PYTORCH_")
+KEY_VARIABLES = ("PYTHONPATH", "LD_LIBRARY_PATH")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -95,25 +112,99 @@ def _peer_access(count: int) -> Optional[bool]:
 
 
 def probe(refresh: bool = False) -> dict[str, Any]:
-    """Return torch and GPU facts, measured once in a subprocess and cached.
+    """Return torch and GPU facts, asked in a subprocess once per :func:`cache_key`.
+
+    A fact kept in this process or in the cache file is used while the key is the same;
+    ``refresh=True`` asks torch again (and rewrites the file).
 
     Returns:
         ``torch``, ``cuda_build``, ``cuda_available``, ``gpu_count``, ``gpus`` (name, memory),
         ``backends`` (gloo/nccl/mpi available), ``threads``.
     """
     global _PROBE
-    if _PROBE is None or refresh:
-        out = subprocess.run(
-            [sys.executable, "-m", "ddplab.env", "--json"],
-            capture_output=True, text=True, timeout=300, check=False,
+    key = cache_key()
+    if not refresh and _PROBE is not None and _PROBE[0] == key:
+        return dict(_PROBE[1])
+    facts = None if refresh else _read_cache(key)
+    if facts is None:
+        facts = _probe_in_subprocess()
+        _write_cache(key, facts)
+    _PROBE = (key, facts)
+    return dict(facts)
+
+
+def _probe_in_subprocess() -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "ddplab.env", "--json"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(
+            "could not inspect torch in a subprocess:\n" + out.stderr[-2000:]
+            + "\nCheck the installation with: python -c 'import torch'"
         )
-        if out.returncode != 0:
-            raise RuntimeError(
-                "could not inspect torch in a subprocess:\n" + out.stderr[-2000:]
-                + "\nCheck the installation with: python -c 'import torch'"
-            )
-        _PROBE = json.loads(out.stdout.strip().splitlines()[-1])
-    return dict(_PROBE)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def cache_key() -> dict[str, Any]:
+    """Everything the probe's answer depends on, read without importing torch (milliseconds)."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):   # a torch module without a spec: no file to compare
+        spec = None
+    origin = spec.origin if spec is not None and spec.origin else None
+    stamp = os.stat(origin).st_mtime_ns if origin and os.path.isfile(origin) else None
+    try:
+        version: Optional[str] = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "python": sys.executable,
+        "torch": [version, origin, stamp],
+        "environment": {name: value for name, value in sorted(os.environ.items())
+                        if name.startswith(KEY_PREFIXES) or name in KEY_VARIABLES},
+        "host": socket.gethostname(), "boot": boot, "cpus": cpus,
+        "gpu_files": sorted(glob.glob("/dev/nvidia*") + glob.glob("/dev/kfd")),
+    }
+
+
+def cache_file() -> Path:
+    """This Python's probe cache (one file per executable, so venvs do not evict each other)."""
+    folder = os.environ.get("DDPLAB_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "ddplab")
+    name = hashlib.sha256(sys.executable.encode()).hexdigest()[:16]
+    return Path(folder) / f"probe-{name}.json"
+
+
+def _read_cache(key: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The cached facts when the file holds them for ``key``; None otherwise (or unreadable)."""
+    try:
+        kept = json.loads(cache_file().read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or kept.get("key") != key:
+        return None
+    return kept.get("facts")
+
+
+def _write_cache(key: dict[str, Any], facts: dict[str, Any]) -> None:
+    """Keep ``facts`` for ``key``, atomically (another kernel may read at the same moment); a
+    folder that cannot be written only means asking torch again next time."""
+    path = cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name,
+                                         delete=False) as out:
+            json.dump({"key": key, "facts": facts}, out)
+        os.replace(out.name, path)
+    except OSError:
+        pass
 
 
 def gpu_count() -> int:

@@ -24,12 +24,20 @@ def test_free_port_is_free_and_a_bound_port_is_not():
 
 
 @functools.cache
-def gpus_here() -> int:
-    """The CUDA GPUs torch sees on this machine, counted in a process of its own (not ddplab's)."""
-    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+def gpus_and_torch() -> tuple[int, str]:
+    """The CUDA GPUs torch sees on this machine and its version, asked in a process of its own
+    (not ddplab's)."""
+    code = ("import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0,"
+            " torch.__version__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, check=True).stdout
-    return int(out.strip().splitlines()[-1])
+    gpus, version = out.strip().splitlines()[-1].split()
+    return int(gpus), version
+
+
+def gpus_here() -> int:
+    """The CUDA GPUs torch sees on this machine (see ``gpus_and_torch``)."""
+    return gpus_and_torch()[0]
 
 
 def test_doctor_reports_the_gpus_of_this_machine(capsys):
@@ -60,6 +68,49 @@ def test_doctor_import_and_warm_launches_leave_torch_and_cuda_out_of_the_caller(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, check=True).stdout
     assert out.strip() == "False"  # so CUDA cannot be initialised there either
+
+
+def test_the_probe_is_kept_on_disk_per_key_and_asked_again_when_the_key_changes(
+        tmp_path, monkeypatch):
+    """A new kernel reads the facts from the cache file (no torch import, no subprocess); a
+    changed variable of the key (here OMP_NUM_THREADS, which changes torch's thread count) asks
+    torch again; a damaged file is asked again too."""
+    monkeypatch.setenv("DDPLAB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setattr(ddenv, "_PROBE", None)
+    ddenv.cache_file().write_text("{not json")
+    facts = ddenv.probe()
+    assert facts["threads"] == 2 and facts["torch"].startswith(gpus_and_torch()[1])
+    kept = json.loads(ddenv.cache_file().read_text())
+    assert kept == {"key": ddenv.cache_key(), "facts": facts}
+
+    kept["facts"]["torch"] = "0.0.0-kept"     # what only the file says: read, not asked
+    ddenv.cache_file().write_text(json.dumps(kept))
+    code = "import sys, ddplab.env as e; print(e.probe()['torch'], 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=True).stdout
+    assert out.split() == ["0.0.0-kept", "False"]
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    facts = ddenv.probe()
+    assert facts["threads"] == 1 and facts["torch"] != "0.0.0-kept"
+    assert json.loads(ddenv.cache_file().read_text())["key"]["environment"]["OMP_NUM_THREADS"] \
+        == "1"
+
+
+def test_another_torch_on_the_path_changes_the_key(tmp_path, monkeypatch):
+    """A torch installed elsewhere, or upgraded, is another key: its version or file differs."""
+    before = ddenv.cache_key()
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("")
+    (tmp_path / "torch-0.1.dist-info").mkdir()
+    (tmp_path / "torch-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torch\nVersion: 0.1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    after = ddenv.cache_key()
+    assert after["torch"][0] == "0.1" and after["torch"] != before["torch"]
+    assert {k: v for k, v in after.items() if k != "torch"} == \
+        {k: v for k, v in before.items() if k != "torch"}
 
 
 def test_problems_name_their_fix(monkeypatch):

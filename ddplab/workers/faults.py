@@ -33,8 +33,9 @@ a few seconds turns a hang into an error that names the stuck line. For DDP's ow
 run with ``TORCH_DISTRIBUTED_DEBUG=INFO`` (see ``check_debug_level`` about ``DETAIL``).
 
 Every rank emits ``metric`` events: ``debug_level``, ``restart`` (the elastic restart count),
-``batches`` (in its share), ``start_epoch``, ``steps`` (optimizer steps it took), ``samples``
-(samples it trained on) and at the end ``checksum`` (the sum of its final weights, float64).
+``batches`` (in its share), ``start_epoch``, ``backward`` (n, before its n-th backward: the
+n-th all-reduce), ``steps`` (optimizer steps it took), ``samples`` (samples it trained on) and
+at the end ``checksum`` (the sum of its final weights, float64), just before the final barrier.
 
 Lesson: 10.
 """
@@ -193,6 +194,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 maybe_crash(args, info.rank, epoch, step, restart)
                 loss = F.cross_entropy(model(inputs), labels)
                 optimizer.zero_grad(set_to_none=True)
+                emit("backward", steps + 1)  # where this rank is: entering its n-th all-reduce
                 loss.backward()  # DDP all-reduces the gradients here: every rank must take part
                 optimizer.step()
                 steps, samples = steps + 1, samples + len(labels)
