@@ -39,6 +39,13 @@ def setup() -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
+def precision(amp_dtype: str | None, device: torch.device) -> tuple[torch.dtype, bool]:
+    """Autocast's dtype (``--amp-dtype``, else float16 on a GPU and bfloat16 on a CPU) and
+    whether the loss is scaled: for float16 only (its narrow range), on any device."""
+    dtype = getattr(torch, amp_dtype or ("float16" if device.type == "cuda" else "bfloat16"))
+    return dtype, dtype == torch.float16
+
+
 # [wrap]
 def wrap(model: torch.nn.Module, strategy: str, device: torch.device) -> torch.nn.Module:
     """DDP replicates the model; FSDP2 shards every block with parameters, then the root."""
@@ -121,8 +128,8 @@ def main() -> None:
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
     model = wrap(build_model(args).to(device), args.strategy, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
-    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    amp_dtype, scaled = precision(args.amp_dtype, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=scaled)
     os.makedirs(args.checkpoint_dir, exist_ok=True)
     dist.barrier()  # the folder exists before any rank looks into it
 
