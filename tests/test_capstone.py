@@ -2,10 +2,12 @@
 the watch's report of the GradScaler and the judge's decisions on recorded runs.
 
 The right jobs and the classic mistakes, launched for real, are in
-``tests/test_exercise_variants.py`` (one launch of each, and the reference's five runs once).
-The GradScaler exists only where float16 needs it (GPUs), so its part is proven here on the CPU:
-the watch reports a real enabled CPU scaler, the reference's checkpoint round-trips one, and the
-judge names a resume that dropped it from runs recorded as a GPU run reports them."""
+``tests/test_exercise_variants.py`` (one launch of each, and the reference's five runs once per
+set of arguments), among them a resume that leaves out the GradScaler, launched in float16 on
+the CPU (``--amp-dtype float16``). Here: where the reference enables the scaler (float16 only,
+by default a GPU's dtype, seen with torch.cuda reporting GPUs), the watch's report of a real
+CPU scaler, the reference's checkpoint round-tripping one, and the judge's reading of runs
+recorded as a GPU run reports them (steps the scaler skipped included)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,30 @@ def test_the_skeleton_is_told_to_write_the_job(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the GradScaler
+
+
+@pytest.mark.parametrize("gpus,amp_dtype,dtype", [
+    (0, None, torch.bfloat16), (0, "float16", torch.float16),
+    (2, None, torch.float16), (2, "bfloat16", torch.bfloat16)])
+def test_the_reference_scales_the_loss_of_float16_only(monkeypatch, gpus, amp_dtype, dtype):
+    from ddplab.workers import capstone as reference
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    device = reference.this_device()
+    assert device == (torch.device("cuda", 1) if gpus else torch.device("cpu"))
+    assert reference.precision(amp_dtype, device) == (dtype, dtype == torch.float16)
+
+
+def test_the_reference_refuses_more_processes_than_gpus(monkeypatch):
+    from ddplab.workers import capstone as reference
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    with pytest.raises(RuntimeError, match="at most 2 processes per node"):
+        reference.this_device()
 
 
 def _reported(capsys) -> list[dict]:
@@ -117,16 +143,21 @@ def _step(rank: int, step: int, scaler) -> dict:
             "loads": [], "bytes": None, "wrapper_evals": 0, "eval_samples": 0}
 
 
+SKIPPED = {"optimizer_steps": 0, "lr": None, "grad": None, "state": None}  # by the GradScaler
+
+
 def _run(steps, scaler=lambda step: {**TRAINED, "_growth_tracker": step + 1}, *,
-         state=lambda step: 0.1 * step, fault=None, status="ok") -> RunResult:
-    """A 2-rank ddp run as the capstone's events report it."""
+         state=lambda step: 0.1 * step, fault=None, status="ok", skipped=()) -> RunResult:
+    """A 2-rank ddp run as the capstone's events report it (``skipped``: the steps whose
+    float16 gradients overflowed, so that the GradScaler skipped the optimizer's step)."""
     found = {}
     for rank in (0, 1):
         found[rank] = [{"kind": "metric", "rank": rank, "name": "args", "value": {
             "strategy": "ddp", "epochs": 2, "save_every": 8, "lr": 0.02, "warmup_steps": 10,
             "batch_size": 2}}]
         found[rank] += [{"kind": "metric", "rank": rank, "name": "step",
-                         "value": {**_step(rank, s, scaler(s)), "state": state(s)}}
+                         "value": {**_step(rank, s, scaler(s)), "state": state(s),
+                                   **(SKIPPED if s in skipped else {})}}
                         for s in steps]
         found[rank].append({"kind": "metric", "rank": rank, "name": "weights", "value": {
             "sums": [1.0], "squares": [2.0], "wrapper_evals": 0, "eval_samples": 0,
@@ -149,12 +180,24 @@ def test_a_resume_without_the_grad_scaler_is_named():
     assert "not the GradScaler" in hint and "scaler.state_dict()" in hint, hint
     neither = _run(range(24, 32), scaler=fresh, state=lambda step: 0.0)
     assert "not the optimizer's state" in judge13._resumed_hint(neither, killed, unbroken)
+    # the new scaler's larger scale overflows the first step: the scaler is named, not the
+    # optimizer (the skipped step's optimizer state is not there to compare)
+    overflowed = _run(range(24, 32), scaler=fresh, skipped=(24,))
+    assert "not the GradScaler" in judge13._resumed_hint(overflowed, killed, unbroken)
 
 
 def test_a_cpu_run_has_no_scaler_to_compare():
     unbroken, killed = _run(range(32), scaler=lambda step: None), _run(range(27), fault=26)
     assert judge13._resumed_hint(_run(range(24, 32), scaler=lambda step: None), killed,
                                  unbroken) is None
+
+
+def test_a_step_the_grad_scaler_skipped_is_compared_as_such():
+    ddp = _run(range(32), skipped=(1, 20))
+    message = ddplab.check("13", {"ddp": ddp, "reference": ddp}).message
+    assert "what the DDP run did is right" in message, message
+    message = ddplab.check("13", {"ddp": ddp, "reference": _run(range(32), skipped=(20,))}).message
+    assert "step 1: no optimizer step ran" in message and "GradScaler skips" in message, message
 
 
 def test_one_run_alone_is_judged_and_asks_for_the_others():

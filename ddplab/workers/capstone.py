@@ -28,13 +28,22 @@ from torch.utils.data import DataLoader, DistributedSampler
 from ddplab.capstone import build_model, datasets, log_accuracy, log_step, parse_args
 
 
+def this_device() -> torch.device:
+    """This process's device: its own GPU (``LOCAL_RANK``) where there are GPUs, else the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    local_rank, gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+    if local_rank >= gpus:
+        raise RuntimeError(f"LOCAL_RANK {local_rank}, but this machine has {gpus} GPU(s): "
+                           f"launch at most {gpus} processes per node.")
+    return torch.device("cuda", local_rank)
+
+
 def setup() -> tuple[int, int, torch.device]:
     """Join the job's process group: nccl and one GPU per process, else gloo on the CPU."""
-    cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
+    device = this_device()
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":
         torch.cuda.set_device(device)
     return dist.get_rank(), dist.get_world_size(), device
 

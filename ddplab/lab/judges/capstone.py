@@ -260,8 +260,8 @@ def _autocast_hint(mine: dict, ref: dict) -> Optional[str]:
             if got != want:
                 return (f"rank {rank}, step {step}: the forward passes ran with autocast "
                         f"{got}, the reference with {want} (None: no autocast). Compute the "
-                        "output and the loss under torch.autocast, in bfloat16 on a CPU "
-                        "(float16, with a GradScaler, on a GPU).")
+                        "output and the loss under torch.autocast in --amp-dtype (by "
+                        "default bfloat16 on a CPU, float16 on a GPU).")
     return None
 
 
