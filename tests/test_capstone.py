@@ -11,6 +11,7 @@ recorded as a GPU run reports them (steps the scaler skipped included)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import warnings
 from pathlib import Path
@@ -21,7 +22,7 @@ import torch
 import ddplab
 from ddplab import RunResult, events
 from ddplab.capstone import _Watch
-from ddplab.lab import judges
+from ddplab.lab import grading, judges
 from ddplab.lab.judges import capstone as judge13
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +33,40 @@ def test_registered_with_its_skeleton():
     assert judges.load_all()["13"].skeleton == "capstone.py"
     assert judges.skeleton_path("13") == SKELETON
     assert judge13.unanswered(SKELETON)
+
+
+def test_the_judges_launches_are_the_notebooks():
+    """Notebook 13's five ``NAME = run(folder, *args, n=N)`` calls are the judge's LAUNCHES
+    (which ``ddplab check 13`` and the variants launch)."""
+    cells = json.loads((ROOT / "notebooks" / "13_capstone.ipynb").read_text())["cells"]
+    made = {}
+    for node in ast.walk(ast.parse("\n".join("".join(c["source"]) for c in cells
+                                             if c["cell_type"] == "code"))):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and getattr(
+                node.value.func, "id", None) == "run":
+            folder, *extra = [a.body if isinstance(a, ast.IfExp) else a for a in node.value.args]
+            size = next((k.value.value for k in node.value.keywords if k.arg == "n"), 2)
+            made[node.targets[0].id] = (tuple(a.value for a in extra), folder.value, size)
+    assert {name: made.get(name) for name in judge13.RUNS} == judge13.LAUNCHES
+
+
+def test_ddplab_check_launches_the_five_runs(tmp_path, monkeypatch):
+    launched = []
+
+    def launch(target, size, spec, timeout, args=()):
+        launched.append((size, list(args)))
+        Path(args[1]).mkdir(parents=True, exist_ok=True)   # the checkpoint folder
+        return RunResult(status="failed", returncode=1, wall_time=0.0, world_size=size)
+
+    monkeypatch.setattr(grading, "_launch", launch)
+    job = tmp_path / "capstone.py"
+    job.write_text("# a job without its TODO\n")
+    outcome = grading._judge_capstone(grading.LAUNCHES["13"], str(job), 300.0, 0.0)
+    folders = [Path(args[1]).name for _, args in launched]
+    assert [(size, args[2:]) for size, args in launched] == [
+        (size, list(extra)) for extra, _, size in judge13.LAUNCHES.values()]
+    assert folders == [folder for _, folder, _ in judge13.LAUNCHES.values()]
+    assert outcome.sizes == [2, 4] and "the ddp run" in outcome.message, outcome
 
 
 def test_the_skeleton_is_told_to_write_the_job(tmp_path):

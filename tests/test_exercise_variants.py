@@ -22,12 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import shutil
-
 import pytest
 
 import ddplab
 from ddplab.lab.grading import FSDP2_RUNS  # 11b's launches: save on 2, load on 4 and 1
+from ddplab.lab.judges import capstone as capstone_judge
 
 pytestmark = pytest.mark.slow
 SOLUTIONS = Path(__file__).resolve().parent / "solutions"
@@ -286,13 +285,10 @@ VARIANTS = [
 ]
 
 # ----------------------------------------------------------------- 13: the capstone
-# Its classic mistakes are small edits of the reference job (ddplab/workers/capstone.py). Its
-# five launches, as notebook 13 makes them: extra arguments, folder, processes.
-CAPSTONE_RUNS = {"ddp": ((), "ddp", 2), "fsdp": (("--strategy", "fsdp"), "fsdp", 2),
-                 "killed": (("--kill-rank", "1", "--kill-at-step", "24"), "job", 2),
-                 "resumed": ((), "job", 2), "resharded": (("--strategy", "fsdp"), "job-4", 4)}
+# Its classic mistakes are small edits of the reference job (ddplab/workers/capstone.py),
+# launched as notebook 13 launches the job (its judge's LAUNCHES).
 CAPSTONE = "../../ddplab/workers/capstone.py"   # from tests/solutions/
-FIVE = tuple(CAPSTONE_RUNS)
+FIVE = capstone_judge.RUNS
 # float16 on the CPU: the GradScaler a GPU run enables, so that losing it on resume is seen here.
 # A quarter of the default LR: at the default's 4-rank peak (0.08) the resumed float16 job's loss
 # climbed past 4 (and its accuracy fell to 0.54), beyond what the judge allows another world size.
@@ -436,16 +432,11 @@ def write(variant: Variant, folder: Path) -> Path:
 def capstone_runs(variant: Variant, folder: Path) -> dict[str, object]:
     """The launches of the variant's job it names, in the notebook's order (the resumed and the
     resharded runs go on from copies of the killed run's folder)."""
-    path, runs = write(variant, folder), {}
-    for name, (extra, job, nprocs) in CAPSTONE_RUNS.items():
-        if name in variant.runs:
-            runs[name] = ddplab.launch(str(path), nprocs, quiet=True, live=False,
-                                       timeout=variant.timeout, args=[
-                                           "--checkpoint-dir", str(path.parent / job),
-                                           *variant.args, *extra])
-        if name == "killed" and (path.parent / "job").exists():
-            shutil.copytree(path.parent / "job", path.parent / "job-4")
-    return runs
+    path = write(variant, folder)
+    return capstone_judge.launch_runs(
+        lambda nprocs, args: ddplab.launch(str(path), nprocs, quiet=True, live=False,
+                                           timeout=variant.timeout, args=[*args, *variant.args]),
+        path.parent, variant.runs)
 
 
 @pytest.fixture(scope="module")

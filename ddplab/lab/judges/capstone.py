@@ -35,11 +35,16 @@ import math
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from . import is_run_result, judge, metric, metrics, run_failed
 
-RUNS = ("ddp", "fsdp", "killed", "resumed", "resharded")
+#: The five launches, as notebook 13 makes them: extra arguments, folder, processes. The
+#: resumed run goes on in the killed run's folder, the resharded run in a copy of it.
+LAUNCHES = {"ddp": ((), "ddp", 2), "fsdp": (("--strategy", "fsdp"), "fsdp", 2),
+            "killed": (("--kill-rank", "1", "--kill-at-step", "24"), "job", 2),
+            "resumed": ((), "job", 2), "resharded": (("--strategy", "fsdp"), "job-4", 4)}
+RUNS = tuple(LAUNCHES)
 REFERENCE = "ddplab.workers.capstone"
 SKELETON = "exercises/capstone.py"
 CLOSE = 1e-3          # the loss and gradients of the first steps, against the reference
@@ -47,6 +52,19 @@ WEIGHTS = 0.02        # summed squares of the final weights, same world size, an
 ACCURACY = 0.03
 RESHARD_LOSS, RESHARD_WEIGHTS, RESHARD_ACCURACY = 0.5, 0.10, 0.15  # 2 -> 4 ranks
 _REFERENCES: dict[tuple, Any] = {}
+
+
+def launch_runs(launch: Callable[[int, list[str]], Any], folder: Path,
+                names: Iterable[str] = RUNS) -> dict[str, Any]:
+    """The launches ``names`` (all five by default) in the notebook's order, in ``folder``:
+    ``launch(processes, args)`` for each; the copy of the killed run's folder is made after it."""
+    runs, names = {}, set(names)
+    for name, (extra, job, nprocs) in LAUNCHES.items():
+        if name in names:
+            runs[name] = launch(nprocs, ["--checkpoint-dir", str(folder / job), *extra])
+        if name == "killed" and (folder / "job").exists():
+            shutil.copytree(folder / "job", folder / "job-4")
+    return runs
 
 
 def unanswered(path: Any) -> bool:
