@@ -69,6 +69,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.02, help="base LR of one process (SGD)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--warmup-steps", type=int, default=10, help="linear LR warm-up")
+    p.add_argument("--amp-dtype", choices=("bfloat16", "float16"), help="autocast's dtype "
+                   "(default: float16 on a GPU, bfloat16 on a CPU)")
     p.add_argument("--save-every", type=int, default=8, help="optimizer steps between "
                    "checkpoints")
     p.add_argument("--checkpoint-dir", required=True, help="where the checkpoints live; one "
@@ -279,8 +281,9 @@ class _Watch:
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         grads = [p.grad for g in optimizer.param_groups for p in g["params"]]
-        if all(g is None for g in grads):
-            return  # torch.distributed.checkpoint initialising the state: not a training step
+        if all(p.grad is None or (not float(g["lr"]) and not _local(p.grad).any())
+               for g in optimizer.param_groups for p in g["params"]):
+            return  # torch.distributed.checkpoint initialising the state (zero grads at LR 0)
         state = [t for s in optimizer.state.values() for t in s.values()]
         frame = inspect.currentframe()
         while frame is not None:  # called from GradScaler.step? (its frame's ``self``)

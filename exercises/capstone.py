@@ -26,8 +26,9 @@ What must be true of a run, and why
 4. **The optimizer step.** SGD with ``--momentum``. Each step's loss is the cross-entropy of
    the model's output on this rank's batch, and the gradient every rank steps with is the mean
    over all the ranks' batches. Nothing of one step's gradient may leak into the next.
-5. **Mixed precision.** The forward pass and the loss run under autocast: bfloat16 on a CPU,
-   float16 on a GPU, where the loss must be scaled (a ``GradScaler``, enabled only there).
+5. **Mixed precision.** The forward pass and the loss run under autocast in ``--amp-dtype``,
+   by default bfloat16 on a CPU and float16 on a GPU. float16's narrow range needs the loss
+   scaled (a ``GradScaler``, enabled whenever the dtype is float16, on any device).
 6. **The learning rate** of step ``s`` (counted from 0 over the whole job, across epochs and
    restarts) climbs linearly over ``--warmup-steps`` steps, from 1/warmup of its peak at step
    0 to the peak, then stays: the peak is ``--lr`` times the world size (the global batch is

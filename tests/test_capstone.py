@@ -2,13 +2,16 @@
 the watch's report of the GradScaler and the judge's decisions on recorded runs.
 
 The right jobs and the classic mistakes, launched for real, are in
-``tests/test_exercise_variants.py`` (one launch of each, and the reference's five runs once).
-The GradScaler exists only where float16 needs it (GPUs), so its part is proven here on the CPU:
-the watch reports a real enabled CPU scaler, the reference's checkpoint round-trips one, and the
-judge names a resume that dropped it from runs recorded as a GPU run reports them."""
+``tests/test_exercise_variants.py`` (one launch of each, and the reference's five runs once per
+set of arguments), among them a resume that leaves out the GradScaler, launched in float16 on
+the CPU (``--amp-dtype float16``). Here: where the reference enables the scaler (float16 only,
+by default a GPU's dtype, seen with torch.cuda reporting GPUs), the watch's report of a real
+CPU scaler, the reference's checkpoint round-tripping one, and the judge's reading of runs
+recorded as a GPU run reports them (steps the scaler skipped included)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import warnings
 from pathlib import Path
@@ -19,7 +22,7 @@ import torch
 import ddplab
 from ddplab import RunResult, events
 from ddplab.capstone import _Watch
-from ddplab.lab import judges
+from ddplab.lab import grading, judges
 from ddplab.lab.judges import capstone as judge13
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +35,42 @@ def test_registered_with_its_skeleton():
     assert judge13.unanswered(SKELETON)
 
 
+def test_the_judges_launches_are_the_notebooks():
+    """Notebook 13's five ``NAME = run(folder, *args, n=N)`` calls are the judge's LAUNCHES
+    (which ``ddplab check 13`` and the variants launch)."""
+    cells = json.loads((ROOT / "notebooks" / "13_capstone.ipynb").read_text())["cells"]
+    made = {}
+    for node in ast.walk(ast.parse("\n".join("".join(c["source"]) for c in cells
+                                             if c["cell_type"] == "code"))):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and getattr(
+                node.value.func, "id", None) == "run":
+            folder, *extra = [a.body if isinstance(a, ast.IfExp) else a for a in node.value.args]
+            size = next((k.value.value for k in node.value.keywords if k.arg == "n"), 2)
+            made[node.targets[0].id] = (tuple(a.value for a in extra), folder.value, size)
+    assert {name: made.get(name) for name in judge13.RUNS} == judge13.LAUNCHES
+
+
+def test_ddplab_check_launches_the_five_runs(tmp_path, monkeypatch):
+    launched = []
+
+    def launch(target, size, spec, timeout, args=()):
+        launched.append((size, list(args)))
+        Path(args[1]).mkdir(parents=True, exist_ok=True)   # the checkpoint folder
+        return RunResult(status="failed", returncode=1, wall_time=0.0, world_size=size)
+
+    monkeypatch.setattr(grading, "_launch", launch)
+    job = tmp_path / "capstone.py"
+    job.write_text("# a job without its TODO\n")
+    outcome = grading._judge_capstone(grading.LAUNCHES["13"], str(job), 300.0, 0.0)
+    folders = [Path(args[1]).name for _, args in launched]
+    assert [(size, args[2:]) for size, args in launched] == [
+        (size, list(extra)) for extra, _, size in judge13.LAUNCHES.values()]
+    assert folders == [folder for _, folder, _ in judge13.LAUNCHES.values()]
+    assert "the ddp run" in outcome.message, outcome
+    assert outcome.sizes == list(grading.LAUNCHES["13"].sizes) == sorted(
+        {size for _, _, size in judge13.LAUNCHES.values()})
+
+
 def test_the_skeleton_is_told_to_write_the_job(tmp_path):
     result = ddplab.launch(str(SKELETON), 2, args=["--checkpoint-dir", str(tmp_path)],
                            quiet=True, live=False, timeout=300)   # a safety net
@@ -41,6 +80,30 @@ def test_the_skeleton_is_told_to_write_the_job(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the GradScaler
+
+
+@pytest.mark.parametrize("gpus,amp_dtype,dtype", [
+    (0, None, torch.bfloat16), (0, "float16", torch.float16),
+    (2, None, torch.float16), (2, "bfloat16", torch.bfloat16)])
+def test_the_reference_scales_the_loss_of_float16_only(monkeypatch, gpus, amp_dtype, dtype):
+    from ddplab.workers import capstone as reference
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    device = reference.this_device()
+    assert device == (torch.device("cuda", 1) if gpus else torch.device("cpu"))
+    assert reference.precision(amp_dtype, device) == (dtype, dtype == torch.float16)
+
+
+def test_the_reference_refuses_more_processes_than_gpus(monkeypatch):
+    from ddplab.workers import capstone as reference
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    with pytest.raises(RuntimeError, match="at most 2 processes per node"):
+        reference.this_device()
 
 
 def _reported(capsys) -> list[dict]:
@@ -117,16 +180,21 @@ def _step(rank: int, step: int, scaler) -> dict:
             "loads": [], "bytes": None, "wrapper_evals": 0, "eval_samples": 0}
 
 
+SKIPPED = {"optimizer_steps": 0, "lr": None, "grad": None, "state": None}  # by the GradScaler
+
+
 def _run(steps, scaler=lambda step: {**TRAINED, "_growth_tracker": step + 1}, *,
-         state=lambda step: 0.1 * step, fault=None, status="ok") -> RunResult:
-    """A 2-rank ddp run as the capstone's events report it."""
+         state=lambda step: 0.1 * step, fault=None, status="ok", skipped=()) -> RunResult:
+    """A 2-rank ddp run as the capstone's events report it (``skipped``: the steps whose
+    float16 gradients overflowed, so that the GradScaler skipped the optimizer's step)."""
     found = {}
     for rank in (0, 1):
         found[rank] = [{"kind": "metric", "rank": rank, "name": "args", "value": {
             "strategy": "ddp", "epochs": 2, "save_every": 8, "lr": 0.02, "warmup_steps": 10,
             "batch_size": 2}}]
         found[rank] += [{"kind": "metric", "rank": rank, "name": "step",
-                         "value": {**_step(rank, s, scaler(s)), "state": state(s)}}
+                         "value": {**_step(rank, s, scaler(s)), "state": state(s),
+                                   **(SKIPPED if s in skipped else {})}}
                         for s in steps]
         found[rank].append({"kind": "metric", "rank": rank, "name": "weights", "value": {
             "sums": [1.0], "squares": [2.0], "wrapper_evals": 0, "eval_samples": 0,
@@ -149,12 +217,24 @@ def test_a_resume_without_the_grad_scaler_is_named():
     assert "not the GradScaler" in hint and "scaler.state_dict()" in hint, hint
     neither = _run(range(24, 32), scaler=fresh, state=lambda step: 0.0)
     assert "not the optimizer's state" in judge13._resumed_hint(neither, killed, unbroken)
+    # the new scaler's larger scale overflows the first step: the scaler is named, not the
+    # optimizer (the skipped step's optimizer state is not there to compare)
+    overflowed = _run(range(24, 32), scaler=fresh, skipped=(24,))
+    assert "not the GradScaler" in judge13._resumed_hint(overflowed, killed, unbroken)
 
 
 def test_a_cpu_run_has_no_scaler_to_compare():
     unbroken, killed = _run(range(32), scaler=lambda step: None), _run(range(27), fault=26)
     assert judge13._resumed_hint(_run(range(24, 32), scaler=lambda step: None), killed,
                                  unbroken) is None
+
+
+def test_a_step_the_grad_scaler_skipped_is_compared_as_such():
+    ddp = _run(range(32), skipped=(1, 20))
+    message = ddplab.check("13", {"ddp": ddp, "reference": ddp}).message
+    assert "what the DDP run did is right" in message, message
+    message = ddplab.check("13", {"ddp": ddp, "reference": _run(range(32), skipped=(20,))}).message
+    assert "step 1: no optimizer step ran" in message and "GradScaler skips" in message, message
 
 
 def test_one_run_alone_is_judged_and_asks_for_the_others():

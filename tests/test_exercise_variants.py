@@ -8,7 +8,8 @@ the variants run three at a time, those selected (``-k``) once for the whole mod
 The capstone (13) is judged on the notebook's five launches of one job: a variant launches its
 file for the runs it names (``runs``) and hands in the reference job's for the others, as a
 learner whose job is right but for that mistake would; the reference's five runs are made once
-and serve every capstone variant (and the judge as its reference).
+per set of arguments (the default, and ``--amp-dtype float16``, whose GradScaler only a GPU run
+enables by default) and serve every capstone variant (and the judge as its reference).
 
 A busy machine must not change a verdict: a run that ends by itself gets a launch timeout and a
 process-group timeout only as safety nets (minutes); the two that hang on purpose are ended by
@@ -21,12 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import shutil
-
 import pytest
 
 import ddplab
 from ddplab.lab.grading import FSDP2_RUNS  # 11b's launches: save on 2, load on 4 and 1
+from ddplab.lab.judges import capstone as capstone_judge
 
 pytestmark = pytest.mark.slow
 SOLUTIONS = Path(__file__).resolve().parent / "solutions"
@@ -285,16 +285,19 @@ VARIANTS = [
 ]
 
 # ----------------------------------------------------------------- 13: the capstone
-# Its classic mistakes are small edits of the reference job (ddplab/workers/capstone.py). Its
-# five launches, as notebook 13 makes them: extra arguments, folder, processes.
-CAPSTONE_RUNS = {"ddp": ((), "ddp", 2), "fsdp": (("--strategy", "fsdp"), "fsdp", 2),
-                 "killed": (("--kill-rank", "1", "--kill-at-step", "24"), "job", 2),
-                 "resumed": ((), "job", 2), "resharded": (("--strategy", "fsdp"), "job-4", 4)}
+# Its classic mistakes are small edits of the reference job (ddplab/workers/capstone.py),
+# launched as notebook 13 launches the job (its judge's LAUNCHES).
 CAPSTONE = "../../ddplab/workers/capstone.py"   # from tests/solutions/
-FIVE = tuple(CAPSTONE_RUNS)
-CAPSTONE_REFERENCE = Variant("13 the reference job", "13", CAPSTONE, (), right=True, runs=FIVE)
+FIVE = capstone_judge.RUNS
+# float16 on the CPU: the GradScaler a GPU run enables, so that losing it on resume is seen here.
+# A quarter of the default LR: at the default's 4-rank peak (0.08) the resumed float16 job's loss
+# climbed past 4 (and its accuracy fell to 0.54), beyond what the judge allows another world size.
+FLOAT16 = ("--amp-dtype", "float16", "--lr", "0.005")
+CAPSTONE_REFERENCES = {
+    args: Variant(f"13 the reference job{' in float16 (a GradScaler)' if args else ''}", "13",
+                  CAPSTONE, (), right=True, runs=FIVE, args=args) for args in ((), FLOAT16)}
 VARIANTS += [
-    CAPSTONE_REFERENCE,
+    *CAPSTONE_REFERENCES.values(),
     Variant("13 a Stateful app state, a skipping sampler, LambdaLR", "13", "capstone.py", (),
             right=True, runs=FIVE),
     Variant("13 a sampler seeded with seed + rank", "13", CAPSTONE, (
@@ -327,6 +330,10 @@ VARIANTS += [
          '    state = {"model": model_state,\n'),
         ('optim_state_dict=state["optimizer"]', "optim_state_dict=optimizer_state"),
     ), right=False, words=("not the optimizer's state",), runs=("killed", "resumed")),
+    Variant("13 the resume leaves the GradScaler out", "13", CAPSTONE, (
+        ('    if state["scaler"]:\n        scaler.load_state_dict(state["scaler"])\n', ""),
+    ), right=False, words=("not the GradScaler", "scaler.state_dict()"),
+        runs=("killed", "resumed"), args=FLOAT16),
     Variant("13 a rank 0 save without a barrier", "13", CAPSTONE, (
         ("    model_state, optimizer_state = get_state_dict(model, optimizer)\n    dcp.save(",
          "    if dist.get_rank() == 0:  # the mistake: nobody waits for the file\n"
@@ -425,15 +432,11 @@ def write(variant: Variant, folder: Path) -> Path:
 def capstone_runs(variant: Variant, folder: Path) -> dict[str, object]:
     """The launches of the variant's job it names, in the notebook's order (the resumed and the
     resharded runs go on from copies of the killed run's folder)."""
-    path, runs = write(variant, folder), {}
-    for name, (extra, job, nprocs) in CAPSTONE_RUNS.items():
-        if name in variant.runs:
-            runs[name] = ddplab.launch(str(path), nprocs, quiet=True, live=False,
-                                       timeout=variant.timeout, args=[
-                                           "--checkpoint-dir", str(path.parent / job), *extra])
-        if name == "killed" and (path.parent / "job").exists():
-            shutil.copytree(path.parent / "job", path.parent / "job-4")
-    return runs
+    path = write(variant, folder)
+    return capstone_judge.launch_runs(
+        lambda nprocs, args: ddplab.launch(str(path), nprocs, quiet=True, live=False,
+                                           timeout=variant.timeout, args=[*args, *variant.args]),
+        path.parent, variant.runs)
 
 
 @pytest.fixture(scope="module")
@@ -448,9 +451,10 @@ def verdicts(tmp_path_factory, request) -> dict[str, object]:
                              timeout=variant.timeout, args=args)
 
     def judged(variant: Variant):
-        if variant.key == "13":
-            base = reference.result()
-            mine = base if variant is CAPSTONE_REFERENCE else capstone_runs(variant, folder)
+        if variant.key == "13":   # against the reference's runs with the same arguments
+            base = references[variant.args].result()
+            mine = (base if variant is CAPSTONE_REFERENCES[variant.args] else
+                    capstone_runs(variant, folder))
             return ddplab.check("13", {**base, **mine, "reference": base["ddp"]})
         path = write(variant, folder)
         if not variant.launches:
@@ -462,8 +466,9 @@ def verdicts(tmp_path_factory, request) -> dict[str, object]:
 
     mine = [v for v in VARIANTS if v.name in chosen]
     with ThreadPoolExecutor(max_workers=3) as pool:
-        if any(v.key == "13" for v in mine):  # first in line: the other 13s compare with it
-            reference = pool.submit(capstone_runs, CAPSTONE_REFERENCE, folder)
+        references = {args: pool.submit(capstone_runs, CAPSTONE_REFERENCES[args], folder)
+                      for args in dict.fromkeys(v.args for v in mine if v.key == "13")}
+        # first in line: the other 13s compare with them
         return dict(zip([v.name for v in mine], pool.map(judged, mine)))
 
 

@@ -83,17 +83,13 @@ LAUNCHES = {spec.key: spec for spec in (
     Launch("11", "pipeline_forward.py", (2,)),
     Launch("11b", "fsdp2.py", (2, 4, 1)),
     Launch("12", "tp_plan.py", (2, 4)),
-    Launch("13", "capstone.py", (2,), ("--dataset", "digits"), timeout=300.0, training=True),
+    # the capstone's five runs (its judge's LAUNCHES) are on 2 and 4 ranks; the skeleton on 2
+    Launch("13", "capstone.py", (2, 4), ("--dataset", "digits"), timeout=300.0, training=True),
 )}
 #: Exercise 11b's three launches (notebook 11), judged as one set: train and save on 2 ranks,
 #: then load that checkpoint on 4 ranks and in one process; {dir} is a fresh folder.
 FSDP2_RUNS = (("save", 2, ("--save", "{dir}")), ("load4", 4, ("--load", "{dir}")),
               ("load1", 1, ("--load", "{dir}")))
-#: The capstone's three launches (notebook 13): unbroken, killed on rank 1 after epoch 3, and
-#: resumed from the killed run's checkpoint. While a function is still empty, one launch.
-CAPSTONE_RUNS = (("unbroken", "unbroken", ()), ("killed", "job", ("--kill-rank", "1",
-                                                                   "--kill-epoch", "3")),
-                 ("resumed", "job", ()))
 
 
 def keys() -> list[str]:
@@ -180,24 +176,25 @@ def _launch(target: str, size: int, spec: Launch, timeout: float, args: Sequence
 
 
 def _judge_capstone(spec: Launch, target: str, timeout: float, start: float) -> Outcome:
-    """Notebook 13: one launch while a function is empty, else the three runs."""
+    """Notebook 13: one launch while the file holds its TODO, else the notebook's five runs
+    (and the reference's, which the judge launches to compare them with)."""
     from .judges import capstone
 
-    size = spec.sizes[0]
+    sizes = list(spec.sizes)
     work = Path(tempfile.mkdtemp(prefix="ddplab-13-"))
     try:
         if capstone.unanswered(Path(target)):
-            runs: Any = _launch(target, size, spec, min(timeout, 60.0),
+            sizes = sizes[:1]
+            runs: Any = _launch(target, sizes[0], spec, min(timeout, 60.0),
                                 ("--checkpoint-dir", str(work / "first")))
         else:
-            runs = {name: _launch(target, size, spec, timeout,
-                                  ("--checkpoint-dir", str(work / folder), *extra))
-                    for name, folder, extra in CAPSTONE_RUNS}
+            runs = capstone.launch_runs(
+                lambda nprocs, args: _launch(target, nprocs, spec, timeout, args), work)
         hint = capstone.judge_capstone(runs)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return Outcome("13", spec.skeleton, hint is None, "correct" if hint is None else
-                   f"not yet: {hint}", time.monotonic() - start, [size])
+                   f"not yet: {hint}", time.monotonic() - start, sizes)
 
 
 def _judge_fsdp2(spec: Launch, target: str, timeout: float, start: float) -> Outcome:
@@ -217,7 +214,11 @@ def _judge_fsdp2(spec: Launch, target: str, timeout: float, start: float) -> Out
 
 
 def _launches(key: str) -> int:
-    return 3 if key == "13" else len(LAUNCHES[key].sizes)
+    if key == "13":   # the five runs and the reference's, which its judge launches
+        from .judges.capstone import RUNS
+
+        return len(RUNS) + 1
+    return len(LAUNCHES[key].sizes)
 
 
 def _tree_of(mark: str) -> list[int]:

@@ -28,15 +28,31 @@ from torch.utils.data import DataLoader, DistributedSampler
 from ddplab.capstone import build_model, datasets, log_accuracy, log_step, parse_args
 
 
+def this_device() -> torch.device:
+    """This process's device: its own GPU (``LOCAL_RANK``) where there are GPUs, else the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    local_rank, gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+    if local_rank >= gpus:
+        raise RuntimeError(f"LOCAL_RANK {local_rank}, but this machine has {gpus} GPU(s): "
+                           f"launch at most {gpus} processes per node.")
+    return torch.device("cuda", local_rank)
+
+
 def setup() -> tuple[int, int, torch.device]:
     """Join the job's process group: nccl and one GPU per process, else gloo on the CPU."""
-    cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
+    device = this_device()
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":
         torch.cuda.set_device(device)
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def precision(amp_dtype: str | None, device: torch.device) -> tuple[torch.dtype, bool]:
+    """Autocast's dtype (``--amp-dtype``, else float16 on a GPU and bfloat16 on a CPU) and
+    whether the loss is scaled: for float16 only (its narrow range), on any device."""
+    dtype = getattr(torch, amp_dtype or ("float16" if device.type == "cuda" else "bfloat16"))
+    return dtype, dtype == torch.float16
 
 
 # [wrap]
@@ -121,8 +137,8 @@ def main() -> None:
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
     model = wrap(build_model(args).to(device), args.strategy, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
-    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    amp_dtype, scaled = precision(args.amp_dtype, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=scaled)
     os.makedirs(args.checkpoint_dir, exist_ok=True)
     dist.barrier()  # the folder exists before any rank looks into it
 

@@ -76,8 +76,9 @@ if __name__ == "__main__":
     else:
         model = DistributedDataParallel(net)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * world, momentum=args.momentum)
-    dtype = torch.float16 if gpu else torch.bfloat16
-    scaler = torch.amp.GradScaler("cuda" if gpu else "cpu", enabled=gpu)
+    half = args.amp_dtype == "float16" or (gpu and args.amp_dtype is None)
+    dtype = torch.float16 if half else torch.bfloat16
+    scaler = torch.amp.GradScaler("cuda" if gpu else "cpu", enabled=half)
     job = Job(model, optimizer, scaler)
     os.makedirs(args.checkpoint_dir, exist_ok=True)
     dist.barrier()

@@ -35,11 +35,16 @@ import math
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from . import is_run_result, judge, metric, metrics, run_failed
 
-RUNS = ("ddp", "fsdp", "killed", "resumed", "resharded")
+#: The five launches, as notebook 13 makes them: extra arguments, folder, processes. The
+#: resumed run goes on in the killed run's folder, the resharded run in a copy of it.
+LAUNCHES = {"ddp": ((), "ddp", 2), "fsdp": (("--strategy", "fsdp"), "fsdp", 2),
+            "killed": (("--kill-rank", "1", "--kill-at-step", "24"), "job", 2),
+            "resumed": ((), "job", 2), "resharded": (("--strategy", "fsdp"), "job-4", 4)}
+RUNS = tuple(LAUNCHES)
 REFERENCE = "ddplab.workers.capstone"
 SKELETON = "exercises/capstone.py"
 CLOSE = 1e-3          # the loss and gradients of the first steps, against the reference
@@ -47,6 +52,19 @@ WEIGHTS = 0.02        # summed squares of the final weights, same world size, an
 ACCURACY = 0.03
 RESHARD_LOSS, RESHARD_WEIGHTS, RESHARD_ACCURACY = 0.5, 0.10, 0.15  # 2 -> 4 ranks
 _REFERENCES: dict[tuple, Any] = {}
+
+
+def launch_runs(launch: Callable[[int, list[str]], Any], folder: Path,
+                names: Iterable[str] = RUNS) -> dict[str, Any]:
+    """The launches ``names`` (all five by default) in the notebook's order, in ``folder``:
+    ``launch(processes, args)`` for each; the copy of the killed run's folder is made after it."""
+    runs, names = {}, set(names)
+    for name, (extra, job, nprocs) in LAUNCHES.items():
+        if name in names:
+            runs[name] = launch(nprocs, ["--checkpoint-dir", str(folder / job), *extra])
+        if name == "killed" and (folder / "job").exists():
+            shutil.copytree(folder / "job", folder / "job-4")
+    return runs
 
 
 def unanswered(path: Any) -> bool:
@@ -126,6 +144,12 @@ def _accuracy(result: Any) -> Optional[float]:
 
 def _close(a: Optional[float], b: Optional[float], rel: float) -> bool:
     return a is not None and b is not None and math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+
+
+def _other_lr(a: Optional[float], b: Optional[float]) -> bool:
+    """Two LRs that differ; None is a step the GradScaler skipped (overflowing float16
+    gradients): it ran with no LR to compare."""
+    return a is not None and b is not None and not _close(a, b, 1e-6)
 
 
 def _reference(result: Any) -> Any:
@@ -254,8 +278,8 @@ def _autocast_hint(mine: dict, ref: dict) -> Optional[str]:
             if got != want:
                 return (f"rank {rank}, step {step}: the forward passes ran with autocast "
                         f"{got}, the reference with {want} (None: no autocast). Compute the "
-                        "output and the loss under torch.autocast, in bfloat16 on a CPU "
-                        "(float16, with a GradScaler, on a GPU).")
+                        "output and the loss under torch.autocast in --amp-dtype (by "
+                        "default bfloat16 on a CPU, float16 on a GPU).")
     return None
 
 
@@ -264,11 +288,14 @@ def _lr_hint(mine: dict, ref: dict, args: dict, result: Any) -> Optional[str]:
     for rank in sorted(ref):
         for step in sorted(ref[rank]):
             got, want = mine[rank][step]["lr"], ref[rank][step]["lr"]
-            if _close(got, want, 1e-6):
+            if got == want or _close(got, want, 1e-6):   # None, None: both steps skipped
                 continue
+            if got is None or want is None:
+                return (f"step {step}: {'no' if got is None else 'an'} optimizer step ran "
+                        f"before log_step, {'one' if got is None else 'none'} in the "
+                        "reference's (a GradScaler skips a step whose float16 gradients "
+                        "overflow; the same job overflows in the same steps).")
             said = f"step {step}: the LR was {got:.6g}, it should be {want:.6g}"
-            if got is None:
-                return f"{said}; no optimizer step ran before log_step."
             if _close(got, base, 1e-6):
                 return (f"{said}: the LR is never scaled nor warmed up (it stays --lr). Set it "
                         "before every optimizer step.")
@@ -287,15 +314,17 @@ def _loss_hint(mine: dict, ref: dict, world: int) -> Optional[str]:
     for step in sorted(ref[0])[:3]:
         for rank in sorted(ref):
             got, want = mine[rank][step], ref[rank][step]
-            if _close(got["loss"], want["loss"], CLOSE) and _close(got["grad"], want["grad"],
-                                                                   0.05):
-                continue
-            if world > 1 and (_close(got["loss"] * world, want["loss"], CLOSE) or
-                              _close(got["grad"] * world * world, want["grad"], 0.05)):
+            if _close(got["loss"], want["loss"], CLOSE) and (
+                    got["grad"] == want["grad"] or _close(got["grad"], want["grad"], 0.05)):
+                continue   # (a grad of None: a step the GradScaler skipped)
+            if world > 1 and (_close(got["loss"] * world, want["loss"], CLOSE) or (
+                    got["grad"] is not None and
+                    _close(got["grad"] * world * world, want["grad"], 0.05))):
                 return (f"step {step}: the loss (or its gradient) is 1/{world} of the "
                         "reference's: do not divide the loss by the world size; DDP (and "
                         "FSDP) already average the gradients over the ranks.")
-            if step > 0 and _close(got["loss"], want["loss"], CLOSE):
+            if step > 0 and _close(got["loss"], want["loss"], CLOSE) and None not in (
+                    got["grad"], want["grad"]):
                 return (f"step {step}: the loss is right but the gradient is not "
                         f"({got['grad']:.4g} against {want['grad']:.4g} summed squares): the "
                         "gradients of the previous steps are still in it. Zero them "
@@ -357,8 +386,8 @@ def _fsdp_hint(fsdp: Any, ddp: Any) -> Optional[str]:
     for rank in sorted(ref):
         for step in sorted(ref[rank]):
             got, want = mine.get(rank, {}).get(step), ref[rank][step]
-            if got is None or got["samples"] != want["samples"] or not _close(
-                    got["lr"], want["lr"], 1e-6):
+            if got is None or got["samples"] != want["samples"] or _other_lr(got["lr"],
+                                                                             want["lr"]):
                 return (f"rank {rank}, step {step}: other samples or another LR than in the "
                         "ddp run; --strategy changes the wrapping only.")
     weights = metric(fsdp, "weights")
@@ -448,13 +477,14 @@ def _resumed_hint(resumed: Any, killed: Any, ddp: Any) -> Optional[str]:
             if step == first and got["loss"] != exp.get("loss"):
                 return (f"rank {rank}, step {step}: the loss differs from the unbroken run's "
                         "on the same batch: load the model's weights from the checkpoint.")
-            if step == first and got["state"] != exp.get("state"):
+            skipped = got["optimizer_steps"] != exp.get("optimizer_steps")  # by one scaler
+            if step == first and got["state"] != exp.get("state") and not skipped:
                 return (f"rank {rank}, step {step}: the weights are restored but not the "
                         "optimizer's state (SGD's momentum): load the optimizer too (and "
                         "the GradScaler's, where one is enabled).")
             if step == first and got.get("scaler") != exp.get("scaler"):
-                return (f"rank {rank}, step {step}: the model and the optimizer are restored "
-                        f"but not the GradScaler (its state {got.get('scaler')}, the unbroken "
+                return (f"rank {rank}, step {step}: the weights are restored but not the "
+                        f"GradScaler (its state {got.get('scaler')}, the unbroken "
                         f"run's {exp.get('scaler')}): a new scaler starts from its initial "
                         "scale and skips or overflows steps the unbroken job did not. Save "
                         "scaler.state_dict() in the checkpoint and load it on resume.")
@@ -487,7 +517,7 @@ def _resharded_hint(resharded: Any, killed: Any, ddp: Any) -> Optional[str]:
     peak, warmup = args["lr"] * resharded.world_size, args["warmup_steps"]
     for step, report in sorted(mine[0].items()):
         rule = peak * min(1.0, (step + 1) / warmup) if warmup else peak
-        if not _close(report["lr"], rule, 1e-6):
+        if _other_lr(report["lr"], rule):
             return (f"on 4 ranks step {step} ran with the LR {report['lr']}, the rule gives "
                     f"{rule:.6g}: the peak follows the world size of this launch, not the "
                     "one the checkpoint was saved with.")
