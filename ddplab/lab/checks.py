@@ -305,19 +305,19 @@ def _compare_09(answer: Any, expected: Any) -> Optional[str]:
         return "answer with a number between 0 and 1."
     if math.isclose(efficiency, expected, rel_tol=0.02):
         return None
-    if math.isclose(efficiency, 13.2 / 6.1, rel_tol=0.02):
+    if math.isclose(efficiency, 13.0 / 3.0, rel_tol=0.02):
         return "that is the speed-up; efficiency divides it by the number of GPUs."
     if efficiency > 1:
         return "efficiency = speed-up / GPUs, at most 1 (1 would be the ideal line)."
-    return "speed-up = time on 1 GPU / time on 4 GPUs; efficiency = speed-up / 4."
+    return "speed-up = time on 1 GPU / time on 8 GPUs; efficiency = speed-up / 8."
 
 
-@exercise("09", "The source trained one epoch in 13.2 s on 1 GPU and in 6.1 s with DDP on 4 "
-          "GPUs. What is the parallel efficiency, speed-up divided by the number of GPUs? "
+@exercise("09", "A job trains one epoch in 13.0 s on 1 GPU and in 3.0 s with DDP on 8 GPUs. "
+          "What is the parallel efficiency, speed-up divided by the number of GPUs? "
           "answer = <a number between 0 and 1>", _compare_09)
 def _exercise_09() -> float:
-    single, ddp4, gpus = 13.2, 6.1, 4
-    return single / ddp4 / gpus
+    single, ddp8, gpus = 13.0, 3.0, 8
+    return single / ddp8 / gpus
 
 
 # ------------------------------------------------------------- exercises 01-03 (lessons 01-03)
