@@ -37,8 +37,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     """Setup, data, model, loop, save, cleanup: through an ``Accelerator``."""
     args = parse_args("loop_accelerate", argv)
     # [setup]
-    # Reads torchrun's variables, joins the group, picks backend and device. CPU ranks need
-    # cpu=True: without it, Accelerate 1.13+ runs each rank as a job of one process.
+    # Reads torchrun's variables, joins the group, picks backend and device. On gloo, cpu=True:
+    # the CPU, whatever Accelerate would pick by itself.
     accelerator = Accelerator(cpu=pick_backend() == "gloo")
     device = accelerator.device
     # [/setup]
