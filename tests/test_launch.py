@@ -81,6 +81,20 @@ def printed_pids(text: str) -> list[int]:
     return [int(p) for p in re.findall(r"\bpid (\d+)", text)]
 
 
+def end_once_said(name: str, ranks, after: float = 2.0):
+    """An ``on_event`` for a test whose point is a hang: once each of ``ranks`` has emitted the
+    event ``name`` (its script emits it just before the call that hangs), the launch ends as a
+    timeout ``after`` seconds later, stacks taken, instead of waiting out its clock. ``after``
+    is the time a rank takes from its event into the call on a loaded machine, with room."""
+    said: set[int] = set()
+
+    def on_event(event: dict):
+        if event.get("name") == name:
+            said.add(event.get("rank"))
+        return after if said >= set(ranks) else None
+    return on_event
+
+
 def test_plain_torchrun_script_runs_unchanged(capsys):
     result = launch(PLAIN, 2)
     assert result.ok, result.error
@@ -166,9 +180,14 @@ def test_workers_leaving_through_os_exit_do_not_hang_the_launch():
 
 def test_timeout_ends_the_whole_group():
     # (long enough for both ranks to print their pid on a loaded machine)
+    # The clock itself is the point: this is the forked path's one test of a real timeout
+    # (the subprocess path's and the spawn engine's are in test_rank_behaviour); the other
+    # hangs of the suite end through ``on_event`` (``end_once_said``).
     result = launch(FAULTY, 2, args=["hang"], timeout=20, quiet=True)
     assert result.status == "timeout" and not result.ok
-    assert "timed out" in result.error
+    assert "timed out after 20 s" in result.error and result.still_running == [0, 1]
+    assert 'faulty.py", line 47' in result.stacks[0], result.stacks  # dist.all_reduce(value)
+    assert 'faulty.py", line 40' in result.stacks[1], result.stacks  # time.sleep(600)
     pids = printed_pids(result.log(0) + "\n" + result.log(1))
     assert len(pids) == 2
     assert not wait_gone(pids, 5)
@@ -916,15 +935,8 @@ def test_on_event_returning_seconds_ends_the_job_as_a_timeout_with_each_ranks_st
     returning N ends the job N seconds later exactly as a timeout does (stacks, nothing left)."""
     script = tmp_path / "emits.py"
     script.write_text(EMITS)
-    ticked: set[int] = set()
-
-    def stop_once_both_tick(event: dict):
-        if event.get("name") == "tick":
-            ticked.add(event["rank"])
-        return 0.5 if ticked == {0, 1} else None
-
     result = launch(script, 2, args=[tmp_path, "hold"], quiet=True, timeout=600,
-                    on_event=stop_once_both_tick)
+                    on_event=end_once_said("tick", (0, 1), after=0.5))
     assert result.status == "timeout" and result.returncode == 124, result.error
     assert "on_event" in result.error and result.wall_time < 300
     assert result.still_running == [0, 1]
