@@ -227,7 +227,7 @@ def test_uneven_inputs_hang_in_the_extra_backward():
     # instead of a clock (the launch's timeout is a safety net); the events checked first
     # prove the ranks got there.
     result = run(FAULTS, "--fault", "uneven", timeout=300,
-                 on_event=end_once_said("steps", (1,), after=3.0))
+                 on_event=end_once_said(("steps", 1), after=3.0))
     assert result.status == "timeout" and sorted(result.still_running) == [0, 1], result.error
     assert metric(result, "batches") == {0: 3, 1: 2}
     assert metric(result, "steps") == {1: 2}  # rank 0 never finished its loop

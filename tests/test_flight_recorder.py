@@ -58,8 +58,8 @@ def _hang(**options) -> tuple[RunResult, str]:
     token = uuid.uuid4().hex
     env = {"FLIGHT_RECORDER_TEST": token, **options.pop("env", {})}
     result = ddplab.launch(DESYNC, 2, args=["--fault", "one_rank"], backend="gloo", quiet=True,
-                           timeout=HANG_TIMEOUT, flight_recorder=True, env=env,
-                           on_event=end_once_said("shard", (0, 1), after=3.0), **options)
+                           timeout=HANG_TIMEOUT, flight_recorder=True, env=env, **options,
+                           on_event=end_once_said(("shard", 0), ("shard", 1), after=3.0))
     return result, token
 
 

@@ -87,7 +87,7 @@ def test_after_a_timeout_the_result_keeps_what_it_knew_and_names_where_each_rank
     """Ranks 1 and 2 say ``hang`` just before they wait: ``on_event`` ends the job as a
     timeout then, as the clock would (test_launch's timeout test is the real clock)."""
     result = launch(str(SCRIPTS / "missing_rank.py"), 3, quiet=True, timeout=300,
-                    on_event=end_once_said("hang", (1, 2)))
+                    on_event=end_once_said(("hang", 1), ("hang", 2)))
     assert result.status == "timeout" and not result.ok
     assert result.exit_codes == {0: 0, 1: None, 2: None}  # rank 0 had exited; 1, 2 still ran
     assert result.still_running == [1, 2]
