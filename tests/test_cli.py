@@ -3,8 +3,9 @@
 The command itself runs as a process where a process is the point (the doctor, usage errors,
 Ctrl-C in a terminal, the ranks' streams on a real terminal's descriptors; test_cuda_clean's
 cold command). Where the point is what ``launch``'s options reach and what it prints, the
-command's ``main(argv)`` runs in this process (``cli``): the same parser, launch and report,
-through the session's warm launch helper instead of a cold one per command."""
+command's ``main(argv)`` runs in this process (the ``cli`` fixture, tests/conftest.py): the
+same parser, launch and report, through the session's warm launch helper instead of a cold one
+per command."""
 
 import json
 import os
@@ -13,7 +14,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -22,22 +22,6 @@ def ddplab(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "ddplab", *args], capture_output=True,
                           text=True, timeout=timeout)
 
-
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    """``python -m ddplab ARGS`` as this process's ``ddplab.cli.main(ARGS)``: its exit code and
-    what it printed (the rank lines the launcher prints included)."""
-    from ddplab.cli import main
-
-    # (the command sets it for its one launch: undone after the test)
-    monkeypatch.setenv("DDPLAB_PRELOAD_TRAINING", os.environ.get("DDPLAB_PRELOAD_TRAINING", "auto"))
-
-    def run(*args):
-        capsys.readouterr()
-        code = main(list(args))
-        shown = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=shown.out, stderr=shown.err)
-    return run
 
 
 def test_doctor_succeeds_and_prints_the_full_report():

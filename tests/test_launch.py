@@ -384,13 +384,13 @@ def test_bad_input_is_refused_before_anything_starts(monkeypatch, tmp_path):
             launch(PLAIN, 2, master_port=busy.getsockname()[1])
 
 
-def test_cli_exit_codes_name_the_failed_rank():
-    ok = subprocess.run([sys.executable, "-m", "ddplab", "launch", "--nproc-per-node", "2",
-                         PLAIN], capture_output=True, text=True, timeout=120)
+def test_cli_exit_codes_name_the_failed_rank(cli):
+    """The command's code is its ``main``'s (the launches run in this process: ``cli``); the
+    last one, refused before any launch, is a real process's exit status."""
+    ok = cli("launch", "--nproc-per-node", "2", PLAIN)
     assert ok.returncode == 0, ok.stderr
     assert "[rank1] rank 1 of 2: sum 3" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "ddplab", "launch", "--nproc-per-node", "2",
-                          FAULTY, "exit"], capture_output=True, text=True, timeout=120)
+    bad = cli("launch", "--nproc-per-node", "2", FAULTY, "exit")
     assert bad.returncode != 0 and "rank 1 exited with code 3" in bad.stderr
     usage = subprocess.run([sys.executable, "-m", "ddplab", "launch", "--nproc-per-node", "0",
                             PLAIN], capture_output=True, text=True, timeout=60)

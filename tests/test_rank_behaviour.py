@@ -191,14 +191,12 @@ def test_torchruns_script_forms_run_from_the_api(tmp_path, monkeypatch, form, wh
 
 
 @pytest.mark.parametrize("form", ["noext", "pkgdir", "app.zip", "-m modpkg.job"])
-def test_torchruns_script_forms_run_from_the_cli(tmp_path, form):
+def test_torchruns_script_forms_run_from_the_cli(tmp_path, monkeypatch, form, cli):
+    """The command's parser hands each form to the launch as given (run in this process)."""
     paths = script_forms(tmp_path)
+    monkeypatch.chdir(tmp_path)
     target = form.split() if form.startswith("-m ") else [str(paths[form].name)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "ddplab", "launch", "--nproc-per-node", "2",
-                           *target], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = cli("launch", "--nproc-per-node", "2", *target)
     assert done.returncode == 0, done.stderr
     assert "[rank1] ran as __main__ rank 1" in done.stdout
 
