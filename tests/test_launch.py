@@ -3,14 +3,16 @@
 Most tests run on the fork path (ranks forked by a warm helper). The subprocess path (a cold
 torchrun, the path off Linux; ``DDPLAB_LAUNCH_PATH=subprocess`` or ``path="subprocess"``) runs
 the same rank entry and the same output streams, so a test is repeated there only where that
-path behaves differently: how a rank's end is reported (exit codes and signals, a rank that
-ended before the failure, an abort at exit: torch's agent reports them, not ddplab's), the
-stacks at a timeout, interrupts and a caller's error (its ranks lead sessions of their own),
-the job's environment and ``PYTHONWARNINGS`` (they reach a cold agent as well as the ranks),
-restarts (torch's agent restarts them) and saying why it is taken. What a rank prints, how
-its lines and events reach the caller and ``--local_rank`` are the entry's and the streams'
-on both paths: tested once, on the fork path (test_rank_behaviour's long lines run under
-every engine and path)."""
+path behaves differently: how a rank's end is known (exit codes and signals, a rank that ended
+before the failure, an abort at exit: the forked path reads its agent's accounting, the
+subprocess path the ranks' own words and a cold torchrun's exit), the stacks at a timeout,
+interrupts and a caller's error (its ranks lead sessions of their own), the job's environment
+and ``PYTHONWARNINGS`` (they reach the cold torchrun as well as the ranks), restarts (the cold
+torchrun's agent restarts them) and saying why that path is taken. What a rank prints, how its
+lines and events reach the caller (test_rank_behaviour's long lines run under every engine and
+path; test_cli's streams on a terminal on the subprocess path) and ``--local_rank`` (an
+environment variable the entry reads) are the entry's and the streams' on both paths: tested
+on the fork path only."""
 
 from __future__ import annotations
 
