@@ -174,7 +174,7 @@ def test_a_timeout_ends_the_script_and_every_rank_it_started():
     that share the script's stdout reach ``on_event``, which ends the job as a timeout once
     both said so (the engine's real clock: test_rank_behaviour's mp.spawn stacks test)."""
     result = spawn(SCRIPTS / "spawn_hang.py", on_event=end_once_said(("hang", 0), ("hang", 1)))
-    assert result.status == "timeout" and not result.ok
+    assert result.status == "timeout" and not result.ok, (result.error, result.logs)
     assert "as on_event asked" in result.error and result.still_running == [0, 1]
     assert sorted(result.pids) == [0, 1]  # the ranks it saw mp.spawn start, by rank
     assert gone(result.pids.values())
