@@ -10,7 +10,7 @@ interrupts and a caller's error (its ranks lead sessions of their own), the job'
 and ``PYTHONWARNINGS`` (they reach the cold torchrun as well as the ranks), restarts (the cold
 torchrun's agent restarts them) and saying why that path is taken. What a rank prints, how its
 lines and events reach the caller (test_rank_behaviour's long lines run under every engine and
-path; test_cli's streams on a terminal on the subprocess path) and ``--local_rank`` (an
+path; test_cli's streams of a real command on the subprocess path) and ``--local_rank`` (an
 environment variable the entry reads) are the entry's and the streams' on both paths: tested
 on the fork path only."""
 
