@@ -2,10 +2,10 @@
 
 The command itself runs as a process where a process is the point (the doctor, usage errors,
 Ctrl-C in a terminal, the ranks' streams on the command's own stdout and stderr;
-test_cuda_clean's cold command). Where the point is what ``launch``'s options reach and what it prints, the
-command's ``main(argv)`` runs in this process (the ``cli`` fixture, tests/conftest.py): the
-same parser, launch and report, through the session's warm launch helper instead of a cold one
-per command."""
+test_cuda_clean's cold command). Where the point is what ``launch``'s options reach and what
+it prints, the command's ``main(argv)`` runs in this process (the ``cli`` fixture,
+tests/conftest.py): the same parser, launch and report, through the session's warm launch
+helper instead of a cold one per command."""
 
 import json
 import os
