@@ -104,6 +104,27 @@ pytest_runtest_setup = pytest.hookimpl(hookwrapper=True)(_guarded)
 pytest_runtest_call = pytest.hookimpl(hookwrapper=True)(_guarded)
 
 
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """``cli("launch", ...)``: ``python -m ddplab ...`` as this process's ``ddplab.cli.main``,
+    its exit code and what it printed (the rank lines the launcher prints included): the
+    command's parser, launch and report, through the session's warm launch helper. For a test
+    whose point is what the command's options reach, not the cold command itself."""
+    from types import SimpleNamespace
+
+    from ddplab.cli import main
+
+    # (the command sets it for its one launch: undone after the test)
+    monkeypatch.setenv("DDPLAB_PRELOAD_TRAINING", os.environ.get("DDPLAB_PRELOAD_TRAINING", "auto"))
+
+    def run(*args: str) -> SimpleNamespace:
+        capsys.readouterr()
+        code = main(list(args))
+        shown = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=shown.out, stderr=shown.err)
+    return run
+
+
 # ------------------------------------------------------------------------ shared reference runs
 
 #: The environment of every shared run: a warning raised by a line of the exercise file (the

@@ -1,4 +1,11 @@
-"""python -m ddplab: every subcommand answers, and options reach course and bench."""
+"""python -m ddplab: every subcommand answers, and options reach course and bench.
+
+The command itself runs as a process where a process is the point (the doctor, usage errors,
+Ctrl-C in a terminal, the ranks' streams on the command's own stdout and stderr;
+test_cuda_clean's cold command). Where the point is what ``launch``'s options reach and what
+it prints, the command's ``main(argv)`` runs in this process (the ``cli`` fixture,
+tests/conftest.py): the same parser, launch and report, through the session's warm launch
+helper instead of a cold one per command."""
 
 import json
 import os
@@ -14,6 +21,7 @@ import pytest
 def ddplab(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "ddplab", *args], capture_output=True,
                           text=True, timeout=timeout)
+
 
 
 def test_doctor_succeeds_and_prints_the_full_report():
@@ -36,11 +44,11 @@ def test_unknown_command_is_a_usage_error():
     assert done.returncode == 2 and "invalid choice" in done.stderr
 
 
-def test_max_restarts_reaches_the_elastic_agent():
+def test_max_restarts_reaches_the_elastic_agent(cli):
     script = str(Path(__file__).parent / "scripts" / "restart_once.py")
-    failed = ddplab("launch", "--nproc-per-node", "2", script)
+    failed = cli("launch", "--nproc-per-node", "2", script)
     assert failed.returncode != 0 and "rank 1 exited with code 5" in failed.stderr
-    restarted = ddplab("launch", "--nproc-per-node", "2", "--max-restarts", "1", script)
+    restarted = cli("launch", "--nproc-per-node", "2", "--max-restarts", "1", script)
     assert restarted.returncode == 0, restarted.stderr
     assert "[rank1] attempt 1: rank 1 sum 3" in restarted.stdout
 
@@ -48,10 +56,10 @@ def test_max_restarts_reaches_the_elastic_agent():
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
-def test_training_worker_prints_its_epochs_and_summary_and_json_holds_the_result(tmp_path):
+def test_training_worker_prints_its_epochs_and_summary_and_json_holds_the_result(tmp_path, cli):
     out = tmp_path / "result.json"
-    done = ddplab("launch", "--nproc-per-node", "2", "--json", str(out),
-                  "ddplab/workers/train.py", "--epochs", "2", timeout=300)
+    done = cli("launch", "--nproc-per-node", "2", "--json", str(out),
+               "ddplab/workers/train.py", "--epochs", "2")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     epochs = [line for line in lines if line.startswith("epoch ")]
@@ -67,10 +75,10 @@ def test_training_worker_prints_its_epochs_and_summary_and_json_holds_the_result
     assert "@ddplab" not in done.stdout + done.stderr
 
 
-def test_json_of_a_failed_run_names_the_root_cause(tmp_path):
+def test_json_of_a_failed_run_names_the_root_cause(tmp_path, cli):
     out = tmp_path / "result.json"
-    done = ddplab("launch", "--nproc-per-node", "2", "--json", str(out),
-                  str(SCRIPTS / "faulty.py"), "exit")
+    done = cli("launch", "--nproc-per-node", "2", "--json", str(out),
+               str(SCRIPTS / "faulty.py"), "exit")
     assert done.returncode == 1 and "rank 1 exited with code 3" in done.stderr
     saved = json.loads(out.read_text())
     assert saved["status"] == "failed" and saved["exit_codes"]["1"] == 3
@@ -111,17 +119,17 @@ def test_ctrl_c_ends_the_job_and_exits_130():
                 and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
 
 
-def test_local_rank_arg_passes_each_rank_its_local_rank(tmp_path):
+def test_local_rank_arg_passes_each_rank_its_local_rank(tmp_path, cli):
     script = tmp_path / "legacy.py"
     script.write_text("import argparse\np = argparse.ArgumentParser()\n"
                       "p.add_argument('--local_rank', type=int, default=-1)\n"
                       "p.add_argument('--lr', type=float)\n"
                       "a = p.parse_args()\nprint('local_rank', a.local_rank, 'lr', a.lr)\n")
-    plain = ddplab("launch", "--nproc-per-node", "2", str(script), "--lr", "0.5")
+    plain = cli("launch", "--nproc-per-node", "2", str(script), "--lr", "0.5")
     assert plain.returncode == 0 and plain.stdout.count("local_rank -1 lr 0.5") == 2
     assert plain.stderr.count("declares --local_rank") == 1  # one warning, not one per rank
-    passed = ddplab("launch", "--nproc-per-node", "2", "--local-rank-arg", str(script),
-                    "--lr", "0.5")
+    passed = cli("launch", "--nproc-per-node", "2", "--local-rank-arg", str(script),
+                 "--lr", "0.5")
     assert passed.returncode == 0, passed.stderr
     assert "[rank0] local_rank 0 lr 0.5" in passed.stdout
     assert "[rank1] local_rank 1 lr 0.5" in passed.stdout

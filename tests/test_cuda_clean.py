@@ -3,7 +3,10 @@
 A process forked after its parent touched the CUDA runtime (even ``torch.cuda.is_available()``
 or a device count) cannot use CUDA: its first CUDA call raises "Cannot re-initialize CUDA in
 forked subprocess". That is a GPU fault, but it is visible on any machine: torch marks such a
-child, and ``torch.cuda._is_in_bad_fork()`` says so. So every path is checked here, on CPU.
+child, and ``torch.cuda._is_in_bad_fork()`` says so. So every path is checked here, on CPU:
+the cold command, the warm API (forked by the helper), a torchrun subprocess and the spawn
+engine. Several nodes take the torchrun-subprocess path too (``fallback.start_torchrun``, one
+per node, the same command): ``test_subprocess_fallback`` stands for it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import ddplab
 from ddplab import launch
 from ddplab.launcher import agent
 
@@ -44,14 +46,6 @@ def test_warm_api_after_the_training_preload():
         result = launch(PROBE, 2, quiet=True, timeout=120)
         assert result.ok, result.error
         assert_clean(probe_lines("\n".join(result.log(r) for r in (0, 1))), 2)
-
-
-def test_two_nodes():
-    results = ddplab.launch_multinode(PROBE, nnodes=2, nproc_per_node=1, quiet=True, timeout=120)
-    assert all(r.ok for r in results), [r.error for r in results]
-    lines = [line for r in results for rank, log in r.logs.items() if rank != "launcher"
-             for line in log if line.startswith("cuda ")]
-    assert_clean(sorted(lines), 2)
 
 
 def test_subprocess_fallback(monkeypatch):

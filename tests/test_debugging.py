@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_launch import end_once_said
 
 import ddplab
 from ddplab import torch_words
@@ -217,21 +218,16 @@ def test_order_mismatch_times_out_plain_and_detail_names_both_orders():
 
 # ------------------------------------------------------------------ DDP training faults
 
-@pytest.fixture(scope="module")
-def joined() -> RunResult:
-    """The uneven job inside ``Join``: the fix, and the measure of the hang test's timeout."""
-    return run(FAULTS, "--fault", "uneven", "--join")
-
-
 @pytest.mark.slow
-def test_uneven_inputs_hang_in_the_extra_backward(joined):
+def test_uneven_inputs_hang_in_the_extra_backward():
     # The hang is the fault: no process-group timeout (two equal ones race, and the rank that
-    # loses is stopped before it can say where it was); the launch's timeout ends the job and
-    # every rank's stack says where it waited. The timeout is five times what the same job
-    # took to finish inside Join (start-up and all three steps), at least 20 s: time enough on a
-    # loaded machine, forked or cold; the events checked first prove the ranks got there.
-    assert joined.ok, joined.error
-    result = run(FAULTS, "--fault", "uneven", timeout=max(20, 5 * joined.wall_time))
+    # loses is stopped before it can say where it was); the launch ends the job as a timeout
+    # and every rank's stack says where it waited. Rank 1 emits ``steps`` when its loop is
+    # done, as rank 0 starts its extra step: ``on_event`` ends the job a few seconds later
+    # instead of a clock (the launch's timeout is a safety net); the events checked first
+    # prove the ranks got there.
+    result = run(FAULTS, "--fault", "uneven", timeout=300,
+                 on_event=end_once_said(("steps", 1), after=3.0))
     assert result.status == "timeout" and sorted(result.still_running) == [0, 1], result.error
     assert metric(result, "batches") == {0: 3, 1: 2}
     assert metric(result, "steps") == {1: 2}  # rank 0 never finished its loop
@@ -243,8 +239,8 @@ def test_uneven_inputs_hang_in_the_extra_backward(joined):
 
 
 @pytest.mark.slow
-def test_join_lets_uneven_ranks_finish_with_the_same_weights(joined):
-    result = joined
+def test_join_lets_uneven_ranks_finish_with_the_same_weights():
+    result = run(FAULTS, "--fault", "uneven", "--join")
     assert result.ok, result.error
     assert metric(result, "steps") == metric(result, "batches") == {0: 3, 1: 2}
     assert metric(result, "samples") == {0: 95, 1: 64}  # three files and two

@@ -14,7 +14,9 @@ enables by default) and serve every capstone variant (and the judge as its refer
 A busy machine must not change a verdict: a run that ends by itself gets a launch timeout and a
 process-group timeout only as safety nets (minutes); the two that hang on purpose are ended by
 a timeout that is their point (the deadlock's launch timeout, no-Join's group timeout), long
-enough for every rank to reach the hang first."""
+enough for every rank to reach the hang first. Where the events a variant's ranks emit say that
+each reached its hang (``hang``), the launch ends as that timeout a few seconds later
+(``on_event``): the judge reads the same result (status, stacks) as after the clock."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from test_launch import end_once_said
 
 import ddplab
 from ddplab.lab.grading import FSDP2_RUNS  # 11b's launches: save on 2, load on 4 and 1
@@ -45,6 +48,7 @@ class Variant:
     args: tuple[str, ...] = ()
     runs: tuple[str, ...] = ("ddp",)  # 13 only: which of the five launches use this file
     launches: tuple[tuple[str, int, tuple[str, ...]], ...] = ()  # named, judged as one set
+    hang: tuple[tuple[str, int], ...] = ()  # (event, rank): each rank's last word before it
 
 
 FSDP2_SAVE = ("    model_state, optim_state = get_state_dict(model, optimizer)\n"
@@ -134,7 +138,8 @@ VARIANTS = [
     Variant("05 barrier inside if rank == 0", "05", "checkpoint.py", (
         ("        write_file(state, path)\n    dist.barrier()",
          "        write_file(state, path)\n        dist.barrier()"),
-    ), right=False, words=("deadlock", "barrier"), timeout=60),  # as the notebook: ends the hang
+    ), right=False, words=("deadlock", "barrier"), timeout=60,  # as the notebook: ends the hang
+        hang=(("wrote", 0), ("loaded", 1))),  # rank 0 then waits in save, rank 1 in backward
     Variant("05 no map_location", "05", "checkpoint.py", (
         ("map_location=device, ", ""),
     ), right=False, words=("saved on a GPU", "map_location")),
@@ -448,7 +453,9 @@ def verdicts(tmp_path_factory, request) -> dict[str, object]:
 
     def launch(variant: Variant, path: Path, nprocs: int, args: list[str]):
         return ddplab.launch(str(path), nprocs, quiet=True, live=False,
-                             timeout=variant.timeout, args=args)
+                             timeout=variant.timeout, args=args,
+                             on_event=end_once_said(*variant.hang, after=5.0)
+                             if variant.hang else None)
 
     def judged(variant: Variant):
         if variant.key == "13":   # against the reference's runs with the same arguments

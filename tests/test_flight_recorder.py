@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 import torch
+from test_launch import end_once_said
 
 import ddplab
 from ddplab import flight_recorder
@@ -20,10 +21,11 @@ from ddplab.lab import postmortem
 from ddplab.launcher.results import RunResult
 
 DESYNC = "ddplab.workers.desync"
-# The hang needs no clock of its own: rank 0 waits in an all-reduce rank 1 never calls, until
-# the launch's timeout. That timeout is generous (a loaded machine starts ranks slowly) and is
-# what the test is about: the ranks must have reached their collectives before it expires.
-HANG_TIMEOUT = 30
+# The hang needs no clock of its own: rank 0 waits in an all-reduce rank 1 never calls. Each
+# rank emits its ``shard`` metric just before the collectives, and ``on_event`` ends the launch
+# as a timeout a few seconds after both did (the Flight Recorder is read as after any timeout;
+# the real clock is test_launch's and test_rank_behaviour's). HANG_TIMEOUT is a safety net.
+HANG_TIMEOUT = 300
 
 
 def _debug_server() -> bool:
@@ -56,7 +58,8 @@ def _hang(**options) -> tuple[RunResult, str]:
     token = uuid.uuid4().hex
     env = {"FLIGHT_RECORDER_TEST": token, **options.pop("env", {})}
     result = ddplab.launch(DESYNC, 2, args=["--fault", "one_rank"], backend="gloo", quiet=True,
-                           timeout=HANG_TIMEOUT, flight_recorder=True, env=env, **options)
+                           timeout=HANG_TIMEOUT, flight_recorder=True, env=env, **options,
+                           on_event=end_once_said(("shard", 0), ("shard", 1), after=3.0))
     return result, token
 
 
@@ -101,7 +104,7 @@ def test_without_tabulate_the_report_says_so_in_one_line(tmp_path):
     assert result.status == "timeout" and result.waits == {}
     line = _report_line(result)
     assert line.startswith("Flight Recorder not read: rank 0:") and "tabulate" in line
-    assert result.error.startswith(f"timed out after {HANG_TIMEOUT} s")   # the report as ever
+    assert "as on_event asked" in result.error.splitlines()[0]   # the report as ever
     assert _left_behind(token) == []
 
 

@@ -1,4 +1,18 @@
-"""The launcher on real processes (gloo): success, failures, timeouts, interrupts, clean-up."""
+"""The launcher on real processes (gloo): success, failures, timeouts, interrupts, clean-up.
+
+Most tests run on the fork path (ranks forked by a warm helper). The subprocess path (a cold
+torchrun, the path off Linux; ``DDPLAB_LAUNCH_PATH=subprocess`` or ``path="subprocess"``) runs
+the same rank entry and the same output streams, so a test is repeated there only where that
+path behaves differently: how a rank's end is known (exit codes and signals, a rank that ended
+before the failure, an abort at exit: the forked path reads its agent's accounting, the
+subprocess path the ranks' own words and a cold torchrun's exit), the stacks at a timeout,
+interrupts and a caller's error (its ranks lead sessions of their own), the job's environment
+and ``PYTHONWARNINGS`` (they reach the cold torchrun as well as the ranks), restarts (the cold
+torchrun's agent restarts them) and saying why that path is taken. What a rank prints, how its
+lines and events reach the caller (test_rank_behaviour's long lines run under every engine and
+path; test_cli's streams of a real command on the subprocess path) and ``--local_rank`` (an
+environment variable the entry reads) are the entry's and the streams' on both paths: tested
+on the fork path only."""
 
 from __future__ import annotations
 
@@ -81,6 +95,19 @@ def printed_pids(text: str) -> list[int]:
     return [int(p) for p in re.findall(r"\bpid (\d+)", text)]
 
 
+def end_once_said(*said: tuple[str, int], after: float = 2.0):
+    """An ``on_event`` for a test whose point is a hang: once each ``(name, rank)`` of ``said``
+    was emitted (the script emits it just before the call that hangs), the launch ends as a
+    timeout ``after`` seconds later, stacks taken, instead of waiting out its clock. ``after``
+    is the time a rank takes from its event into the call on a loaded machine, with room."""
+    waiting = set(said)
+
+    def on_event(event: dict):
+        waiting.discard((event.get("name"), event.get("rank")))
+        return after if not waiting else None
+    return on_event
+
+
 def test_plain_torchrun_script_runs_unchanged(capsys):
     result = launch(PLAIN, 2)
     assert result.ok, result.error
@@ -131,11 +158,8 @@ def test_exit_code_is_reported():
     assert "rank 1 exited with code 3" in result.error
 
 
-@pytest.mark.parametrize("path", ["fast", "subprocess"])
-def test_a_refusal_in_words_is_the_root_causes_message(monkeypatch, path):
+def test_a_refusal_in_words_is_the_root_causes_message():
     """sys.exit("why") prints no traceback: its words, from the rank's stderr, are the cause."""
-    if path == "subprocess":
-        monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
     result = launch(FAULTY, 2, args=["refuse"], quiet=True)
     assert result.status == "failed" and result.root_cause.rank == 1
     assert result.root_cause.exitcode == 1
@@ -166,9 +190,14 @@ def test_workers_leaving_through_os_exit_do_not_hang_the_launch():
 
 def test_timeout_ends_the_whole_group():
     # (long enough for both ranks to print their pid on a loaded machine)
+    # The clock itself is the point: this is the forked path's one test of a real timeout
+    # (the subprocess path's and the spawn engine's are in test_rank_behaviour); the other
+    # hangs of the suite end through ``on_event`` (``end_once_said``).
     result = launch(FAULTY, 2, args=["hang"], timeout=20, quiet=True)
     assert result.status == "timeout" and not result.ok
-    assert "timed out" in result.error
+    assert "timed out after 20 s" in result.error and result.still_running == [0, 1]
+    assert 'faulty.py", line 47' in result.stacks[0], result.stacks  # dist.all_reduce(value)
+    assert 'faulty.py", line 40' in result.stacks[1], result.stacks  # time.sleep(600)
     pids = printed_pids(result.log(0) + "\n" + result.log(1))
     assert len(pids) == 2
     assert not wait_gone(pids, 5)
@@ -299,16 +328,6 @@ def test_spawn_engine_runs_and_reports_the_failed_rank():
     assert "spawned rank 1 fails on purpose" in bad.error
 
 
-def test_subprocess_path_matches(monkeypatch):
-    monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
-    result = launch(PLAIN, 2, quiet=True)
-    assert result.ok, result.error
-    assert result.logs[1] == ["rank 1 of 2: sum 3"]
-    bad = launch(FAULTY, 2, args=["exit"], quiet=True)
-    assert bad.status == "failed" and bad.root_cause.rank == 1
-    assert bad.root_cause.exitcode == 3
-
-
 def test_without_fork_the_launch_goes_through_torchrun_and_says_why_once(monkeypatch, capsys):
     """Said once, in one line; the ranks are those of a ``torch.distributed.run`` subprocess."""
     from ddplab import env
@@ -367,13 +386,13 @@ def test_bad_input_is_refused_before_anything_starts(monkeypatch, tmp_path):
             launch(PLAIN, 2, master_port=busy.getsockname()[1])
 
 
-def test_cli_exit_codes_name_the_failed_rank():
-    ok = subprocess.run([sys.executable, "-m", "ddplab", "launch", "--nproc-per-node", "2",
-                         PLAIN], capture_output=True, text=True, timeout=120)
+def test_cli_exit_codes_name_the_failed_rank(cli):
+    """The command's code is its ``main``'s (the launches run in this process: ``cli``); the
+    last one, refused before any launch, is a real process's exit status."""
+    ok = cli("launch", "--nproc-per-node", "2", PLAIN)
     assert ok.returncode == 0, ok.stderr
     assert "[rank1] rank 1 of 2: sum 3" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "ddplab", "launch", "--nproc-per-node", "2",
-                          FAULTY, "exit"], capture_output=True, text=True, timeout=120)
+    bad = cli("launch", "--nproc-per-node", "2", FAULTY, "exit")
     assert bad.returncode != 0 and "rank 1 exited with code 3" in bad.stderr
     usage = subprocess.run([sys.executable, "-m", "ddplab", "launch", "--nproc-per-node", "0",
                             PLAIN], capture_output=True, text=True, timeout=60)
@@ -427,9 +446,10 @@ def test_max_restarts_restarts_every_worker_after_a_failure(monkeypatch, path):
     if path == "subprocess":
         monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
     script = str(SCRIPTS / "restart_once.py")  # rank 1 fails on attempt 0 only
-    once = launch(script, 2, quiet=True, timeout=120)
-    assert once.status == "failed" and once.root_cause.rank == 1
-    assert once.root_cause.exitcode == 5
+    if path == "fast":  # (a failure's report on the subprocess path: test_a_rank_exits_...)
+        once = launch(script, 2, quiet=True, timeout=120)
+        assert once.status == "failed" and once.root_cause.rank == 1
+        assert once.root_cause.exitcode == 5
     again = launch(script, 2, quiet=True, timeout=120, max_restarts=1)
     assert again.ok, again.error
     assert again.exit_codes == {0: 0, 1: 0}
@@ -445,12 +465,8 @@ def test_max_restarts_is_checked(tmp_path):
         launch(str(SCRIPTS / "spawn_min.py"), 2, engine="spawn", max_restarts=1)
 
 
-@pytest.mark.parametrize("path", ["fast", "subprocess"])
 @pytest.mark.parametrize("then", ["exit", "event"])
-def test_a_last_line_without_newline_is_kept_and_the_protocol_never_shows(
-        monkeypatch, capsys, path, then):
-    if path == "subprocess":
-        monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+def test_a_last_line_without_newline_is_kept_and_the_protocol_never_shows(capsys, then):
     args = ["event"] if then == "event" else []  # else the launcher's exit marker follows
     result = launch(str(SCRIPTS / "streams.py"), 2, args=args, timeout=120)
     assert result.ok, result.error
@@ -467,10 +483,8 @@ def test_a_last_line_without_newline_is_kept_and_the_protocol_never_shows(
     assert result.exit_codes == {0: 0, 1: 0}
 
 
-@pytest.mark.parametrize("path", ["fast", "subprocess", "spawn"])
-def test_stderr_of_the_ranks_goes_to_stderr_and_stdout_to_stdout(monkeypatch, capsys, path):
-    if path == "subprocess":
-        monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+@pytest.mark.parametrize("path", ["fast", "spawn"])
+def test_stderr_of_the_ranks_goes_to_stderr_and_stdout_to_stdout(capsys, path):
     if path == "spawn":
         result = launch(str(SCRIPTS / "spawn_min.py"), 2, engine="spawn", timeout=120,
                         args=["--fail-rank", "1"])
@@ -495,12 +509,9 @@ LEGACY = ("import argparse\np = argparse.ArgumentParser()\n"
           "a = p.parse_args()\nprint('local_rank', vars(a)['local_rank'], 'lr', a.lr)\n")
 
 
-@pytest.mark.parametrize("path", ["fast", "subprocess"])
 @pytest.mark.parametrize("style,option", [(True, "--local_rank"), ("dash", "--local-rank")])
 def test_local_rank_arg_runs_torch_distributed_launch_scripts_unchanged(
-        monkeypatch, tmp_path, capsys, path, style, option):
-    if path == "subprocess":
-        monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+        tmp_path, capsys, style, option):
     script = tmp_path / "legacy.py"
     script.write_text(LEGACY.format(option=option))
     result = launch(script, 2, args=["--lr", "0.5"], local_rank_arg=style, quiet=True)
@@ -916,15 +927,8 @@ def test_on_event_returning_seconds_ends_the_job_as_a_timeout_with_each_ranks_st
     returning N ends the job N seconds later exactly as a timeout does (stacks, nothing left)."""
     script = tmp_path / "emits.py"
     script.write_text(EMITS)
-    ticked: set[int] = set()
-
-    def stop_once_both_tick(event: dict):
-        if event.get("name") == "tick":
-            ticked.add(event["rank"])
-        return 0.5 if ticked == {0, 1} else None
-
     result = launch(script, 2, args=[tmp_path, "hold"], quiet=True, timeout=600,
-                    on_event=stop_once_both_tick)
+                    on_event=end_once_said(("tick", 0), ("tick", 1), after=0.5))
     assert result.status == "timeout" and result.returncode == 124, result.error
     assert "on_event" in result.error and result.wall_time < 300
     assert result.still_running == [0, 1]

@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_launch import alive, processes, wait_gone
+from test_launch import alive, end_once_said, processes, wait_gone
 
 from ddplab import LaunchError, launch
 from ddplab.launcher.spec import MAX_NPROCS
@@ -84,15 +84,17 @@ def test_a_timeout_that_is_not_a_positive_number_is_refused(timeout):
 
 
 def test_after_a_timeout_the_result_keeps_what_it_knew_and_names_where_each_rank_waits():
-    # (the timeout is what is tested: long enough that ranks 1 and 2 wait at their line)
-    result = launch(str(SCRIPTS / "missing_rank.py"), 3, quiet=True, timeout=30)
+    """Ranks 1 and 2 say ``hang`` just before they wait: ``on_event`` ends the job as a
+    timeout then, as the clock would (test_launch's timeout test is the real clock)."""
+    result = launch(str(SCRIPTS / "missing_rank.py"), 3, quiet=True, timeout=300,
+                    on_event=end_once_said(("hang", 1), ("hang", 2)))
     assert result.status == "timeout" and not result.ok
     assert result.exit_codes == {0: 0, 1: None, 2: None}  # rank 0 had exited; 1, 2 still ran
     assert result.still_running == [1, 2]
     assert "still running: rank 1, rank 2" in result.error
     assert sorted(result.stacks) == [1, 2]
     for rank in (1, 2):
-        assert 'missing_rank.py", line 15' in result.stacks[rank], result.stacks[rank]
+        assert 'missing_rank.py", line 19' in result.stacks[rank], result.stacks[rank]
         assert "most recent call first" in result.stacks[rank]
     assert not wait_gone(list(result.pids.values()), 10)
 
@@ -189,14 +191,12 @@ def test_torchruns_script_forms_run_from_the_api(tmp_path, monkeypatch, form, wh
 
 
 @pytest.mark.parametrize("form", ["noext", "pkgdir", "app.zip", "-m modpkg.job"])
-def test_torchruns_script_forms_run_from_the_cli(tmp_path, form):
+def test_torchruns_script_forms_run_from_the_cli(tmp_path, monkeypatch, form, cli):
+    """The command's parser hands each form to the launch as given (run in this process)."""
     paths = script_forms(tmp_path)
+    monkeypatch.chdir(tmp_path)
     target = form.split() if form.startswith("-m ") else [str(paths[form].name)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "ddplab", "launch", "--nproc-per-node", "2",
-                           *target], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = cli("launch", "--nproc-per-node", "2", *target)
     assert done.returncode == 0, done.stderr
     assert "[rank1] ran as __main__ rank 1" in done.stdout
 
@@ -257,13 +257,16 @@ def test_no_launcher_descriptor_but_stdin_stdout_stderr_reaches_what_a_rank_star
 
 
 def test_an_mp_spawn_scripts_ranks_also_show_where_they_waited():
-    # (the timeout is what is tested: long enough for the script and both ranks to import
-    # torch and reach their lines on a loaded machine)
+    # The clock is what is tested (the spawn engine's one real timeout: long enough for the
+    # script and both ranks to import torch and reach their lines on a loaded machine); the
+    # engine's other hang test ends through on_event (test_spawn_engine).
     result = launch(str(SCRIPTS / "spawn_hang.py"), 2, engine="spawn", quiet=True, timeout=45)
     assert result.status == "timeout" and result.still_running == [0, 1]
+    assert result.error.startswith("timed out after 45 s"), result.error
     assert result.exit_codes == {0: None, 1: None}
-    assert 'spawn_hang.py", line 17' in result.stacks[0]  # time.sleep(600)
-    assert 'spawn_hang.py", line 18' in result.stacks[1]  # dist.barrier()
+    assert 'spawn_hang.py", line 20' in result.stacks[0]  # time.sleep(600)
+    assert 'spawn_hang.py", line 21' in result.stacks[1]  # dist.barrier()
+    assert not wait_gone(list(result.pids.values()), 10)
 
 
 @pytest.mark.parametrize("path", ["fork", "subprocess"])

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
+from test_launch import end_once_said
 
 from ddplab import env as ddenv
 from ddplab import launch, torch_words
@@ -169,11 +170,12 @@ def test_a_rank_aborting_while_exiting_is_said_so():
 
 
 def test_a_timeout_ends_the_script_and_every_rank_it_started():
-    # The timeout is the point; 60 s gives mp.spawn time to start both ranks (each imports
-    # torch and joins the group) on a loaded machine before it fires, which the pids need.
-    result = launch(PLAIN_SPAWN, 2, engine="spawn", quiet=True, live=False, timeout=60,
-                    args=["--sleep", "600"])
-    assert result.status == "timeout" and not result.ok
+    """Each rank of ``spawn_hang.py`` emits ``hang`` just before it hangs: the events of ranks
+    that share the script's stdout reach ``on_event``, which ends the job as a timeout once
+    both said so (the engine's real clock: test_rank_behaviour's mp.spawn stacks test)."""
+    result = spawn(SCRIPTS / "spawn_hang.py", on_event=end_once_said(("hang", 0), ("hang", 1)))
+    assert result.status == "timeout" and not result.ok, (result.error, result.logs)
+    assert "as on_event asked" in result.error and result.still_running == [0, 1]
     assert sorted(result.pids) == [0, 1]  # the ranks it saw mp.spawn start, by rank
     assert gone(result.pids.values())
 
