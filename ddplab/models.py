@@ -14,9 +14,30 @@ Lessons: 01 (baseline), 02 (BatchNorm under DataParallel), 03 (SyncBatchNorm), 0
 
 from __future__ import annotations
 
+import torch
 from torch import nn
+from torch.nn import functional as F
 
 MODELS = ("cnn", "cnn_bn", "resnet18", "resnet50")
+
+
+class AvgPoolTo2x2(nn.Module):
+    """Average-pool each feature map down to 2x2, the output of ``nn.AdaptiveAvgPool2d(2)``.
+
+    When height and width are even (digits: 4x4, CIFAR: 16x16 after the max-pool) it is a plain
+    ``avg_pool2d`` with a kernel of half the size, which gives the same values and gradients
+    bit for bit and, unlike the adaptive pool, has a deterministic CUDA backward: PyTorch's
+    ``torch.use_deterministic_algorithms(True)`` raises on ``AdaptiveAvgPool2d``'s backward on
+    a GPU (lesson 05's bit-exact resume turns it on). Odd sizes fall back to the adaptive pool.
+
+    Lesson: 05 (determinism on GPUs).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        height, width = x.shape[-2:]
+        if height % 2 == 0 and width % 2 == 0:
+            return F.avg_pool2d(x, (height // 2, width // 2))
+        return F.adaptive_avg_pool2d(x, 2)
 
 
 class SmallCNN(nn.Sequential):
@@ -48,7 +69,7 @@ class SmallCNN(nn.Sequential):
             *block(width, 2 * width),
             nn.MaxPool2d(2),
             *block(2 * width, 2 * width),
-            nn.AdaptiveAvgPool2d(2),
+            AvgPoolTo2x2(),
             nn.Flatten(),
             nn.Linear(2 * width * 4, num_classes),
         )

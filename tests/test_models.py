@@ -52,3 +52,35 @@ def test_default_model_and_unknown_name() -> None:
     assert models.default_model("digits") == "cnn"
     with pytest.raises(ValueError, match="cnn"):
         models.build_model("vgg")
+
+
+def _with_adaptive_pool(model: nn.Sequential) -> nn.Sequential:
+    """The same layers and weights with the pool the model used to have."""
+    layers = [nn.AdaptiveAvgPool2d(2) if isinstance(m, models.AvgPoolTo2x2) else m
+              for m in model]
+    assert len(layers) == len(model) and any(isinstance(m, nn.AdaptiveAvgPool2d) for m in layers)
+    return nn.Sequential(*layers)
+
+
+@pytest.mark.parametrize("name, channels, size", [
+    ("cnn", 1, 8), ("cnn_bn", 1, 8),    # digits
+    ("cnn", 3, 32), ("cnn_bn", 3, 32),  # CIFAR-10 with --model cnn
+    ("cnn", 1, 7),                      # odd sizes take the adaptive pool
+])
+def test_pool_gives_the_adaptive_pools_outputs_and_gradients(name: str, channels: int,
+                                                             size: int) -> None:
+    torch.manual_seed(0)
+    model = models.build_model(name, num_classes=10, in_channels=channels)
+    old = _with_adaptive_pool(model)
+    x = torch.randn(6, channels, size, size)
+    outs, grads = [], []
+    for net in (model, old):
+        net.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_(True)
+        out = net(xi)
+        out.square().sum().backward()
+        outs.append(out)
+        grads.append([xi.grad] + [p.grad for p in net.parameters()])
+    assert torch.equal(outs[0], outs[1])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
