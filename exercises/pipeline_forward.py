@@ -46,12 +46,12 @@ def forward_stage(stage: nn.Module, micro_batches: list[torch.Tensor], rank: int
     for x in micro_batches:
         if rank == 0:
             activation = stage(x)
-            # TODO(exercise): send `activation` to rank 1.
+            # TODO(exercise): from here on, rank 1's `received` must equal this `activation`.
 
             results.append(activation)
         else:
             received = torch.zeros(len(x), HIDDEN, device=x.device)  # rank 0's goes here
-            # TODO(exercise): receive rank 0's activation into `received`.
+            # TODO(exercise): from here on, `received` must equal rank 0's `activation` of this x.
 
             results.append(stage(received))
     return results

@@ -178,7 +178,8 @@ def test_one_sided_send_or_recv_gets_its_own_hint(tmp_path, keep, hint):
     text = skeleton_path("11").read_text()
     filled = {"send": "torch_dist.send(activation, dst=1)",
               "recv": "torch_dist.recv(received, src=0)"}[keep]
-    pattern = {"send": r"# TODO\(exercise\): send .*", "recv": r"# TODO\(exercise\): receive .*"}
+    pattern = {"send": r"# TODO\(exercise\): .* rank 1's `received` .*",
+               "recv": r"# TODO\(exercise\): .* `received` must equal rank 0's .*"}
     half = tmp_path / "half_done.py"
     half.write_text(re.sub(pattern[keep], filled, text))
     result = launch(half, 2, quiet=True, timeout=120)
