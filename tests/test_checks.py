@@ -48,7 +48,7 @@ def test_reference_answers_are_what_the_lessons_teach():
     assert reference_answer("07") == 6
     assert reference_answer("07b") == 6                            # one LOCAL_RANK 0 per machine
     assert reference_answer("08") == pytest.approx(175.0)
-    assert reference_answer("09") == pytest.approx(0.541, abs=1e-3)
+    assert reference_answer("09") == pytest.approx(0.875, abs=1e-3)
     assert reference_answer("12") == pytest.approx(44.04, abs=0.01)     # 3 x 4096 x 14336 x 2 B / 8
 
 
@@ -68,7 +68,7 @@ def test_hints_name_the_mistake(capsys):
 def test_answers_in_other_spellings():
     assert check("02", (2, 2, 2, 0)) and check("03", [512, "0.16"])
     assert check("05", (4, 5)) and check("06", ("float16", "float32"))
-    assert check("07", "6") and check("08", 175) and check("09", 0.54)
+    assert check("07", "6") and check("08", 175) and check("09", 0.875)
     assert not check("01", "fast") and not check("03", 1024) and not check("04", "169")
     assert not check("08", "a lot") and not check("09", 1.5)
 

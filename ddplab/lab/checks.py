@@ -305,18 +305,18 @@ def _compare_09(answer: Any, expected: Any) -> Optional[str]:
         return "answer with a number between 0 and 1."
     if math.isclose(efficiency, expected, rel_tol=0.02):
         return None
-    if math.isclose(efficiency, 13.0 / 3.0, rel_tol=0.02):
+    if math.isclose(efficiency, 14.0 / 2.0, rel_tol=0.02):
         return "that is the speed-up; efficiency divides it by the number of GPUs."
     if efficiency > 1:
         return "efficiency = speed-up / GPUs, at most 1 (1 would be the ideal line)."
     return "speed-up = time on 1 GPU / time on 8 GPUs; efficiency = speed-up / 8."
 
 
-@exercise("09", "A job trains one epoch in 13.0 s on 1 GPU and in 3.0 s with DDP on 8 GPUs. "
+@exercise("09", "A job trains one epoch in 14.0 s on 1 GPU and in 2.0 s with DDP on 8 GPUs. "
           "What is the parallel efficiency, speed-up divided by the number of GPUs? "
           "answer = <a number between 0 and 1>", _compare_09)
 def _exercise_09() -> float:
-    single, ddp8, gpus = 13.0, 3.0, 8
+    single, ddp8, gpus = 14.0, 2.0, 8
     return single / ddp8 / gpus
 
 
