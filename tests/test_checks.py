@@ -46,7 +46,7 @@ def test_reference_answers_are_what_the_lessons_teach():
     assert reference_answer("03") == (512, pytest.approx(0.16))
     assert reference_answer("04") == (169, 5)
     assert reference_answer("07") == 6
-    assert reference_answer("07b") == 6                            # one LOCAL_RANK 0 per machine
+    assert reference_answer("07b") == 6                            # RANK 0, 4, ..., 20
     assert reference_answer("08") == pytest.approx(175.0)
     assert reference_answer("09") == pytest.approx(0.875, abs=1e-3)
     assert reference_answer("12") == pytest.approx(44.04, abs=0.01)     # 3 x 4096 x 14336 x 2 B / 8
@@ -59,8 +59,8 @@ def test_hints_name_the_mistake(capsys):
     assert "4 numbers" in capsys.readouterr().out
     check("03", (64, 0.16))
     assert "64 x 8" in capsys.readouterr().out
-    check("07b", 24)                              # every process, not one per machine
-    assert "LOCAL_RANK is 0" in capsys.readouterr().out
+    check("07b", 3)                               # one per machine: LOCAL_RANK, not RANK
+    assert "multiples of 4" in capsys.readouterr().out
     check("12", 3 * 4096 * 14336 * 4 / 8 / 1e6)   # fp32 instead of bf16
     assert "2 bytes" in capsys.readouterr().out
 

@@ -253,20 +253,22 @@ def _compare_07b(answer: Any, expected: Any) -> Optional[str]:
     if writers == expected:
         return None
     if writers == 1:
-        return ("one writer is what `if rank == 0` gives; LOCAL_RANK starts again at 0 on every "
-                "machine.")
+        return "`rank % 4 == 0` holds for more than rank 0: RANK runs from 0 to 23 over the job."
+    if writers == 3:
+        return ("one writer per machine is what `local_rank == 0` gives; RANK does not start "
+                "again on every machine: count the multiples of 4 from 0 to 23.")
     if writers == 24:
-        return "only the processes whose LOCAL_RANK is 0 write, not every process."
-    return "count the processes whose LOCAL_RANK is 0: how many machines have one?"
+        return "only the processes whose RANK is a multiple of 4 write, not every process."
+    return "RANK runs from 0 to 23 over the whole job: count the multiples of 4."
 
 
-@exercise("07b", "A job runs `torchrun --nnodes 6 --nproc-per-node 4 train.py` on six machines, "
-          "and train.py saves its checkpoint under `if local_rank == 0:` into a folder on NFS "
-          "that every machine sees. How many processes write the checkpoint file at each save? "
-          "answer = <a number>", _compare_07b)
+@exercise("07b", "A job runs `torchrun --nnodes 3 --nproc-per-node 8 train.py` on three machines, "
+          "and train.py saves its checkpoint under `if rank % 4 == 0:` (`rank` is the global "
+          "RANK) into a folder on NFS that every machine sees. How many processes write the "
+          "checkpoint file at each save? answer = <a number>", _compare_07b)
 def _exercise_07b() -> int:
-    nodes, nproc_per_node = 6, 4
-    return sum(local_rank == 0 for _node in range(nodes) for local_rank in range(nproc_per_node))
+    nodes, nproc_per_node = 3, 8
+    return sum(rank % 4 == 0 for rank in range(nodes * nproc_per_node))
 
 
 def _compare_number(answer: Any, expected: float, mistakes: dict[float, str], ask: str,
