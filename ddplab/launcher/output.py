@@ -1,10 +1,6 @@
-"""Every rank's output, read live in the caller's main thread (so nbval sees it too).
-
-Each rank (and the agent, as ``launcher``) connects once per stream to its job's socket and
-says first whose stream it is (``rank 3 err 4242``), so lines arrive whole and attributed; one
-selector reads them and a subprocess's own pipes, prints each line with its rank and turns
-``@ddplab`` event lines into progress and metrics.
-"""
+"""Every rank's output, read live in the caller's main thread (so nbval sees it too): one
+selector reads each rank's own connections (``procs.connect_streams``) and a subprocess's pipes,
+prints each line with its rank and turns ``@ddplab`` event lines into progress and metrics."""
 
 from __future__ import annotations
 
@@ -28,7 +24,7 @@ LONGEST_LINE, LONGEST_PARTIAL = 8192, 1 << 22
 
 
 class Streams:
-    """Read every job's connections and pipes in the calling thread: lines, events, reports."""
+    """Read every job's connections and pipes: lines, events, reports."""
 
     def __init__(self, jobs: list[Job], view: Any,
                  on_event: Optional[Callable[[dict[str, Any]], Optional[float]]] = None) -> None:
@@ -69,8 +65,8 @@ class Streams:
         return "done"
 
     def _finish(self, index: int) -> None:
-        """Read an ended job's connections to their end (first accepting those still waiting),
-        then close them, whoever else holds them (a process the ranks left)."""
+        """Read an ended job's connections (first accepting those waiting) to their end, then
+        close them, whoever else holds them (a process the ranks left)."""
         for accepting in (True, False):
             for key in [k for k in list(self.sel.get_map().values())
                         if k.data[0] == index and (k.data[2] == "accept") == accepting]:
@@ -80,8 +76,7 @@ class Streams:
                     self._lines(key.fd, *key.data, b"")  # (takes its last line, closes it)
 
     def stacks(self, running: list[list[int]], why: str) -> list[dict[int, str]]:
-        """Ask each rank still running for its Python stack; the dumps, job by job. Only the
-        ranks that said they dump it at SIGUSR1 are asked (ddplab's entry, ``ddplab.dist``)."""
+        """Ask each rank still running that said its pid for its Python stack; the dumps."""
         asked: dict[tuple[int, int], int] = {}
         for index, ranks in enumerate(running):
             job = self.jobs[index]
@@ -111,8 +106,7 @@ class Streams:
         return found
 
     def _watch(self, grace: float = 3.0) -> None:
-        """End an agent still waiting for a return value from workers that left by
-        ``os._exit`` (it would wait until the timeout)."""
+        """End an agent that waits for a return value from workers gone by ``os._exit``."""
         now = time.monotonic()
         for job in self.jobs:
             job.watch_spawned()
@@ -125,7 +119,7 @@ class Streams:
                 end_jobs([job], grace=1.0)
 
     def drain(self) -> None:
-        """After killing the jobs, take what is left in the pipes without blocking long."""
+        """After killing the jobs, take what is left without blocking long."""
         end = time.monotonic() + 2.0
         while self.sel.get_map() and time.monotonic() < end:
             for key, _mask in self.sel.select(timeout=0.1):
@@ -157,7 +151,7 @@ class Streams:
         return bool(chunk)
 
     def _hello(self, fd: int, index: int, job: Job, chunk: bytes) -> bytes:
-        """Read a connection's first line; from then on it is that rank's (or the agent's)."""
+        """A connection's first line says whose it is, a rank's (with its pid) or the agent's."""
         data = self.partial.pop(fd, b"") + chunk
         first, newline, rest = data.partition(b"\n")
         words = first.decode(errors="replace").split()
@@ -179,7 +173,7 @@ class Streams:
 
     def _lines(self, fd: int, index: int, job: Job, label: Union[int, str],
                chunk: bytes) -> None:
-        """Print and record the whole lines ``chunk`` completes (all of them at the end)."""
+        """Print and record the whole lines ``chunk`` completes (all at the end)."""
         data = self.partial.pop(fd, b"") + chunk
         lines = data.split(b"\n")
         if chunk:
@@ -201,7 +195,7 @@ class Streams:
         os.close(fd)
 
     def close(self) -> None:
-        """Close every pipe still open and the selector itself."""
+        """Close every pipe still open and the selector."""
         for key in list(self.sel.get_map().values()):
             self._close(key.fd)
         self.sel.close()
