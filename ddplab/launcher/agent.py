@@ -29,12 +29,14 @@ def run_agent(req: dict[str, Any], helper: int) -> None:
     set_parent_death_signal()
     if os.getppid() != helper:  # the helper died before the line above: so must this launch
         os._exit(70)
-    os.environ.update(req.get("env") or {})
+    # The helper's directory, environment and path are the first launch's: this one's instead
+    # (its ranks put this job's PYTHONPATH and directory on the path, as a fresh python would).
+    first = {os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep)}
+    sys.path[:] = [path for path in sys.path if path not in first]
+    os.environ.clear()
+    os.environ.update(req["env"])
     connect_streams("launcher")
-    sys.stdout.reconfigure(line_buffering=True)
-    sys.stderr.reconfigure(line_buffering=True)
-    if req.get("cwd"):
-        os.chdir(req["cwd"])
+    os.chdir(req["cwd"])
     signal.signal(signal.SIGCHLD, _note_exits)
     report: dict[str, Any]
     try:
@@ -94,6 +96,7 @@ def _one_node_handler() -> Any:
             if self.server:  # (a child of this agent, not reaped until now: still its pid)
                 os.kill(self.server, signal.SIGKILL)
                 os.waitpid(self.server, 0)  # gone, its port closed, before the next round
+                print(MARKER + json.dumps({"kind": "round"}), flush=True)  # (output.Streams)
             self.server, port = serve_store(self.host, port)
             return RendezvousInfo(PrefixStore(self.run_id, HashStore()), 0, 1,
                                   RendezvousStoreInfo(self.host, port))

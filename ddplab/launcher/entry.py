@@ -114,13 +114,11 @@ def run_rank(target: str, args: list[str], threads: int = 0) -> None:
 
 
 def _announce() -> None:
-    """Output to the caller's socket, line-buffered; the stack dump on SIGUSR1."""
+    """Output to the caller's socket; the stack dump on SIGUSR1."""
     connect_streams(f"rank {os.environ['RANK']}")
     close_on_exec_above_stdio()
     stat = os.fstat(1)
     _Rank.pipe = (stat.st_dev, stat.st_ino)
-    sys.stdout.reconfigure(line_buffering=True)
-    sys.stderr.reconfigure(line_buffering=True)
     faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
 
 

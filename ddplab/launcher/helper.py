@@ -109,6 +109,7 @@ def serve(sock: socket.socket, agents: set[int]) -> None:
                                      "use the GPU")
             else:
                 helper = os.getpid()
+                req["env"][HELPER_TOKEN] = os.environ[HELPER_TOKEN]  # (what it must end)
                 answer["pid"] = pid = os.fork()
                 if pid == 0:
                     sock.close()

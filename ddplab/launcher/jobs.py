@@ -38,9 +38,9 @@ class Job:
     started: dict[int, Optional[int]] = field(default_factory=dict)  # pid -> its start time
     said_exit: dict[int, tuple[int, float]] = field(default_factory=dict)  # its "exit" event
     workers_gone_at: Optional[float] = None
+    stale: set[int] = field(default_factory=set)  # the pids of ranks before the last restart
     stuck: bool = False
-    # engine "spawn": the processes the script started with mp.spawn (pid -> start time), as
-    # seen in /proc while the job ran; their exit codes are the script's to know, not ours.
+    # engine "spawn": the processes its script started (pid -> start time), seen in /proc
     spawned: dict[int, int] = field(default_factory=dict)
     _not_ranks: set[int] = field(default_factory=set)
     _forks: set[int] = field(default_factory=set)
@@ -69,7 +69,8 @@ class Job:
 
     def workers_gone(self) -> bool:
         """True once every forked worker has said its pid and none of them runs any more."""
-        if self.popen is not None or len(self.pids) < self.world_size:
+        if self.popen is not None or len(self.pids) < self.world_size \
+                or self.stale & set(self.pids.values()):  # (restarting: not all said again)
             return False
         return not any(running(pid) for pid in self.pids.values())
 
@@ -107,7 +108,7 @@ class Job:
                 self._forks.add(pid)  # a rank if it still runs as the script next time
 
     def spawned_ranks(self) -> Optional[dict[int, int]]:
-        """The spawned processes seen, as rank -> pid (None without ``/proc``: not Linux)."""
+        """The spawned processes seen, rank -> pid (None without ``/proc``)."""
         if not os.path.isdir("/proc"):
             return None
         order = sorted(self.spawned, key=lambda pid: (self.spawned[pid], pid))
@@ -122,7 +123,7 @@ class Job:
             self.on_reap()
 
     def reap(self) -> None:
-        """End what the ranks left in the job's group (SIGTERM, then SIGKILL after 1 s)."""
+        """End what the ranks left in the job's group (SIGTERM, SIGKILL 1 s later)."""
         if self.popen is not None:
             try:
                 self.popen.wait(timeout=10)
@@ -164,7 +165,7 @@ def end_jobs(jobs: list[Job], grace: float = 0.0, wait: float = 10.0) -> None:
 
 
 def child_env(base: Any, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
-    """The environment of the job: the caller's, ``extra`` on top, this package importable."""
+    """The caller's environment, ``extra`` on top, this package importable."""
     merged = {str(k): str(v) for k, v in dict(base).items()}
     merged.update({str(k): str(v) for k, v in (extra or {}).items()})
     merged.pop(HELPER_TOKEN, None)  # a launch from inside a rank has a helper of its own

@@ -37,7 +37,7 @@ class Streams:
         self.read: list[dict[str, dict[Any, list[Any]]]] = [
             {"logs": {}, "stderr": {}, "events": {}} for _ in jobs]
         self.keep = int(os.environ.get("DDPLAB_KEEP_LINES") or 0)
-        self.dropped: dict[tuple[int, Union[int, str]], int] = {}  # stderr lines let go
+        self.dumps: dict[tuple[int, Union[int, str]], list[str]] = {}  # (job, rank) -> stderr
         for index, job in enumerate(jobs):
             for fd, label in job.sources.items():
                 os.set_blocking(fd, False)
@@ -77,32 +77,26 @@ class Streams:
 
     def stacks(self, running: list[list[int]], why: str) -> list[dict[int, str]]:
         """Ask each rank still running that said its pid for its Python stack; the dumps."""
-        asked: dict[tuple[int, int], int] = {}
+        self.dumps = {(index, rank): [] for index, ranks in enumerate(running) for rank in ranks}
         for index, ranks in enumerate(running):
             job = self.jobs[index]
-            if not ranks:
-                continue
-            if not getattr(self.view, "quiet", False):
+            if ranks and not getattr(self.view, "quiet", False):
                 print(f"ddplab.launch: {why}; still running: "
                       f"{', '.join(f'rank {r}' for r in ranks)}. Where each one is:",
                       file=sys.stderr, flush=True)
             for rank in ranks:
-                asked[(index, rank)] = len(self.read[index]["stderr"].get(rank, [])) + \
-                    self.dropped.get((index, rank), 0)
-                pid = job.pids[rank]
-                signal_process(pid, STACK_SIGNAL, job.started.get(pid))
+                signal_process(job.pids[rank], STACK_SIGNAL, job.started.get(job.pids[rank]))
         end, quiet_since = time.monotonic() + 3.0, time.monotonic()
-        while asked and time.monotonic() < end and time.monotonic() - quiet_since < 0.5:
+        while self.dumps and time.monotonic() < end and time.monotonic() - quiet_since < 0.5:
             for key, _mask in self.sel.select(timeout=0.1):
                 if self._read(key.fd, *key.data):
                     quiet_since = time.monotonic()
         found: list[dict[int, str]] = [{} for _ in self.jobs]
-        for (index, rank), start in asked.items():
-            start -= self.dropped.get((index, rank), 0)
-            lines = self.read[index]["stderr"].get(rank, [])[max(start, 0):]
+        for (index, rank), lines in self.dumps.items():
             first = next((i for i, line in enumerate(lines) if "most recent call first" in line),
                          None)
-            found[index][rank] = "\n".join(lines[first:]) if first is not None else ""
+            found[index][int(rank)] = "\n".join(lines[first:]) if first is not None else ""
+        self.dumps = {}
         return found
 
     def _watch(self, grace: float = 3.0) -> None:
@@ -217,6 +211,9 @@ class Streams:
         if event["kind"] == "report" and label == "launcher" and job.popen is None:
             job.report = event  # the agent's last line
             return
+        if event["kind"] == "round" and label == "launcher" and job.popen is None:
+            job.stale = set(job.pids.values())  # a restart: these ranks are gone, for now
+            return
         if event["kind"] == "exit":
             job.said_exit[int(event["rank"])] = (int(event["code"]), float(event["time"]))
             return
@@ -230,8 +227,8 @@ class Streams:
     def _print(self, index: int, job: Job, rank: Union[int, str], text: str, err: bool) -> None:
         self._keep(self.read[index]["logs"].setdefault(rank, []), text)
         if err:
-            dropped = self._keep(self.read[index]["stderr"].setdefault(rank, []), text)
-            self.dropped[(index, rank)] = self.dropped.get((index, rank), 0) + dropped
+            self._keep(self.read[index]["stderr"].setdefault(rank, []), text)
+            self.dumps.get((index, rank), []).append(text)
         prefix = f"{job.node}rank{rank}" if isinstance(rank, int) else f"{job.node}{rank}"
         if not err:
             self.view.line(prefix, text)
@@ -244,14 +241,9 @@ class Streams:
             else:
                 print(f"[{prefix}] {text}", file=sys.stderr, flush=True)
 
-    def _keep(self, lines: list[str], text: str) -> int:
-        """Append ``text``; past twice ``keep`` lines, let the oldest go. How many went."""
-        if not self.keep:
-            lines.append(text)
-            return 0
-        lines.append(text if len(text) <= LONGEST_LINE else f"{text[:LONGEST_LINE]} [cut]")
-        if len(lines) <= 2 * self.keep:
-            return 0
-        dropped = len(lines) - self.keep
-        del lines[:dropped]
-        return dropped
+    def _keep(self, lines: list[str], text: str) -> None:
+        """Append ``text``; past twice ``keep`` lines, let the oldest go."""
+        cut = self.keep and len(text) > LONGEST_LINE
+        lines.append(f"{text[:LONGEST_LINE]} [cut]" if cut else text)
+        if self.keep and len(lines) > 2 * self.keep:
+            del lines[:len(lines) - self.keep]

@@ -178,8 +178,8 @@ def rank_channel() -> tuple[socket.socket, str]:
 
 
 def connect_streams(who: str) -> bool:
-    """Connect stdout and stderr, one connection each (a shared pipe cuts lines), to the
-    caller's ``DDPLAB_RANK_SOCKET``, each saying whose it is first (``rank 3 out 4242``)."""
+    """Connect stdout and stderr, one connection each (a shared pipe cuts lines), line-buffered,
+    to the caller's ``DDPLAB_RANK_SOCKET``, each saying whose it is first (``rank 3 out 42``)."""
     address = os.environ.get("DDPLAB_RANK_SOCKET", "")
     if not address or not hasattr(socket, "AF_UNIX"):
         return False
@@ -190,6 +190,7 @@ def connect_streams(who: str) -> bool:
                 conn.sendall(f"{who} {'out' if fd == 1 else 'err'} {os.getpid()}\n".encode())
                 stream.flush()
                 os.dup2(conn.fileno(), fd)
+                stream.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
         except OSError:
             return False
     return True

@@ -171,8 +171,7 @@ def _timed_out(result: RunResult, job: Job, why: str, running: list[int],
     result.status, result.returncode = "timeout", 124
     where = f"; still running: {', '.join(f'rank {r}' for r in running)}" if running else ""
     seen = " (their Python stacks are in result.stacks)" if stacks else ""
-    result.error = f"{why}{where}{seen}: every process of the job " \
-                   f"was ended."
+    result.error = f"{why}{where}{seen}: every process of the job was ended."
     if result.root_cause is not None:
         result.error += f"\nbefore that, {result.root_cause}"
     return result
