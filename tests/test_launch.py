@@ -869,6 +869,33 @@ def test_a_rank_sees_the_jobs_environment_directory_and_arguments(monkeypatch, p
         assert seen["pid"] == result.pids[rank]
 
 
+def test_a_later_launch_sees_the_callers_environment_and_path_of_then_not_the_first_ones(
+        tmp_path):
+    """The helper starts with the caller's directory and environment of the first launch; a
+    variable removed since, or a module only in that first directory, is not a later rank's."""
+    needs_fork()
+    for folder in ("first", "second"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "first" / "only_first.py").write_text("")
+    finds = tmp_path / "finds.py"
+    finds.write_text("import importlib.util\nprint(importlib.util.find_spec('only_first') "
+                     "is not None)\n")
+    code = (f"import json, os, ddplab\n"
+            f"os.environ['DDPLAB_TEST_LATE'] = 'first'\n"
+            f"runs = [ddplab.launch({ENDINGS!r}, 2, args=['report'], quiet=True, timeout=120)]\n"
+            f"del os.environ['DDPLAB_TEST_LATE']\n"
+            f"os.chdir({str(tmp_path / 'second')!r})\n"
+            f"runs.append(ddplab.launch({ENDINGS!r}, 2, args=['report'], quiet=True, "
+            f"timeout=120))\n"
+            f"found = ddplab.launch({str(finds)!r}, 2, quiet=True, timeout=120).log(1)\n"
+            f"print(json.dumps([json.loads(r.log(1))['env']['DDPLAB_TEST_LATE'] for r in runs]"
+            f" + [found]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path / "first")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["first", None, "False"]
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_an_interrupted_launch_ends_every_rank_on_both_paths(monkeypatch, path, tmp_path,
                                                               real_sigint):

@@ -1,11 +1,7 @@
-"""One elastic agent per launch, forked by the helper: torch's ``elastic_launch`` with forked
-ranks (``entry.run_rank``), its output on the caller's socket.
-
-Its rendezvous (``OneNode``, through torch's ``rendezvous_handler_registry``) keeps the agent's
-store in-process and has a forked process serve the workers' store each round: a rank forked
-while a store's thread holds a lock would hang. Exit statuses, read as ranks end and completed
-by torch's ``ChildFailedError``, go back as the agent's last line (a ``report`` event).
-"""
+"""One elastic agent per launch, forked by the helper: torch's ``elastic_launch`` forking ranks
+(``entry.run_rank``). Its rendezvous keeps the agent's store in-process and a forked process
+serves the workers' store (a rank forked while a store thread holds a lock would hang). Exit
+statuses go back as its last line (a ``report`` event)."""
 
 from __future__ import annotations
 
@@ -28,17 +24,19 @@ _EXITS: dict[int, tuple[int, float]] = {}  # pid -> (exit code or -signal, time 
 
 
 def run_agent(req: dict[str, Any], helper: int) -> None:
-    """Body of the forked agent child: run one elastic launch, report on stdout, exit."""
+    """Run one elastic launch, report on stdout, exit."""
     os.setsid()
     set_parent_death_signal()
     if os.getppid() != helper:  # the helper died before the line above: so must this launch
         os._exit(70)
-    os.environ.update(req.get("env") or {})
+    # The helper's directory, environment and path are the first launch's: this one's instead
+    # (its ranks put this job's PYTHONPATH and directory on the path, as a fresh python would).
+    first = {os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep)}
+    sys.path[:] = [path for path in sys.path if path not in first]
+    os.environ.clear()
+    os.environ.update(req["env"])
     connect_streams("launcher")
-    sys.stdout.reconfigure(line_buffering=True)
-    sys.stderr.reconfigure(line_buffering=True)
-    if req.get("cwd"):
-        os.chdir(req["cwd"])
+    os.chdir(req["cwd"])
     signal.signal(signal.SIGCHLD, _note_exits)
     report: dict[str, Any]
     try:
@@ -61,8 +59,7 @@ def _elastic_run(req: dict[str, Any]) -> dict[str, Any]:
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
     from torch.distributed.launcher.api import elastic_launch
 
-    # ddplab reports failures itself, rank by rank; torch's copy of them is noise here.
-    # (Workers inherit this through fork; the rank entry turns logging back on.)
+    # ddplab reports failures itself (the rank entry turns logging back on).
     logging.disable(logging.ERROR)
     rendezvous_handler_registry.register(RDZV_BACKEND, _one_node_handler())
     config = launch_config(
@@ -80,7 +77,7 @@ def _elastic_run(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def _one_node_handler() -> Any:
-    """The ``ddplab`` rendezvous handler class: one node, rank 0 of 1 (see the docstring)."""
+    """The ``ddplab`` rendezvous handler class: one node, rank 0 of 1."""
     from torch.distributed import HashStore, PrefixStore
     from torch.distributed.elastic.rendezvous import (RendezvousHandler, RendezvousInfo,
                                                       RendezvousParameters,
@@ -99,6 +96,7 @@ def _one_node_handler() -> Any:
             if self.server:  # (a child of this agent, not reaped until now: still its pid)
                 os.kill(self.server, signal.SIGKILL)
                 os.waitpid(self.server, 0)  # gone, its port closed, before the next round
+                print(MARKER + json.dumps({"kind": "round"}), flush=True)  # (output.Streams)
             self.server, port = serve_store(self.host, port)
             return RendezvousInfo(PrefixStore(self.run_id, HashStore()), 0, 1,
                                   RendezvousStoreInfo(self.host, port))
@@ -129,9 +127,8 @@ def _one_node_handler() -> Any:
 
 
 def serve_store(host: str, port: int) -> tuple[int, int]:
-    """Fork a process that serves the workers' store on ``host:port`` (0: any) until this one
-    dies; its pid and port. On loopback it is handed a socket bound there (``master_listen_fd``,
-    libuv's from torch 2.7 on): a TCPStore left to bind would listen on every interface."""
+    """Fork a process serving the workers' store on ``host:port`` (0: any); its pid and port.
+    On loopback it gets a socket bound there: a TCPStore would listen on every interface."""
     import socket
     from datetime import timedelta
 
@@ -173,8 +170,7 @@ def serve_store(host: str, port: int) -> tuple[int, int]:
 
 
 def _note_exits(_sig: Any = None, _frame: Any = None) -> None:
-    """Record the exit status of every child that has ended (on SIGCHLD); ``WNOWAIT`` leaves
-    it for torch's own process context to reap."""
+    """Record every ended child's exit status (``WNOWAIT``: torch reaps it)."""
     for pid in _children():
         if pid in _EXITS:
             continue
@@ -199,9 +195,8 @@ def _children() -> list[int]:
 
 
 def launch_config(**options: Any) -> Any:
-    """PyTorch's ``LaunchConfig`` without options this torch lacks (``shutdown_timeout``: 2.7),
-    built without asking CUDA anything: from 2.8 a ``numa_options`` of None asks the accelerator
-    (forked ranks could then not use CUDA), so a placeholder is given, then set back to None."""
+    """PyTorch's ``LaunchConfig`` without options this torch lacks, built without asking CUDA
+    anything (from 2.8 ``numa_options=None`` asks the accelerator: set after a placeholder)."""
     from torch.distributed.launcher.api import LaunchConfig
 
     known = {f.name for f in dataclasses.fields(LaunchConfig)}

@@ -1,9 +1,4 @@
-"""``ddplab.launch``: run a script or module on N processes from a cell or a terminal.
-
-PyTorch's own engines run the job (torchrun's elastic agent, or the script's ``mp.spawn``);
-every rank's output shows live, events become progress and plots, a ``RunResult`` comes back.
-Nothing outlives it: a timeout, an interrupt or an error in the caller ends the whole job.
-"""
+"""``ddplab.launch``: run a script or module on N processes from a cell or a terminal."""
 
 from __future__ import annotations
 
@@ -50,15 +45,14 @@ def launch(
 ) -> RunResult:
     """Run ``target`` (a script path or a module name) on ``nprocs`` processes; what happened.
 
-    ``engine="torchrun"`` starts the ranks as torchrun does; ``"spawn"`` runs a script that
-    calls ``mp.spawn`` itself. ``timeout`` (None: ``DDPLAB_TIMEOUT`` or 3600 s, ``math.inf``: no
-    limit) ends the job and returns each running rank's stack; an interrupt ends it and is
-    raised again, carrying ``.result``. The other options are torchrun's (``nnodes``,
-    ``max_restarts``, ...) or ddplab's (``backend``, ``threads``, ``live``, ``on_event``), as
-    lessons 01, 07 and 10 show (``on_event`` returning a number N ends the launch as a timeout
-    N seconds later: a hang seen, its stacks taken); ``flight_recorder=True`` names, after a timeout, the collective
-    each rank waits in (``result.waits``, lesson 10). Bad input raises ``LaunchError`` before
-    anything starts::
+    PyTorch's engines run it: torchrun's elastic agent (``engine="torchrun"``) or the script's
+    own ``mp.spawn`` (``"spawn"``). Output shows live; nothing outlives the call: ``timeout``
+    (None: ``DDPLAB_TIMEOUT`` or 3600 s, ``math.inf``: none) ends the job with each running
+    rank's stack, an interrupt ends it and is raised again carrying ``.result``. ``on_event``
+    sees every event; a number N returned ends the launch as a timeout N s later.
+    ``flight_recorder=True`` names the collective each rank waits in (``result.waits``). The
+    rest are torchrun's or ddplab's options (lessons 01, 07, 10); bad input raises
+    ``LaunchError`` before anything starts::
 
         result = ddplab.launch("ddplab.workers.train", nprocs=2, args=["--epochs", "2"])
         assert result.ok, result.error
@@ -87,9 +81,8 @@ def launch_multinode(
     live: bool = False,
     port: Optional[int] = None,
 ) -> list[RunResult]:
-    """Pretend this machine is ``nnodes`` machines: one torchrun per "node", started as on a
-    cluster (one rendezvous on 127.0.0.1); one ``RunResult`` per node, in node order. Lesson 07b.
-    """
+    """Pretend this machine is ``nnodes`` machines (one torchrun each, one rendezvous on
+    127.0.0.1); one ``RunResult`` per node, in node order. Lesson 07b."""
     seconds = check_timeout(timeout, DEFAULT_TIMEOUT)
     port = port or _env.free_port()
     specs = [LaunchSpec(target, nproc_per_node, args, env=env, nnodes=nnodes, node_rank=node,
@@ -130,17 +123,11 @@ def _start(spec: LaunchSpec) -> Job:
     run_id = uuid.uuid4().hex if spec.nnodes == 1 else f"ddplab-{endpoint}"
     why = why_no_fork()
     if why is None and spec.nnodes == 1:
-        # DDPLAB_PRELOAD_TRAINING: 1 (default) the helper imports the training stack first,
-        # 0 never, "auto" for ddplab's own workers only.
-        mode = os.environ.get("DDPLAB_PRELOAD_TRAINING", "1")
-        preload = spec.resolved.startswith("ddplab.workers") if mode == "auto" else mode != "0"
         try:
-            return start_forked(spec.resolved, spec.argv, spec.nprocs, job_env, spec.cwd,
-                                spec.threads, endpoint, run_id, preload, spec.max_restarts)
+            return start_forked(spec, job_env, endpoint, run_id)
         except ForkRefused as refused:
             why = str(refused)
-    return start_torchrun(why, spec.resolved, spec.argv, spec.nprocs, job_env, spec.cwd,
-                          spec.nnodes, spec.node_rank, endpoint, run_id, spec.max_restarts)
+    return start_torchrun(why, spec, job_env, endpoint, run_id)
 
 
 def _run(jobs: list[Job], view: Any, timeout: float,

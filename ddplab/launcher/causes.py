@@ -1,6 +1,5 @@
-"""Why a job failed, read from exit codes and output: the first genuine failure (not a peer
-that only lost its connection to it), and a hint where ddplab knows the fix. The words of torch
-read here are ``ddplab.torch_words``'s."""
+"""Why a job failed: the first genuine failure (not a peer that only lost it), and a hint where
+ddplab knows the fix; torch's words read here are ``ddplab.torch_words``'s."""
 
 from __future__ import annotations
 
@@ -16,12 +15,8 @@ Logs = dict[Union[int, str], list[str]]
 
 @dataclass
 class RankFailure:
-    """Why one rank failed: exit code or signal, and the tail of its traceback.
-
-    ``rank`` is None for the launching process itself (an mp.spawn script; ``when`` says
-    whether it had started any rank). ``hint``: what to do, where ddplab knows. ``at_exit``:
-    it aborted while its interpreter exited, after its script had run (its report is whole).
-    """
+    """Why one rank (None: the launching process) failed: exit code or signal, the tail of
+    its traceback, ``hint`` (what to do), ``at_exit`` (aborted once its script had run)."""
 
     rank: Optional[int]
     exitcode: Optional[int]
@@ -68,8 +63,7 @@ def reported_exits(logs: Logs) -> dict[int, int]:
 
 def root_cause(failures: list[RankFailure],
                 exits: dict[int, tuple[int, float]]) -> RankFailure:
-    """The failure that came first and is not an echo of it: after genuine failures come a
-    lost peer or SIGTERM (the launcher stopping the rest), then an abort at exit, then the
+    """The first genuine failure; after it a lost peer or SIGTERM, an abort at exit, then the
     launching process (mp.spawn fails when a rank did)."""
     def key(f: RankFailure) -> tuple[bool, bool, bool, float, int]:
         echo = bool(torch_words.PEER_LOST.search(f"{f.message}\n{f.traceback}")) \
@@ -105,9 +99,8 @@ EXIT_ABORT_HINT = (
 
 def mark_exit_aborts(failures: list[RankFailure], logs: Logs,
                      exits: dict[int, tuple[int, float]], stderr: Logs) -> None:
-    """Tell an abort at the interpreter's exit from a crash during the run (``at_exit``): a
-    SIGABRT after the rank said it ended cleanly, or after its stderr's last "terminate called
-    without an active exception" with at most a crash report of a finishing process after."""
+    """Mark a SIGABRT as ``at_exit`` when the rank said it ended cleanly, or when its stderr
+    ends with ``EXIT_ABORT`` and at most a finishing process's crash report."""
     for failure in failures:
         if failure.signal != "SIGABRT":
             continue
@@ -159,7 +152,7 @@ NO_RANK_HINT = (
 
 
 def hint_for(text: str, engine: str) -> str:
-    """What to do about a failure whose output is ``text`` ("" when ddplab has no advice)."""
+    """What to do about a failure whose output is ``text`` ("": no advice)."""
     for pattern, engines, hint in _HINTS:
         if engine in engines and pattern.search(text):
             return hint

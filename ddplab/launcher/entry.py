@@ -1,9 +1,6 @@
-"""A rank's first frame: output to the caller, its stack on demand, the target as ``__main__``.
-
-``run_rank`` (forked by the agent, or ``main`` in a torchrun subprocess) connects stdout and
-stderr to the caller's socket, dumps every thread's stack at SIGUSR1 (so a timeout names the line
-each rank waits at), runs the target as ``python`` would and says how it ended (an ``exit`` event).
-"""
+"""A rank's first frame (forked by the agent, or ``main`` in a torchrun subprocess): output to
+the caller's socket, every thread's stack at SIGUSR1 (a timeout names each rank's line), the
+target run as ``python`` would, and how it ended said (an ``exit`` event)."""
 
 from __future__ import annotations
 
@@ -37,8 +34,7 @@ class _Rank:
 
 
 def run_target(target: str, args: list[str]) -> None:
-    """Run a script path (file, directory or zip with ``__main__.py``) or a module name; the
-    job's ``PYTHONPATH`` and ``PYTHONWARNINGS`` apply as in a fresh ``python``."""
+    """Run a script (file, directory or zip) or a module, as a fresh ``python`` would."""
     import runpy
 
     for entry in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
@@ -60,8 +56,8 @@ def run_target(target: str, args: list[str]) -> None:
 
 
 def _warning_filter(option: str) -> None:
-    """Apply one ``-W``/``PYTHONWARNINGS`` option, ``action:message:category:module:lineno``,
-    with Python's own meaning (message a prefix, module an exact name, later options first)."""
+    """Apply one ``PYTHONWARNINGS`` option (``action:message:category:module:lineno``) as
+    Python does."""
     import builtins
     import importlib
     import re
@@ -85,8 +81,7 @@ def _warning_filter(option: str) -> None:
 
 
 def run_rank(target: str, args: list[str], threads: int = 0) -> None:
-    """A rank, forked by the agent (``threads`` given) or of a torchrun subprocess (``main``):
-    see the module's docstring. It ends as ``python script.py`` would, with the same status
+    """One rank (forked when ``threads`` is given); it ends as ``python script.py`` would
     (``sys.exit(-1)`` is 255, an uncaught ``KeyboardInterrupt`` death by SIGINT)."""
     set_parent_death_signal()  # (torchrun starts each rank in a session of its own)
     if os.getppid() == 1:  # its parent died before the line above
@@ -119,13 +114,11 @@ def run_rank(target: str, args: list[str], threads: int = 0) -> None:
 
 
 def _announce() -> None:
-    """Output to the caller's socket, line-buffered; the stack dump on SIGUSR1."""
+    """Output to the caller's socket; the stack dump on SIGUSR1."""
     connect_streams(f"rank {os.environ['RANK']}")
     close_on_exec_above_stdio()
     stat = os.fstat(1)
     _Rank.pipe = (stat.st_dev, stat.st_ino)
-    sys.stdout.reconfigure(line_buffering=True)
-    sys.stderr.reconfigure(line_buffering=True)
     faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
 
 
@@ -162,8 +155,7 @@ def _like_a_fresh_process(threads: int) -> None:
 
 
 def _finish_like_an_interpreter() -> None:
-    """Do what ``python script.py`` does on its way out: flush, exit handlers, collect cycles
-    (a ``file://`` store kept only by a cycle then goes too)."""
+    """Flush, run exit handlers and collect cycles, as ``python`` does on its way out."""
     _flush()
     while _Rank.exit_handlers:
         func, args, kwargs = _Rank.exit_handlers.pop()
@@ -185,9 +177,8 @@ def _flush() -> None:
 
 
 def _say_exit(code: int) -> None:
-    """Tell the caller how the script ended (an ``exit`` event), if fd 1 is still the stream
-    ``_announce`` set up: a script may close its stdout, and the number then name another
-    file (the rank's end is then no failure)."""
+    """Tell the caller how the script ended, if fd 1 is still ``_announce``'s stream (a
+    script may close its stdout, and fd 1 then name another file)."""
     try:
         stat = os.fstat(1)
     except OSError:
@@ -203,7 +194,7 @@ def _say_exit(code: int) -> None:
 
 
 def _print_user_traceback(exc: BaseException) -> None:
-    """Print the traceback from the user's code on, without the launcher's frames."""
+    """Print the traceback without the launcher's frames."""
     tb = exc.__traceback__
     while tb is not None and (tb.tb_frame.f_code.co_filename == __file__
                               or "runpy" in tb.tb_frame.f_code.co_filename):
@@ -212,7 +203,7 @@ def _print_user_traceback(exc: BaseException) -> None:
 
 
 def main() -> None:
-    """``python -m ddplab.launcher.entry TARGET [ARGS...]``: a rank of a torchrun subprocess."""
+    """``python -m ddplab.launcher.entry TARGET [ARGS...]``: a torchrun subprocess's rank."""
     if len(sys.argv) < 2:
         sys.exit("usage: python -m ddplab.launcher.entry TARGET [ARGS...] (a rank of a "
                  "torchrun that a ddplab launch started)")

@@ -1,10 +1,6 @@
-"""A launch as a subprocess: a cold torchrun (``torch.distributed.run``), or an mp.spawn script.
-
-Engine "spawn" always runs here; engine "torchrun" for several nodes and where the helper cannot
-fork workers (not Linux, ``DDPLAB_LAUNCH_PATH=subprocess``, CUDA in the helper; said once). The
-subprocess leads a session of its own and dies with the caller; its output is the
-``launcher``'s, and each rank connects to the job's socket, as on the fork path.
-"""
+"""A launch as a subprocess of its own session that dies with the caller: a cold torchrun
+(several nodes, no fork here: said once), or an mp.spawn script. Its ranks connect to the job's
+socket as on the fork path; its own output is the ``launcher``'s."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 from .jobs import Job
 from .procs import dies_with_parent, kill_marked, rank_channel
@@ -23,8 +19,8 @@ _NOTICE_SHOWN: set[str] = set()
 
 def torchrun_command(target: str, args: list[str], nprocs: int, nnodes: int, node_rank: int,
                      endpoint: str, run_id: str, max_restarts: int = 0) -> list[str]:
-    """The command of a cold torchrun whose ranks run ``entry``; node 0 hosts the store (torch
-    would guess from the hostname, and a wrong guess leaves every node waiting)."""
+    """A cold torchrun whose ranks run ``entry``; node 0 hosts the store (torch would guess
+    from the hostname, and a wrong guess leaves every node waiting)."""
     options = ["--nnodes", str(nnodes), "--nproc-per-node", str(nprocs), "--rdzv-backend",
                "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts",
                str(max_restarts), "--monitor-interval", "0.02",  # (its default: 0.1 s a launch)
@@ -35,24 +31,25 @@ def torchrun_command(target: str, args: list[str], nprocs: int, nnodes: int, nod
             "-m", "ddplab.launcher.entry", target, *args]
 
 
-def start_torchrun(why: Optional[str], target: str, args: list[str], nprocs: int,
-                   job_env: dict[str, str], cwd: str, nnodes: int, node_rank: int,
-                   endpoint: str, run_id: str, max_restarts: int = 0) -> Job:
-    """Start the launch as a cold torchrun subprocess; say ``why`` once (None: say nothing)."""
+def start_torchrun(why: Optional[str], spec: Any, job_env: dict[str, str], endpoint: str,
+                   run_id: str) -> Job:
+    """Start a checked ``LaunchSpec`` as a cold torchrun; say ``why`` once (None: nothing)."""
     if why and "subprocess" not in _NOTICE_SHOWN:
         _NOTICE_SHOWN.add("subprocess")
         print(f"ddplab: launching through a torchrun subprocess (a few seconds a launch): "
               f"{why}.", file=sys.stderr)
-    cmd = torchrun_command(target, args, nprocs, nnodes, node_rank, endpoint, run_id,
-                           max_restarts)
-    return start_subprocess(cmd, {**job_env, JOB_TOKEN: os.urandom(8).hex()}, cwd,
-                            nprocs * nnodes, "torchrun")
+    cmd = torchrun_command(spec.resolved, spec.argv, spec.nprocs, spec.nnodes, spec.node_rank,
+                           endpoint, run_id, spec.max_restarts)
+    token = os.urandom(8).hex()
+    job = start_subprocess(cmd, {**job_env, JOB_TOKEN: token}, spec.cwd,
+                           spec.nprocs * spec.nnodes, "torchrun")
+    job.on_reap = lambda: kill_marked(JOB_TOKEN, token)  # (its ranks' own sessions too)
+    return job
 
 
 def start_subprocess(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int,
                      engine: str) -> Job:
-    """Start ``cmd`` in a session of its own, its stdout and stderr read apart, its ranks'
-    output on the job's socket."""
+    """Start ``cmd`` in a session of its own, its stdout and stderr read apart."""
     channel, address = rank_channel()
     # torchrun, told by SIGTERM, ends its workers first
     cmd = dies_with_parent(cmd, signal.SIGTERM if engine == "torchrun" else signal.SIGKILL)
@@ -66,16 +63,13 @@ def start_subprocess(cmd: list[str], job_env: dict[str, str], cwd: str, world_si
     out, err = os.dup(proc.stdout.fileno()), os.dup(proc.stderr.fileno())  # (ours to close)
     proc.stdout.close()
     proc.stderr.close()
-    job = Job(world_size=world_size, engine=engine, pgid=proc.pid, popen=proc, err_fds={err},
-              sources={out: "launcher", err: "launcher", channel.detach(): "accept"})
-    if JOB_TOKEN in job_env:  # what the ranks left, also in sessions of their own, goes too
-        job.on_reap = lambda: kill_marked(JOB_TOKEN, job_env[JOB_TOKEN])
-    return job
+    return Job(world_size=world_size, engine=engine, pgid=proc.pid, popen=proc, err_fds={err},
+               sources={out: "launcher", err: "launcher", channel.detach(): "accept"})
 
 
 def main() -> None:
-    """``python -m ddplab.launcher.fallback ARGS``: torchrun, then whatever its job left (in
-    sessions of their own too: torchrun ends its ranks, not what they started) ends."""
+    """``python -m ddplab.launcher.fallback ARGS``: torchrun, then what its job left ends
+    (in sessions of their own too: torchrun ends its ranks, not what they started)."""
     import runpy
 
     sys.argv = ["torchrun", *sys.argv[1:]]

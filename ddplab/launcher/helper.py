@@ -1,8 +1,5 @@
-"""The launch helper: a fresh interpreter that imported torch once and forks one agent a launch.
-
-The caller starts it once (``Helper.get``) and sends it one JSON request a launch; the answer
-names the request and the agent's pid, the leader of the launch's own session (one ``killpg``
-ends it). When the caller goes, the helper ends every launch and all that carries its mark.
+"""The launch helper: a fresh interpreter that imported torch once and forks one agent a launch
+(the leader of the launch's own session) per JSON request; when the caller goes, so does all of it.
 """
 
 from __future__ import annotations
@@ -56,9 +53,8 @@ class Helper:
         return cls._current
 
     def request(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Send one request; its answer, which must carry the request's id. Any exception
-        meanwhile (an interrupt) ends this helper and what it started, so that no answer is
-        ever read by the wrong launch."""
+        """Send one request; its answer. Any exception meanwhile (an interrupt) ends this helper
+        and what it started, so that no answer is ever read by the wrong launch."""
         self.next_id += 1
         req = {**req, "id": self.next_id}
         try:
@@ -91,8 +87,7 @@ def serve(sock: socket.socket, agents: set[int]) -> None:
     """Answer launch requests until the caller closes the socket."""
     from .agent import run_agent
 
-    # Reap each agent the moment it exits (a zombie still counts as a member of its group,
-    # and the caller waits for that group to be empty), and end what its ranks left there.
+    # Reap each agent as it exits (the caller waits for its group to be empty of zombies too).
     signal.signal(signal.SIGCHLD, lambda _sig, _frame: _reap(agents))
     while True:
         _reap(agents)
@@ -114,6 +109,7 @@ def serve(sock: socket.socket, agents: set[int]) -> None:
                                      "use the GPU")
             else:
                 helper = os.getpid()
+                req["env"][HELPER_TOKEN] = os.environ[HELPER_TOKEN]  # (what it must end)
                 answer["pid"] = pid = os.fork()
                 if pid == 0:
                     sock.close()
@@ -128,8 +124,8 @@ def serve(sock: socket.socket, agents: set[int]) -> None:
 
 
 def preload(names: Any) -> None:
-    """Import modules now, so that every forked agent and worker has them, then freeze them
-    (``gc.freeze``): a worker's collections skip (and do not copy) torch's millions of objects."""
+    """Import modules for every later fork, then ``gc.freeze``: a worker's collections skip
+    (and do not copy) torch's millions of objects."""
     for name in names:
         if name and name not in sys.modules:
             try:

@@ -1,6 +1,5 @@
-"""A started launch (``Job``): one process group, the agent's (forked by the helper,
-``start_forked``) or a subprocess's (``fallback``); where its output comes from, how it ends.
-"""
+"""A started launch (``Job``): one process group, the agent's (``start_forked``) or a
+subprocess's (``fallback``); where its output comes from, how it ends."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ from .helper import HELPER_TOKEN, Helper
 from .procs import (cmdline, group_running, kill_group, process_table, rank_channel, running,
                     start_time)
 
-# What training workers import on top of torch (DDP's constructor alone imports torch._dynamo,
-# seconds per process): the helper imports these once, so every later fork has them.
+# Imported once by the helper, so that no forked worker pays seconds for them (DDP: dynamo).
 PRELOAD_TRAINING = ("torch._dynamo", "torchvision", "ddplab.data", "ddplab.models",
                     "ddplab.checkpoint", "ddplab.train")
 
@@ -40,9 +38,9 @@ class Job:
     started: dict[int, Optional[int]] = field(default_factory=dict)  # pid -> its start time
     said_exit: dict[int, tuple[int, float]] = field(default_factory=dict)  # its "exit" event
     workers_gone_at: Optional[float] = None
+    stale: set[int] = field(default_factory=set)  # the pids of ranks before the last restart
     stuck: bool = False
-    # engine "spawn": the processes the script started with mp.spawn (pid -> start time), as
-    # seen in /proc while the job ran; their exit codes are the script's to know, not ours.
+    # engine "spawn": the processes its script started (pid -> start time), seen in /proc
     spawned: dict[int, int] = field(default_factory=dict)
     _not_ranks: set[int] = field(default_factory=set)
     _forks: set[int] = field(default_factory=set)
@@ -56,8 +54,7 @@ class Job:
         return not running(self.pgid)
 
     def exits(self, before: float = math.inf) -> dict[int, tuple[int, float]]:
-        """rank -> (exit code, time): the agent's accounting (by pid, only what it saw
-        ``before``), else the rank's own ``exit`` event."""
+        """rank -> (exit code, time): the agent's (by pid, seen ``before``), else the rank's."""
         by_pid = self.report.get("exits", {})
         found = dict(self.said_exit)
         found.update({rank: (int(by_pid[str(pid)][0]), float(by_pid[str(pid)][1]))
@@ -72,7 +69,8 @@ class Job:
 
     def workers_gone(self) -> bool:
         """True once every forked worker has said its pid and none of them runs any more."""
-        if self.popen is not None or len(self.pids) < self.world_size:
+        if self.popen is not None or len(self.pids) < self.world_size \
+                or self.stale & set(self.pids.values()):  # (restarting: not all said again)
             return False
         return not any(running(pid) for pid in self.pids.values())
 
@@ -83,8 +81,8 @@ class Job:
         return group_running(self.pgid)
 
     def watch_spawned(self, every: float = 0.2) -> None:
-        """Note the ranks an ``mp.spawn`` script starts: children of the script (or of its
-        forkserver) running ``spawn_main``, or forks still the script two looks apart."""
+        """Note an ``mp.spawn`` script's ranks: children of it (or its forkserver) running
+        ``spawn_main``, or forks still the script two looks apart."""
         now = time.monotonic()
         if self.popen is None or self.engine != "spawn" or now - self._watched_at < every:
             return
@@ -110,7 +108,7 @@ class Job:
                 self._forks.add(pid)  # a rank if it still runs as the script next time
 
     def spawned_ranks(self) -> Optional[dict[int, int]]:
-        """The spawned processes seen, as rank -> pid (None without ``/proc``: not Linux)."""
+        """The spawned processes seen, rank -> pid (None without ``/proc``)."""
         if not os.path.isdir("/proc"):
             return None
         order = sorted(self.spawned, key=lambda pid: (self.spawned[pid], pid))
@@ -125,7 +123,7 @@ class Job:
             self.on_reap()
 
     def reap(self) -> None:
-        """End what the ranks left in the job's group (SIGTERM, then SIGKILL after 1 s)."""
+        """End what the ranks left in the job's group (SIGTERM, SIGKILL 1 s later)."""
         if self.popen is not None:
             try:
                 self.popen.wait(timeout=10)
@@ -139,8 +137,8 @@ class Job:
 
 
 def end_jobs(jobs: list[Job], grace: float = 0.0, wait: float = 10.0) -> None:
-    """End every job: signal them all first, wait after (``grace``: SIGTERM, then SIGKILL).
-    An exception meanwhile (a second Ctrl-C) is raised again once every job had the signal."""
+    """Signal every job, then wait (``grace``: SIGTERM first); an exception meanwhile (a
+    second Ctrl-C) is raised again once every job had the signal."""
     pending: list[BaseException] = []
 
     def signal_all(sig: int) -> None:
@@ -167,7 +165,7 @@ def end_jobs(jobs: list[Job], grace: float = 0.0, wait: float = 10.0) -> None:
 
 
 def child_env(base: Any, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
-    """The environment of the job: the caller's, ``extra`` on top, this package importable."""
+    """The caller's environment, ``extra`` on top, this package importable."""
     merged = {str(k): str(v) for k, v in dict(base).items()}
     merged.update({str(k): str(v) for k, v in (extra or {}).items()})
     merged.pop(HELPER_TOKEN, None)  # a launch from inside a rank has a helper of its own
@@ -187,21 +185,22 @@ _REFUSED: list[str] = []  # why the helper refused to fork, once it has (for thi
 
 
 def why_no_fork() -> Optional[str]:
-    """Why launches cannot fork from the helper here (the doctor's rule, ``env``, or the
-    helper's refusal: CUDA in it), or None when they can."""
+    """Why launches cannot fork from the helper here (``env``'s rule, CUDA in it), or None."""
     return no_fork_reason() or (_REFUSED[0] if _REFUSED else None)
 
 
-def start_forked(target: str, args: list[str], nprocs: int, job_env: dict[str, str], cwd: str,
-                 threads: int, endpoint: str, run_id: str, preload: bool = True,
-                 max_restarts: int = 0) -> Job:
-    """Start a one-node torchrun-engine job through the helper; ForkRefused where the helper
-    cannot fork workers safely (CUDA is initialised in it)."""
+def start_forked(spec: Any, job_env: dict[str, str], endpoint: str, run_id: str) -> Job:
+    """Start a checked one-node torchrun-engine ``LaunchSpec`` through the helper;
+    ForkRefused where the helper cannot fork workers safely (CUDA is initialised in it)."""
+    # DDPLAB_PRELOAD_TRAINING: 1 (default) the helper imports the training stack first, 0
+    # never, "auto" for ddplab's own workers only.
+    mode = os.environ.get("DDPLAB_PRELOAD_TRAINING", "1")
+    preload = spec.resolved.startswith("ddplab.workers") if mode == "auto" else mode != "0"
     channel, address = rank_channel()
-    req = {"op": "launch", "target": target, "args": args, "nproc_per_node": nprocs,
-           "rdzv_endpoint": endpoint, "run_id": run_id, "cwd": cwd, "threads": threads,
-           "env": {**job_env, "DDPLAB_RANK_SOCKET": address}, "max_restarts": max_restarts,
-           "preload": list(PRELOAD_TRAINING) if preload else []}
+    req = {"op": "launch", "target": spec.resolved, "args": spec.argv, "run_id": run_id,
+           "nproc_per_node": spec.nprocs, "rdzv_endpoint": endpoint, "cwd": spec.cwd,
+           "threads": spec.threads, "env": {**job_env, "DDPLAB_RANK_SOCKET": address},
+           "max_restarts": spec.max_restarts, "preload": PRELOAD_TRAINING if preload else ()}
     try:
         with Helper.lock:
             reply = Helper.get(child_env(os.environ)).request(req)
@@ -211,5 +210,5 @@ def start_forked(target: str, args: list[str], nprocs: int, job_env: dict[str, s
     except BaseException:  # (the helper, and what it started for this request, has ended)
         channel.close()
         raise
-    return Job(world_size=nprocs, engine="torchrun", pgid=int(reply["pid"]),
+    return Job(world_size=spec.nprocs, engine="torchrun", pgid=int(reply["pid"]),
                sources={channel.detach(): "accept"})

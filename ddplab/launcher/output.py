@@ -1,10 +1,6 @@
-"""Every rank's output, read live in the caller's main thread (so nbval sees it too).
-
-Each rank (and the agent, as ``launcher``) connects once per stream to its job's socket and
-says first whose stream it is (``rank 3 err 4242``), so lines arrive whole and attributed; one
-selector reads them and a subprocess's own pipes, prints each line with its rank and turns
-``@ddplab`` event lines into progress and metrics.
-"""
+"""Every rank's output, read live in the caller's main thread (so nbval sees it too): one
+selector reads each rank's own connections (``procs.connect_streams``) and a subprocess's pipes,
+prints each line with its rank and turns ``@ddplab`` event lines into progress and metrics."""
 
 from __future__ import annotations
 
@@ -28,7 +24,7 @@ LONGEST_LINE, LONGEST_PARTIAL = 8192, 1 << 22
 
 
 class Streams:
-    """Read every job's connections and pipes in the calling thread: lines, events, reports."""
+    """Read every job's connections and pipes: lines, events, reports."""
 
     def __init__(self, jobs: list[Job], view: Any,
                  on_event: Optional[Callable[[dict[str, Any]], Optional[float]]] = None) -> None:
@@ -41,7 +37,7 @@ class Streams:
         self.read: list[dict[str, dict[Any, list[Any]]]] = [
             {"logs": {}, "stderr": {}, "events": {}} for _ in jobs]
         self.keep = int(os.environ.get("DDPLAB_KEEP_LINES") or 0)
-        self.dropped: dict[tuple[int, Union[int, str]], int] = {}  # stderr lines let go
+        self.dumps: dict[tuple[int, Union[int, str]], list[str]] = {}  # (job, rank) -> stderr
         for index, job in enumerate(jobs):
             for fd, label in job.sources.items():
                 os.set_blocking(fd, False)
@@ -69,8 +65,8 @@ class Streams:
         return "done"
 
     def _finish(self, index: int) -> None:
-        """Read an ended job's connections to their end (first accepting those still waiting),
-        then close them, whoever else holds them (a process the ranks left)."""
+        """Read an ended job's connections (first accepting those waiting) to their end, then
+        close them, whoever else holds them (a process the ranks left)."""
         for accepting in (True, False):
             for key in [k for k in list(self.sel.get_map().values())
                         if k.data[0] == index and (k.data[2] == "accept") == accepting]:
@@ -80,39 +76,31 @@ class Streams:
                     self._lines(key.fd, *key.data, b"")  # (takes its last line, closes it)
 
     def stacks(self, running: list[list[int]], why: str) -> list[dict[int, str]]:
-        """Ask each rank still running for its Python stack; the dumps, job by job. Only the
-        ranks that said they dump it at SIGUSR1 are asked (ddplab's entry, ``ddplab.dist``)."""
-        asked: dict[tuple[int, int], int] = {}
+        """Ask each rank still running that said its pid for its Python stack; the dumps."""
+        self.dumps = {(index, rank): [] for index, ranks in enumerate(running) for rank in ranks}
         for index, ranks in enumerate(running):
             job = self.jobs[index]
-            if not ranks:
-                continue
-            if not getattr(self.view, "quiet", False):
+            if ranks and not getattr(self.view, "quiet", False):
                 print(f"ddplab.launch: {why}; still running: "
                       f"{', '.join(f'rank {r}' for r in ranks)}. Where each one is:",
                       file=sys.stderr, flush=True)
             for rank in ranks:
-                asked[(index, rank)] = len(self.read[index]["stderr"].get(rank, [])) + \
-                    self.dropped.get((index, rank), 0)
-                pid = job.pids[rank]
-                signal_process(pid, STACK_SIGNAL, job.started.get(pid))
+                signal_process(job.pids[rank], STACK_SIGNAL, job.started.get(job.pids[rank]))
         end, quiet_since = time.monotonic() + 3.0, time.monotonic()
-        while asked and time.monotonic() < end and time.monotonic() - quiet_since < 0.5:
+        while self.dumps and time.monotonic() < end and time.monotonic() - quiet_since < 0.5:
             for key, _mask in self.sel.select(timeout=0.1):
                 if self._read(key.fd, *key.data):
                     quiet_since = time.monotonic()
         found: list[dict[int, str]] = [{} for _ in self.jobs]
-        for (index, rank), start in asked.items():
-            start -= self.dropped.get((index, rank), 0)
-            lines = self.read[index]["stderr"].get(rank, [])[max(start, 0):]
+        for (index, rank), lines in self.dumps.items():
             first = next((i for i, line in enumerate(lines) if "most recent call first" in line),
                          None)
-            found[index][rank] = "\n".join(lines[first:]) if first is not None else ""
+            found[index][int(rank)] = "\n".join(lines[first:]) if first is not None else ""
+        self.dumps = {}
         return found
 
     def _watch(self, grace: float = 3.0) -> None:
-        """End an agent still waiting for a return value from workers that left by
-        ``os._exit`` (it would wait until the timeout)."""
+        """End an agent that waits for a return value from workers gone by ``os._exit``."""
         now = time.monotonic()
         for job in self.jobs:
             job.watch_spawned()
@@ -125,7 +113,7 @@ class Streams:
                 end_jobs([job], grace=1.0)
 
     def drain(self) -> None:
-        """After killing the jobs, take what is left in the pipes without blocking long."""
+        """After killing the jobs, take what is left without blocking long."""
         end = time.monotonic() + 2.0
         while self.sel.get_map() and time.monotonic() < end:
             for key, _mask in self.sel.select(timeout=0.1):
@@ -157,7 +145,7 @@ class Streams:
         return bool(chunk)
 
     def _hello(self, fd: int, index: int, job: Job, chunk: bytes) -> bytes:
-        """Read a connection's first line; from then on it is that rank's (or the agent's)."""
+        """A connection's first line says whose it is, a rank's (with its pid) or the agent's."""
         data = self.partial.pop(fd, b"") + chunk
         first, newline, rest = data.partition(b"\n")
         words = first.decode(errors="replace").split()
@@ -179,7 +167,7 @@ class Streams:
 
     def _lines(self, fd: int, index: int, job: Job, label: Union[int, str],
                chunk: bytes) -> None:
-        """Print and record the whole lines ``chunk`` completes (all of them at the end)."""
+        """Print and record the whole lines ``chunk`` completes (all at the end)."""
         data = self.partial.pop(fd, b"") + chunk
         lines = data.split(b"\n")
         if chunk:
@@ -201,7 +189,7 @@ class Streams:
         os.close(fd)
 
     def close(self) -> None:
-        """Close every pipe still open and the selector itself."""
+        """Close every pipe still open and the selector."""
         for key in list(self.sel.get_map().values()):
             self._close(key.fd)
         self.sel.close()
@@ -223,6 +211,9 @@ class Streams:
         if event["kind"] == "report" and label == "launcher" and job.popen is None:
             job.report = event  # the agent's last line
             return
+        if event["kind"] == "round" and label == "launcher" and job.popen is None:
+            job.stale = set(job.pids.values())  # a restart: these ranks are gone, for now
+            return
         if event["kind"] == "exit":
             job.said_exit[int(event["rank"])] = (int(event["code"]), float(event["time"]))
             return
@@ -236,8 +227,8 @@ class Streams:
     def _print(self, index: int, job: Job, rank: Union[int, str], text: str, err: bool) -> None:
         self._keep(self.read[index]["logs"].setdefault(rank, []), text)
         if err:
-            dropped = self._keep(self.read[index]["stderr"].setdefault(rank, []), text)
-            self.dropped[(index, rank)] = self.dropped.get((index, rank), 0) + dropped
+            self._keep(self.read[index]["stderr"].setdefault(rank, []), text)
+            self.dumps.get((index, rank), []).append(text)
         prefix = f"{job.node}rank{rank}" if isinstance(rank, int) else f"{job.node}{rank}"
         if not err:
             self.view.line(prefix, text)
@@ -250,14 +241,9 @@ class Streams:
             else:
                 print(f"[{prefix}] {text}", file=sys.stderr, flush=True)
 
-    def _keep(self, lines: list[str], text: str) -> int:
-        """Append ``text``; past twice ``keep`` lines, let the oldest go. How many went."""
-        if not self.keep:
-            lines.append(text)
-            return 0
-        lines.append(text if len(text) <= LONGEST_LINE else f"{text[:LONGEST_LINE]} [cut]")
-        if len(lines) <= 2 * self.keep:
-            return 0
-        dropped = len(lines) - self.keep
-        del lines[:dropped]
-        return dropped
+    def _keep(self, lines: list[str], text: str) -> None:
+        """Append ``text``; past twice ``keep`` lines, let the oldest go."""
+        cut = self.keep and len(text) > LONGEST_LINE
+        lines.append(f"{text[:LONGEST_LINE]} [cut]" if cut else text)
+        if self.keep and len(lines) > 2 * self.keep:
+            del lines[:len(lines) - self.keep]

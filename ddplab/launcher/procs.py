@@ -20,7 +20,7 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
 
 
 def close_on_exec_above_stdio() -> None:
-    """Mark every descriptor but 0, 1, 2 close-on-exec: nothing else reaches a program started."""
+    """Mark every descriptor but 0, 1, 2 close-on-exec."""
     for fd in map(int, os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []):
         if fd > 2:
             try:
@@ -39,20 +39,18 @@ def _stat(pid: Union[int, str]) -> list[bytes]:
 
 
 def start_time(pid: int) -> Optional[int]:
-    """When ``pid`` started (clock ticks since boot); None if it is gone or this is not Linux.
-    A pid that names another start time was reused by another process."""
+    """When ``pid`` started (clock ticks since boot: tells a reused pid); None if unknown."""
     fields = _stat(pid)
     return int(fields[19]) if len(fields) > 19 else None
 
 
 def running(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie (Linux: read from /proc)."""
+    """True while ``pid`` exists and is not a zombie."""
     return _stat(pid)[:1] not in ([], [b"Z"])
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL, started: Optional[int] = None) -> None:
-    """Signal process group ``pgid``, unless its leader's pid now names another process
-    (``started``: the leader's start time when the group was made)."""
+    """Signal process group ``pgid`` unless its leader's pid now names another process."""
     if pgid <= 1 or (started is not None and start_time(pgid) not in (None, started)):
         return
     try:
@@ -62,8 +60,7 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL, started: Optional[int] = No
 
 
 def signal_process(pid: int, sig: int, started: Optional[int]) -> None:
-    """Signal ``pid`` only while it is the process that started at ``started`` (where
-    ``/proc`` tells)."""
+    """Signal ``pid`` only while it is the process that started at ``started``."""
     if os.path.isdir("/proc") and (started is None or start_time(pid) != started):
         return
     try:
@@ -73,8 +70,8 @@ def signal_process(pid: int, sig: int, started: Optional[int]) -> None:
 
 
 def dies_with_parent(cmd: list[str], sig: int = signal.SIGKILL) -> list[str]:
-    """``cmd`` behind a tiny Python that asks Linux for ``sig`` at this process's death, then
-    executes it (no ``preexec_fn``: code between fork and exec can deadlock with threads)."""
+    """``cmd`` behind a tiny Python that asks for ``sig`` at this process's death, then runs
+    it (no ``preexec_fn``: code between fork and exec can deadlock with threads)."""
     if not sys.platform.startswith("linux"):
         return cmd
     return [sys.executable, "-I", "-S", "-c", _WITH_PARENT, str(int(sig)), str(os.getpid()),
@@ -93,18 +90,12 @@ def kill_marked(name: str, value: str) -> None:
         return
     mark = f"{name}={value}".encode()
     for pid in process_table():
-        if pid == os.getpid():
-            continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as environ:
-                found = mark in environ.read().split(b"\0")
+                if pid != os.getpid() and mark in environ.read().split(b"\0"):
+                    os.kill(pid, signal.SIGKILL)
         except OSError:
-            continue
-        if found:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            pass
 
 
 def process_table(pgid: int = 0) -> dict[int, tuple[int, int]]:
@@ -118,8 +109,8 @@ def process_table(pgid: int = 0) -> dict[int, tuple[int, int]]:
 
 
 def group_running(pgid: int) -> bool:
-    """True while a process of group ``pgid`` runs; not a zombie: an orphan of the job waits
-    as one until PID 1 reaps it, a second in some containers and forever in others."""
+    """True while a process of group ``pgid`` runs (an orphan's zombie, which PID 1 may never
+    reap in a container, does not)."""
     try:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
@@ -138,9 +129,8 @@ def cmdline(pid: int) -> str:
 
 
 def socket_folder(prefix: str) -> str:
-    """A new private (0700) temporary folder for UNIX sockets, removed at exit; in /tmp where
-    the temporary folder's path is too long for a socket's (macOS). Its name holds its owner's
-    pid and start time: those of owners that died (a killed kernel) are removed here."""
+    """A private temporary folder for UNIX sockets (in /tmp where the usual one's path is too
+    long for a socket's: macOS), removed at exit; those of owners that died are removed here."""
     import atexit
     import shutil
     import tempfile
@@ -162,7 +152,7 @@ def socket_folder(prefix: str) -> str:
 
 
 def _owner_alive(pid: int, started: str) -> bool:
-    if start_time(pid) is not None or os.path.isdir("/proc"):
+    if os.path.isdir("/proc"):
         return str(start_time(pid)) == started
     try:
         os.kill(pid, 0)
@@ -174,9 +164,8 @@ def _owner_alive(pid: int, started: str) -> bool:
 
 
 def rank_channel() -> tuple[socket.socket, str]:
-    """A listening UNIX socket for a job's processes to send their output to, and its address
-    as ``DDPLAB_RANK_SOCKET`` says it: ``@name`` in Linux's abstract namespace (nothing on
-    disk), elsewhere a path in a private temporary folder."""
+    """A listening UNIX socket for a job's output and its ``DDPLAB_RANK_SOCKET`` address:
+    ``@name`` in Linux's abstract namespace, elsewhere a path in a private folder."""
     channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     if sys.platform.startswith("linux"):
         address = f"@ddplab-ranks-{os.getpid()}-{os.urandom(8).hex()}"
@@ -189,9 +178,8 @@ def rank_channel() -> tuple[socket.socket, str]:
 
 
 def connect_streams(who: str) -> bool:
-    """Connect stdout and stderr, one connection each (processes sharing a pipe cut into each
-    other's lines), to the caller's ``DDPLAB_RANK_SOCKET``, each saying first whose stream it
-    is (``rank 3 out 4242``); False when there is none."""
+    """Connect stdout and stderr, one connection each (a shared pipe cuts lines), line-buffered,
+    to the caller's ``DDPLAB_RANK_SOCKET``, each saying whose it is first (``rank 3 out 42``)."""
     address = os.environ.get("DDPLAB_RANK_SOCKET", "")
     if not address or not hasattr(socket, "AF_UNIX"):
         return False
@@ -202,6 +190,7 @@ def connect_streams(who: str) -> bool:
                 conn.sendall(f"{who} {'out' if fd == 1 else 'err'} {os.getpid()}\n".encode())
                 stream.flush()
                 os.dup2(conn.fileno(), fd)
+                stream.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
         except OSError:
             return False
     return True

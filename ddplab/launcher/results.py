@@ -1,6 +1,4 @@
-"""What a launch returns (``RunResult``), built by ``job_outcome`` from one job's exit facts:
-the agent's accounting (by pid), each rank's own ``exit`` event, and a subprocess's exit code
-and error report (torchrun's, or mp.spawn's)."""
+"""What a launch returns (``RunResult``), built by ``job_outcome`` from one job's exit facts."""
 
 from __future__ import annotations
 
@@ -19,13 +17,10 @@ __all__ = ["RunResult", "RankFailure", "job_outcome", "share_root_cause"]
 
 @dataclass
 class RunResult:
-    """What a launch returns: its status, each rank's exit code, logs and events, and why it
-    failed (``root_cause``: the first genuine failure, not a peer that only lost it).
-
-    ``status`` is ``ok``, ``failed``, ``timeout``, ``interrupted`` or ``error``. An exit code is
-    None where the launcher cannot know it (a rank it stopped, one still running at a timeout,
-    an mp.spawn rank whose end only its script saw). ``logs["launcher"]`` holds the lines no
-    rank claims (torchrun's, an mp.spawn script's). Example::
+    """What a launch returns: status (``ok``, ``failed``, ``timeout``, ``interrupted``,
+    ``error``), each rank's exit code (None where unknown: a rank stopped or still running),
+    logs (``"launcher"``: lines no rank claims), events, and ``root_cause``, the first genuine
+    failure (not a peer that only lost it)::
 
         result = ddplab.launch("ddplab.workers.train", 2)
         print(result.exit_codes, result.summary, result.root_cause)
@@ -40,15 +35,14 @@ class RunResult:
     events: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     root_cause: Optional[RankFailure] = None
     error: str = ""
-    #: The first genuine failure across every node of ``launch_multinode`` (one node: root_cause).
+    #: The first genuine failure across every node of ``launch_multinode``.
     job_root_cause: Optional[RankFailure] = None
     engine: str = "torchrun"
     pids: dict[int, int] = field(default_factory=dict)
     #: After a timeout: the ranks still running then, and each one's Python stack dump.
     still_running: list[int] = field(default_factory=list)
     stacks: dict[int, str] = field(default_factory=dict)
-    #: After a timeout with ``flight_recorder=True``: rank -> the collective it waited in (None:
-    #: in none), from torch's Flight Recorder (``ddplab.flight_recorder.Collective``).
+    #: After a timeout with ``flight_recorder=True``: rank -> the collective it waited in.
     waits: dict[int, Any] = field(default_factory=dict)
 
     @property
@@ -89,8 +83,7 @@ class RunResult:
 
 
 def fail(result: RunResult, cause: RankFailure, engine: str, logs: Logs, stderr: Logs) -> None:
-    """Record ``cause`` as the result's failure, with a hint when ddplab knows the fix; with
-    no exception line (``sys.exit("...")``), the end of its stderr is the message."""
+    """Record ``cause`` as the result's failure, with a hint where ddplab knows the fix."""
     where: Union[int, str] = "launcher" if cause.rank is None else cause.rank
     if not cause.message and not cause.traceback and cause.signal is None:
         cause.message, cause.traceback = stderr_cause(stderr.get(where, [])[-50:])
@@ -106,8 +99,8 @@ def fail(result: RunResult, cause: RankFailure, engine: str, logs: Logs, stderr:
 def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, why: str,
                 running: list[int], stacks: dict[int, str], timed_out_at: float = 0.0
                 ) -> RunResult:
-    """One job's RunResult (``read``: its logs, stderr and events, see ``output``;
-    ``timed_out_at``: the ``time.time()`` of a timeout, before anything was ended)."""
+    """One job's RunResult from its exit facts: each rank's ``exit`` event, the agent's
+    accounting by pid, a subprocess's exit code and failure report (``read``: ``output``'s)."""
     logs, stderr = read["logs"], read["stderr"]
     watched = job.spawned_ranks()  # (an mp.spawn script's ranks; None: not watchable here)
     result = RunResult(status="ok", returncode=0, wall_time=wall, world_size=job.world_size,
@@ -165,7 +158,7 @@ def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, why: s
 
 def _timed_out(result: RunResult, job: Job, why: str, running: list[int],
                stacks: dict[int, str], wall_clock_at_timeout: float) -> RunResult:
-    """A timeout keeps what is known: exit codes of ranks that had ended, and who still ran."""
+    """A timeout keeps the exit codes of ranks that had ended, and who still ran."""
     exits = job.exits(before=wall_clock_at_timeout)
     ranks = sorted(job.pids) or (sorted(result.pids) if job.engine == "spawn" else
                                  list(range(job.world_size)))  # (a subprocess's: unknown)
@@ -178,8 +171,7 @@ def _timed_out(result: RunResult, job: Job, why: str, running: list[int],
     result.status, result.returncode = "timeout", 124
     where = f"; still running: {', '.join(f'rank {r}' for r in running)}" if running else ""
     seen = " (their Python stacks are in result.stacks)" if stacks else ""
-    result.error = f"{why}{where}{seen}: every process of the job " \
-                   f"was ended."
+    result.error = f"{why}{where}{seen}: every process of the job was ended."
     if result.root_cause is not None:
         result.error += f"\nbefore that, {result.root_cause}"
     return result
@@ -187,8 +179,7 @@ def _timed_out(result: RunResult, job: Job, why: str, running: list[int],
 
 def _failed(codes: dict[int, Optional[int]], logs: Logs,
             otherwise: Sequence[str] = ()) -> list[RankFailure]:
-    """A failure for every rank whose exit code is known and not 0, with its last error (from
-    ``otherwise`` where the rank's own lines have none)."""
+    """A failure for every rank whose exit code is known and not 0, with its last error."""
     found = []
     for rank, code in codes.items():
         if code not in (0, None):

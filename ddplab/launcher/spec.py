@@ -1,5 +1,4 @@
-"""One launch's arguments, checked before anything starts: each mistake a ``LaunchError`` that
-says what to do; the target resolved as torchrun resolves it."""
+"""One launch's arguments, checked before anything starts (``LaunchError`` says what to do)."""
 
 from __future__ import annotations
 
@@ -50,7 +49,7 @@ class LaunchSpec:
     local_rank_style: Optional[str] = None
 
     def check(self) -> "LaunchSpec":
-        """Validate every field and resolve the target; raise LaunchError on the first problem."""
+        """Validate every field and resolve the target; LaunchError on the first problem."""
         self.cwd = os.fspath(self.cwd) if self.cwd is not None else os.getcwd()
         self.host = self.master_addr or "127.0.0.1"
         self.port = self.master_port
@@ -127,8 +126,7 @@ class LaunchSpec:
 
 
 def check_timeout(timeout: Any, default: float) -> float:
-    """The timeout in seconds: a number > 0, ``math.inf`` for no limit (None: ``default``);
-    else LaunchError."""
+    """The timeout in seconds (``math.inf``: none, None: ``default``); else LaunchError."""
     if timeout is None:
         timeout = default
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
@@ -155,8 +153,7 @@ def _enough_descriptors(nprocs: int) -> None:
 
 
 def resolve_target(target: Union[str, os.PathLike], cwd: str) -> str:
-    """An absolute script path (a file of any name, a directory or zip with ``__main__.py``)
-    or a module name, as torchrun would run it; else LaunchError."""
+    """An absolute script path (file, directory or zip) or a module name; else LaunchError."""
     text = os.fspath(target)
     path = Path(text) if os.path.isabs(text) else Path(cwd, text)
     if path.is_file() or (path.is_dir() and (path / "__main__.py").is_file()):
@@ -173,8 +170,7 @@ def resolve_target(target: Union[str, os.PathLike], cwd: str) -> str:
 
 
 def _find_module(name: str, cwd: str) -> Any:
-    """The spec of the module ``python -m name`` would run from ``cwd`` (searched as ``-m``
-    searches, nothing imported), or None."""
+    """The spec of the module ``python -m name`` would run from ``cwd`` (none imported)."""
     import importlib.util
     from importlib.machinery import PathFinder
 
@@ -208,8 +204,7 @@ def _local_rank_style(value: Union[bool, str], engine: str) -> Optional[str]:
 
 
 def _declares_local_rank(target: str, cwd: str) -> bool:
-    """True if the target declares ``--local_rank`` and never reads ``LOCAL_RANK`` (written for
-    ``torch.distributed.launch``, which passed the option: each rank keeps its default)."""
+    """True if the target declares ``--local_rank`` and never reads ``LOCAL_RANK``."""
     spec = None if os.path.isabs(target) else _find_module(target, cwd)
     try:
         text = Path(getattr(spec, "origin", None) or target).read_text(errors="replace")
