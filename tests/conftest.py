@@ -11,6 +11,7 @@ that starts a Python process or forks, and says how to mark it, so the fast set 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -176,3 +177,26 @@ def shared_run(tmp_path_factory):
         return (result, load) if with_load else result
 
     return run
+
+
+@pytest.fixture
+def exit_within():
+    """``exit_within(proc, seconds)``: ``proc.communicate`` with a safety net; when it runs out,
+    the test fails with what would explain it: the processes of the launch then (ddplab's
+    helper, agents and ranks, each in a session of its own) and the caller's output."""
+
+    def wait(proc: subprocess.Popen, seconds: float = 60):
+        try:
+            return proc.communicate(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            tree = subprocess.run(["ps", "-eo", "pid,ppid,pgid,sid,stat,etime,time,args",
+                                   "--forest"], capture_output=True, text=True).stdout
+            ours = "\n".join(line[:200] for line in tree.splitlines()
+                             if "ddplab" in line or "scripts/" in line or str(proc.pid) in line)
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"no exit within {seconds} s (load {os.getloadavg()[0]:.0f}); "
+                        f"processes then:\n{ours}\noutput:\n{(out or '')[-3000:]}\n"
+                        f"{(err or '')[-3000:]}")
+
+    return wait

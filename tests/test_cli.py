@@ -98,7 +98,7 @@ def test_ranks_stderr_goes_to_stderr_and_stdout_to_stdout():
     assert "err line" not in done.stdout and "out line" not in done.stderr
 
 
-def test_ctrl_c_ends_the_job_and_exits_130():
+def test_ctrl_c_ends_the_job_and_exits_130(exit_within):
     proc = subprocess.Popen([sys.executable, "-m", "ddplab", "launch", "--nproc-per-node", "2",
                              str(SCRIPTS / "faulty.py"), "sleep"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -110,7 +110,7 @@ def test_ctrl_c_ends_the_job_and_exits_130():
             seen += line
         pids = [int(p) for p in re.findall(r"\bpid (\d+)", seen)]
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-        _out, err = proc.communicate(timeout=60)
+        _out, err = exit_within(proc, 60)
     finally:
         proc.kill()
     assert proc.returncode == 130

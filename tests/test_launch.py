@@ -218,12 +218,12 @@ def _read_until_pids(proc: subprocess.Popen, count: int = 2) -> tuple[list[int],
     return printed_pids(seen), seen
 
 
-def test_sigint_to_callers_group_ends_the_job_then_raises_keyboardinterrupt_again():
+def test_sigint_to_callers_group_ends_the_job_then_raises_keyboardinterrupt_again(exit_within):
     proc = _start_caller()
     try:
         pids, _ = _read_until_pids(proc)
         os.killpg(proc.pid, signal.SIGINT)  # what a Jupyter interrupt does
-        out, _ = proc.communicate(timeout=60)
+        out, _ = exit_within(proc, 60)
     finally:
         proc.kill()
     said = out.split("INTERRUPTED ", 1)[1].splitlines()[0]
