@@ -99,7 +99,12 @@ def test_ranks_stderr_goes_to_stderr_and_stdout_to_stdout():
 
 
 def test_ctrl_c_ends_the_job_and_exits_130(exit_within):
-    proc = subprocess.Popen([sys.executable, "-m", "ddplab", "launch", "--nproc-per-node", "2",
+    # ``python -m ddplab launch ...`` with Python's SIGINT handler, which a terminal's Ctrl-C
+    # finds; started from a background test run, SIGINT would be inherited as ignored.
+    ctrl_c_able = ("import runpy, signal, sys; signal.signal(signal.SIGINT, "
+                   "signal.default_int_handler); sys.argv[0] = 'ddplab'; "
+                   "runpy.run_module('ddplab', run_name='__main__', alter_sys=True)")
+    proc = subprocess.Popen([sys.executable, "-c", ctrl_c_able, "launch", "--nproc-per-node", "2",
                              str(SCRIPTS / "faulty.py"), "sleep"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

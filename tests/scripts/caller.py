@@ -6,9 +6,14 @@ An interrupt (SIGINT) must end every process of the job, then reach this caller 
 KeyboardInterrupt carrying the result: the caller reports it and lets it end the program.
 """
 import json
+import signal
 import sys
 
 import ddplab
+
+# A kernel has its own SIGINT handler; a process started in the background by a non-interactive
+# shell (a test run, CI) inherits SIGINT as ignored, so this stand-in installs Python's own.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 try:
     result = ddplab.launch(sys.argv[1], 2, args=sys.argv[2:] or ["sleep"], timeout=120)
