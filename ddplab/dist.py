@@ -159,7 +159,8 @@ def setup(
     With no arguments it reads torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
     ``MASTER_ADDR`` and ``MASTER_PORT`` (``env://``). For ``mp.spawn`` pass ``rank`` and
     ``world_size``, as in ``setup(rank=rank, world_size=2)`` (the local rank is the rank on one
-    machine). A world of one process skips the process group entirely, so the same script also
+    machine); they are then also set as ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` where unset, as
+    torchrun would, for code that reads them. A world of one process skips the process group entirely, so the same script also
     runs as plain ``python train.py``: use the model as it is there (DDP needs a process group;
     ``info.world_size > 1`` tells when to wrap it).
 
@@ -195,6 +196,9 @@ def setup(
     device = pick_device(local_rank, chosen)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if world_size > 1:  # mp.spawn sets none of torchrun's variables (ddplab.events reads RANK)
+        for name, value in (("RANK", rank), ("LOCAL_RANK", local_rank), ("WORLD_SIZE", world_size)):
+            os.environ.setdefault(name, str(value))
     if world_size > 1 and not dist.is_initialized():
         kwargs: dict[str, Any] = {"timeout": timedelta(seconds=timeout_s)}
         if device.type == "cuda":

@@ -1,12 +1,16 @@
 """ddplab.dist: device and backend decisions (CUDA patched in to look like GPUs), collectives."""
 
+import contextlib
+import io
 import json
+import os
 from unittest import mock
 
 import pytest
 import torch
 
 from ddplab import dist as ddist
+from ddplab import events
 
 
 def gpus(count: int):
@@ -95,10 +99,14 @@ def test_collectives_in_a_world_of_one_return_the_value(monkeypatch):
 
 def _collectives(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)  # forked: the parent's OpenMP threads do not exist in this child
-    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                                         world_size=world_size)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):  # as mp.spawn starts a rank
+        os.environ.pop(name, None)
+    ddist.setup("gloo", rank=rank, world_size=world_size, init_method=f"file://{init_file}")
     try:
+        with contextlib.redirect_stdout(io.StringIO()) as said:
+            events.emit("hello")  # reads RANK, which setup set for an mp.spawn rank
         facts = {
+            "event_rank": events.parse(said.getvalue().strip())["rank"],
             "sum": ddist.all_reduce_sum(torch.tensor([rank + 1.0, 1.0])).tolist(),
             "mean": ddist.all_reduce_mean(rank * 2.0),
             "gathered": ddist.all_gather_floats(rank * 10.0 + 0.5),
@@ -120,3 +128,4 @@ def test_collectives_on_three_gloo_processes(tmp_path):
         assert fact["sum"] == [1.0 + 2.0 + 3.0, 3.0]
         assert fact["mean"] == pytest.approx((0 + 2 + 4) / 3)
         assert fact["gathered"] == [0.5, 10.5, 20.5]  # in rank order
+    assert [fact["event_rank"] for fact in facts] == [0, 1, 2]
