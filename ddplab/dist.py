@@ -159,10 +159,10 @@ def setup(
     With no arguments it reads torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
     ``MASTER_ADDR`` and ``MASTER_PORT`` (``env://``). For ``mp.spawn`` pass ``rank`` and
     ``world_size``, as in ``setup(rank=rank, world_size=2)`` (the local rank is the rank on one
-    machine); they are then also set as ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` where unset, as
-    torchrun would, for code that reads them. A world of one process skips the process group entirely, so the same script also
-    runs as plain ``python train.py``: use the model as it is there (DDP needs a process group;
-    ``info.world_size > 1`` tells when to wrap it).
+    machine); they are then also set as ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` where unset,
+    as torchrun would, for code that reads them. A world of one process skips the process group
+    entirely, so the same script also runs as plain ``python train.py``: use the model as it is
+    there (DDP needs a process group; ``info.world_size > 1`` tells when to wrap it).
 
     Args:
         backend: None picks ``nccl`` with CUDA, ``gloo`` without (see ``pick_backend``).
