@@ -59,6 +59,11 @@ NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=$(NB_TIMEOUT)
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 PYTEST_EXIT = s=$$?; [ $$s -ne 5 ] || echo "make $@: pytest collected no tests: a failure here" >&2; exit $$s
 
+# Test runs keep the doctor's cached facts (ddplab/env.py) in a folder of their own, not in the
+# user's ~/.cache/ddplab.
+test test-fast test-unit test-soak test-flakes test-notebooks test-browser test-compat test-gpu: \
+	export DDPLAB_CACHE_DIR ?= $(CURDIR)/build/test-cache
+
 # Everything CI runs before its optional steps: every unit test and every notebook in one
 # parallel run, then the few tests that need the whole machine (marked serial), alone.
 test: setup
