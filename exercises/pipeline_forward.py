@@ -13,10 +13,13 @@ hand the activation to rank 1, which computes the second half on it. Fill the tw
 ``TODO(exercise)`` blocks in ``forward_stage``; nothing else needs to change. The end of the file
 checks the result against the unsplit model and reports what happened (``metric`` events).
 
-Hints: ``torch.distributed.send(tensor, dst=...)`` and ``torch.distributed.recv(tensor,
-src=...)`` block until the other side has taken or delivered the message, and ``recv`` fills a
-tensor you allocated, of the right shape. The process group times out after 30 s, so a recv
-that never gets its send ends with an error instead of hanging.
+What must be true of the run: rank 1 runs its stage on exactly what rank 0 computed, micro-batch
+by micro-batch, in the same order, so its outputs equal the unsplit model's. The two ranks share
+no memory: only a message between them carries the activation, and a message has a sender and a
+receiver, each naming the other. A blocking exchange waits until both sides are there, so every
+message rank 0 starts must be met by rank 1, one for one. What rank 1 receives lands in a tensor
+that already exists with the right shape. The process group times out after 30 s, so a side
+left waiting for its partner ends with an error instead of hanging.
 
 Lesson: 11.
 """
@@ -26,7 +29,7 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.distributed as torch_dist  # send and recv live here
+import torch.distributed as torch_dist  # point-to-point messages live here
 from torch import nn
 
 from ddplab import dist, events

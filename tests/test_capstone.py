@@ -239,5 +239,11 @@ def test_a_step_the_grad_scaler_skipped_is_compared_as_such():
 
 def test_one_run_alone_is_judged_and_asks_for_the_others():
     ddp = _run(range(32))
-    message = ddplab.check("13", {"ddp": ddp, "reference": ddp}).message
-    assert "what the DDP run did is right" in message and "fsdp, killed" in message, message
+    verdict = ddplab.check("13", {"ddp": ddp, "reference": ddp})
+    assert "what the DDP run did is right" in verdict.message and "fsdp, killed" in verdict.message
+    assert not verdict and not judge13.judged_wrong(verdict)    # notebook 13 goes on launching
+
+
+def test_a_first_run_judged_wrong_stops_the_notebooks_launches():
+    verdict = ddplab.check("13", {"ddp": _run(range(32)), "reference": _run(range(32), skipped=(20,))})
+    assert judge13.judged_wrong(verdict), verdict.message

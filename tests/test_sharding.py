@@ -45,6 +45,7 @@ def test_each_rank_holds_about_one_nth_under_fsdp_and_the_losses_equal_one_proce
         assert memory["ddp", r]["params"] == memory["ddp", r]["grads"] == full
         assert memory["ddp", r]["optimizer"] > 2 * full
         assert memory["ddp", r]["collectives"] == {"allreduce": 1}
+        assert memory["zero1", r]["collectives"]["broadcast"] == memory["ddp", r]["tensors"]
     zero1 = [memory["zero1", r]["optimizer"] for r in range(nprocs)]
     assert sum(zero1) == memory["ddp", 0]["optimizer"] and max(zero1) < sum(zero1)
     if not FSDP_ON_CPU:
@@ -61,7 +62,8 @@ def test_each_rank_holds_about_one_nth_under_fsdp_and_the_losses_equal_one_proce
         assert memory["zero2", r]["grads"] == memory["zero3", r]["grads"]
     for key in ("params", "grads"):
         assert sum(memory["zero3", r][key] for r in range(nprocs)) == memory["ddp", 0][key]
-    layers = memory["zero3", 0]["collectives"]["reduce_scatter"]
+    layers = memory["zero3", 0]["layers"]
+    assert layers == memory["ddp", 0]["layers"] and memory["ddp", 0]["tensors"] == 2 * layers
     assert memory["zero3", 0]["collectives"] == {"allgather": 2 * layers, "reduce_scatter": layers}
     assert memory["zero2", 0]["collectives"] == {"allgather": layers, "reduce_scatter": layers}
     assert sorted(found) == ["ddp", "single", "zero1", "zero2", "zero3"]

@@ -23,7 +23,8 @@ Events:
   ``params`` (after the step), ``params_in_backward`` (between forward and backward), ``grads``
   (after backward), ``optimizer`` (after the step), plus ``full_params``, the whole model's;
   ``collectives``: how many of each collective the last step ran (``allreduce``,
-  ``allgather``, ``reduce_scatter``, ``broadcast``).
+  ``allgather``, ``reduce_scatter``, ``broadcast``); ``layers`` (the model's ``Linear`` layers,
+  each sharded on its own) and ``tensors`` (its parameter tensors).
 - ``loss`` (rank 0, one per mode and step): ``mode``, ``step``, ``loss`` (mean over every
   rank's samples); mode ``single`` is the same MLP trained in one process on the whole global
   batches, the reference every sharded mode must match (FSDP2's gradient averaging on gloo
@@ -143,7 +144,9 @@ def train(mode: str, split: data.DataSplit, info: dist.DistInfo,
     return events.emit("memory", mode=mode, full_params=full_params,
                        params=local_bytes(model.parameters()),
                        params_in_backward=params_in_backward, grads=grads,
-                       optimizer=optimizer_bytes(optimizer), collectives=sent)
+                       optimizer=optimizer_bytes(optimizer), collectives=sent,
+                       layers=sum(isinstance(m, nn.Linear) for m in model.modules()),
+                       tensors=len(list(model.parameters())))
 # [/train]
 
 

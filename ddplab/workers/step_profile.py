@@ -15,7 +15,8 @@ keeps for backward (the activations). With ``--checkpoint`` every block runs und
 and backward computes the block again.
 
 Events (every rank): metric ``bytes``: ``parameters``, ``gradients`` and ``optimizer_state``
-(Adam's two moments and step counts), counted from the tensors themselves; metric ``profiled``:
+(Adam's two moments and step counts), ``moments`` (the two moments alone) and ``tensors`` (how
+many parameter tensors), counted from the tensors themselves; metric ``profiled``:
 bytes kept at the end of each phase (``forward``, ``backward``, ``step``) and its milliseconds
 (``forward_ms``, ...), from the profiler; metric ``trace``: the Chrome trace file this rank
 wrote under ``--trace-dir`` (or None), which names every all-reduce DDP ran (``gloo:all_reduce``)
@@ -112,11 +113,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     spans = {e.name: e for e in prof.events() if e.name in PHASES}
     profiled = {name: spans[name].cpu_memory_usage for name in PHASES}
     profiled.update({f"{name}_ms": spans[name].cpu_time_total / 1000 for name in PHASES})
-    state = [t for s in optimizer.state.values() for t in s.values()]
+    state = [(name, t) for s in optimizer.state.values() for name, t in s.items()]
     events.emit("metric", name="bytes", value={
         "parameters": tensor_bytes(net.parameters()),
         "gradients": tensor_bytes(p.grad for p in net.parameters()),
-        "optimizer_state": tensor_bytes(state)})
+        "optimizer_state": tensor_bytes(t for _, t in state),
+        "moments": tensor_bytes(t for name, t in state if name in ("exp_avg", "exp_avg_sq")),
+        "tensors": len(list(net.parameters()))})
     events.emit("metric", name="profiled", value=profiled)
     trace = None
     if args.trace_dir:

@@ -51,6 +51,7 @@ CLOSE = 1e-3          # the loss and gradients of the first steps, against the r
 WEIGHTS = 0.02        # summed squares of the final weights, same world size, another style
 ACCURACY = 0.03
 RESHARD_LOSS, RESHARD_WEIGHTS, RESHARD_ACCURACY = 0.5, 0.10, 0.15  # 2 -> 4 ranks
+RIGHT_SO_FAR = "what the DDP run did is right"   # the verdict on some of the five runs, all right
 _REFERENCES: dict[tuple, Any] = {}
 
 
@@ -70,6 +71,13 @@ def launch_runs(launch: Callable[[int, list[str]], Any], folder: Path,
 def unanswered(path: Any) -> bool:
     """Whether the learner's file is still the skeleton (it keeps its ``TODO(exercise)``)."""
     return "TODO(exercise)" in Path(path).read_text()
+
+
+def judged_wrong(verdict: Any) -> bool:
+    """Whether ``ddplab.check("13", ...)`` found a mistake in the runs it was given: false when
+    they were right, also when it only asks for the launches not handed in yet. Notebook 13 then
+    launches the job no further (a wrong job could hang in every launch)."""
+    return not verdict and RIGHT_SO_FAR not in verdict.message
 
 
 @judge("13", "capstone.py", "a DDP and an FSDP2 job with a DistributedSampler and set_epoch, "
@@ -107,7 +115,7 @@ def judge_capstone(answer: Any) -> Optional[str]:
             return f"the fsdp run: {hint}"
     missing = [name for name in RUNS if name not in runs]
     if missing:
-        return ("what the DDP run did is right. Now hand in all five launches, {'ddp': ..., "
+        return (f"{RIGHT_SO_FAR}. Now hand in all five launches, {{'ddp': ..., "
                 f"'fsdp': ..., 'killed': ..., 'resumed': ..., 'resharded': ...}} (missing: "
                 f"{', '.join(missing)}).")
     return (_killed_hint(runs["killed"], ddp) or
