@@ -172,11 +172,15 @@ def test_a_rank_aborting_while_exiting_is_said_so():
 def test_a_timeout_ends_the_script_and_every_rank_it_started():
     """Each rank of ``spawn_hang.py`` emits ``hang`` just before it hangs: the events of ranks
     that share the script's stdout reach ``on_event``, which ends the job as a timeout once
-    both said so (the engine's real clock: test_rank_behaviour's mp.spawn stacks test)."""
+    both said so, with each rank's stack (the clock that does the same without on_event is
+    one for every engine: test_launch's timeout test)."""
     result = spawn(SCRIPTS / "spawn_hang.py", on_event=end_once_said(("hang", 0), ("hang", 1)))
     assert result.status == "timeout" and not result.ok, (result.error, result.logs)
     assert "as on_event asked" in result.error and result.still_running == [0, 1]
     assert sorted(result.pids) == [0, 1]  # the ranks it saw mp.spawn start, by rank
+    assert result.exit_codes == {0: None, 1: None}
+    assert 'spawn_hang.py", line 20' in result.stacks[0], result.stacks  # time.sleep(600)
+    assert 'spawn_hang.py", line 21' in result.stacks[1], result.stacks  # dist.barrier()
     assert gone(result.pids.values())
 
 
