@@ -23,16 +23,11 @@ def test_free_port_is_free_and_a_bound_port_is_not():
         assert not ddenv.port_is_free(sock.getsockname()[1])
 
 
-@functools.cache
 def gpus_and_torch() -> tuple[int, str]:
     """The CUDA GPUs torch sees on this machine and its version, asked in a process of its own
-    (not ddplab's)."""
-    code = ("import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0,"
-            " torch.__version__)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300, check=True).stdout
-    gpus, version = out.strip().splitlines()[-1].split()
-    return int(gpus), version
+    (not ddplab's: ``fake_gpus.py``'s first answer, before it patches anything)."""
+    here = _fake_gpus()[0]
+    return here["gpus"], here["torch"]
 
 
 def gpus_here() -> int:
@@ -157,14 +152,19 @@ MACHINES = [dict(gpus=0), dict(gpus=1), dict(gpus=2, p2p=True), dict(gpus=2, p2p
 
 
 @functools.cache
-def _decisions() -> list[dict]:
-    """What ``fake_gpus.py`` finds on each of ``MACHINES``, in one process of its own."""
+def _fake_gpus() -> list[dict]:
+    """What ``fake_gpus.py`` prints, in one process of its own: this machine's GPUs and torch,
+    then what it finds on each of ``MACHINES``."""
     environ = {k: v for k, v in os.environ.items()
                if k not in ("DDPLAB_BACKEND", "NCCL_P2P_DISABLE")}
     out = subprocess.run([sys.executable, FAKE_GPUS, json.dumps(MACHINES)], capture_output=True,
                          text=True, timeout=300, env=environ)
     assert out.returncode == 0, out.stderr
-    return [json.loads(line) for line in out.stdout.strip().splitlines()[-len(MACHINES):]]
+    return [json.loads(line) for line in out.stdout.strip().splitlines()[-len(MACHINES) - 1:]]
+
+
+def _decisions() -> list[dict]:
+    return _fake_gpus()[1:]
 
 
 def decide(extra_env=None, **spec):

@@ -5,7 +5,8 @@ A gloo process group that outlives ``destroy_process_group()`` keeps its threads
 interpreter's exit, which then aborts now and then with "terminate called without an active
 exception" (SIGABRT). The group outlives it when ``torch.distributed.nn`` is imported after
 ``init_process_group`` (DDP's constructor imports it): its functions keep ``group.WORLD`` as a
-default argument. See ``tests/scripts/threads_at_exit.py``.
+default argument. See ``tests/scripts/threads_at_exit.py``. The spawn worker's ranks
+(``ddplab.workers.spawn_ddp``) are checked by test_spawn_worker, on its one launch.
 """
 
 from __future__ import annotations
@@ -24,13 +25,6 @@ def group_threads(result) -> dict[int, list[str]]:
     """Per rank, the threads of a process group still running when the rank was done."""
     return {e["rank"]: [t for t in e["value"] if "gloo" in t or "tcpstore" in t]
             for e in result.events_of("metric") if e["name"] == "threads_at_exit"}
-
-
-def test_spawn_worker_ranks_exit_with_no_process_group_thread_left():
-    result = launch(THREADS, 2, engine="spawn", args=["spawn", "--epochs", "1"], quiet=True,
-                    live=False, timeout=300)
-    assert result.ok, result.error
-    assert group_threads(result) == {0: [], 1: []}
 
 
 def test_training_worker_ranks_exit_with_no_process_group_thread_left(monkeypatch):

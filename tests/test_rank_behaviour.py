@@ -3,6 +3,10 @@
 Each case once made a launch wait for its timeout, report a healthy rank as failed, lose what
 it knew, or leave processes behind (issue: "sturdy under real rank behaviour"). torchrun is the
 reference: a launch ends when its ranks end, whatever they left running or holding.
+
+Where each rank waits when a job is ended: here for forked ranks and a torchrun subprocess's,
+in test_spawn_engine for an mp.spawn script's (each through ``on_event``; the clock that ends a
+job the same way is test_launch's).
 """
 
 from __future__ import annotations
@@ -26,32 +30,52 @@ LEAVES = str(SCRIPTS / "leaves_children.py")
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 
-def children_of(result) -> list[int]:
+def children_of(result, mode: str = "") -> list[int]:
+    """The pids of the children the ranks said they started (``mode``: of that kind only)."""
     return [int(line.split()[1]) for rank in (0, 1) for line in result.logs.get(rank, [])
-            if line.startswith("child ")]
+            if line.startswith("child ") and line.endswith(mode)]
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+MODES = ["session", "background", "fork"]
+
+
+@pytest.fixture(scope="module")
+def left_running():
+    """Per path, one launch whose ranks each start a child of every kind and exit 0 at once:
+    the tests below read what each kind became. (A launch that waited for any kind of child
+    would time out, and every test here would say so.)"""
+    results = {}
+    with pytest.MonkeyPatch.context() as patch:
+        for path in ("fork", "subprocess"):
+            if path == "subprocess":
+                patch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+            results[path] = launch(LEAVES, 2, args=[",".join(MODES), "120"], quiet=True,
+                                   timeout=90)
+    yield results
+    for result in results.values():
+        kill_all(children_of(result))
 
 
 @pytest.mark.parametrize("path", ["fork", "subprocess"])
-@pytest.mark.parametrize("mode", ["session", "background", "fork"])
-def test_a_launch_ends_when_its_ranks_end_whatever_they_left_running(mode, path, monkeypatch):
-    if path == "subprocess":
-        monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
-    result = launch(LEAVES, 2, args=[mode, "120"], quiet=True, timeout=90)
-    children = children_of(result)
-    try:
-        assert result.status == "ok", result.error  # not "timeout": the ranks had exited 0
-        assert result.exit_codes == {0: 0, 1: 0}
-        assert [result.log(rank).splitlines()[-1] for rank in (0, 1)] == [
-            "rank 0 done", "rank 1 done"]  # everything the ranks wrote was read
-        assert len(children) == 2
-        if mode != "session":  # in the ranks' process group: ended with it, as torchrun does
-            assert not wait_gone(children, 10)
-    finally:
-        for pid in children:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+@pytest.mark.parametrize("mode", MODES)
+def test_a_launch_ends_when_its_ranks_end_whatever_they_left_running(mode, path, left_running):
+    result = left_running[path]
+    assert result.status == "ok", result.error  # not "timeout": the ranks had exited 0
+    assert result.exit_codes == {0: 0, 1: 0}
+    assert [result.log(rank).splitlines()[-1] for rank in (0, 1)] == [
+        "rank 0 done", "rank 1 done"]  # everything the ranks wrote was read
+    children = children_of(result, mode)
+    assert len(children) == 2
+    if mode != "session":  # in the ranks' process group: ended with it, as torchrun does
+        assert not wait_gone(children, 10)
 
 
 def test_a_rank_that_closes_its_stdout_is_no_failure():
@@ -100,22 +124,20 @@ def test_after_a_timeout_the_result_keeps_what_it_knew_and_names_where_each_rank
 
 
 def test_ranks_of_a_torchrun_subprocess_give_their_stack_on_a_timeout(monkeypatch):
-    """They run ddplab's entry, as forked ranks do (the timeout: long enough to be there)."""
+    """They run ddplab's entry, as forked ranks do. Each rank says ``hang`` just before its
+    sleep: ``on_event`` ends the job as a timeout then (the clock is test_launch's)."""
     monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
-    result = launch(LEAVES, 2, args=["hold", "120"], quiet=True, timeout=30)
+    result = launch(LEAVES, 2, args=["hold", "120"], quiet=True, timeout=300,
+                    on_event=end_once_said(("hang", 0), ("hang", 1)))
     try:
         assert result.status == "timeout" and result.still_running == [0, 1], result.error
         for rank in (0, 1):
-            assert 'leaves_children.py", line 36' in result.stacks[rank], result.stacks[rank]
+            assert 'leaves_children.py", line 41' in result.stacks[rank], result.stacks[rank]
         assert result.exit_codes == {0: None, 1: None}
         # the ranks and what they started in their group ended with the job
-        assert not wait_gone(list(result.pids.values()) + children_of(result)[1::2], 10)
+        assert not wait_gone(list(result.pids.values()) + children_of(result, "background"), 10)
     finally:
-        for pid in children_of(result):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_all(children_of(result))
 
 
 def marked(mark: str) -> list[int]:
@@ -152,11 +174,7 @@ def test_the_callers_death_takes_every_rank_and_every_child_of_a_rank_with_it(pa
         assert not wait_gone(marked(mark), 10), seen  # nothing it started
     finally:
         caller.kill()
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_all(pids)
 
 
 SCRIPT = "import os\nprint('ran as', __name__, 'rank', os.environ['RANK'], flush=True)\n"
@@ -213,7 +231,9 @@ def test_every_ranks_long_lines_arrive_whole_and_attributed_under_every_engine(
     """Both engines, and the torchrun subprocess (the path off Linux): each rank's streams are
     connections of its own, so a line a rank has not finished yet (``print`` writes the text,
     then the newline) is never cut by another's. Off Linux the ranks connect to a socket with
-    a path (there is no abstract namespace)."""
+    a path (there is no abstract namespace). Four ranks where they are forked or start without
+    torch; two under mp.spawn, where each is a fresh interpreter importing torch (two writers
+    are what a cut line needs)."""
     if engine == "subprocess":
         monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
     if engine == "spawn-not-linux":
@@ -226,11 +246,12 @@ def test_every_ranks_long_lines_arrive_whole_and_attributed_under_every_engine(
         from long_lines import LINES, line
     finally:
         sys.path.pop(0)
-    args = ["spawn", "4"] if engine == "spawn" else []
-    result = launch(str(SCRIPTS / "long_lines.py"), 4, args=args, quiet=True, timeout=300,
+    ranks = 2 if engine == "spawn" else 4
+    args = ["spawn", str(ranks)] if engine == "spawn" else []
+    result = launch(str(SCRIPTS / "long_lines.py"), ranks, args=args, quiet=True, timeout=300,
                     engine="spawn" if engine == "spawn" else "torchrun")
     assert result.ok, result.error
-    for rank in range(4):
+    for rank in range(ranks):
         lines = result.logs.get(rank, [])
         for stream in ("out", "err"):
             mine = [text for text in lines if text.startswith(f"{stream} rank {rank} ")]
@@ -254,19 +275,6 @@ def test_no_launcher_descriptor_but_stdin_stdout_stderr_reaches_what_a_rank_star
     for rank in (0, 1):
         # (3 is the directory listing /proc/self/fd itself)
         assert result.log(rank) == "fds [0, 1, 2, 3]", result.log(rank)
-
-
-def test_an_mp_spawn_scripts_ranks_also_show_where_they_waited():
-    # The clock is what is tested (the spawn engine's one real timeout: long enough for the
-    # script and both ranks to import torch and reach their lines on a loaded machine); the
-    # engine's other hang test ends through on_event (test_spawn_engine).
-    result = launch(str(SCRIPTS / "spawn_hang.py"), 2, engine="spawn", quiet=True, timeout=45)
-    assert result.status == "timeout" and result.still_running == [0, 1]
-    assert result.error.startswith("timed out after 45 s"), result.error
-    assert result.exit_codes == {0: None, 1: None}
-    assert 'spawn_hang.py", line 20' in result.stacks[0]  # time.sleep(600)
-    assert 'spawn_hang.py", line 21' in result.stacks[1]  # dist.barrier()
-    assert not wait_gone(list(result.pids.values()), 10)
 
 
 @pytest.mark.parametrize("path", ["fork", "subprocess"])

@@ -45,7 +45,8 @@ def gone(pids, seconds: float = 60.0) -> bool:
 
 
 def test_a_plain_script_gets_no_arguments_and_the_count_in_the_environment():
-    result = spawn(PLAIN_SPAWN, 3)
+    # (it runs a program of its own before mp.spawn, which is not taken for a rank: see below)
+    result = spawn(PLAIN_SPAWN, 3, env={"SPAWN_PLAIN_RUNS_A_PROGRAM": "1"})
     assert result.ok, result.error
     lines = result.logs["launcher"]
     assert lines[0] == "argv []"                       # nothing added to its command line
@@ -55,7 +56,8 @@ def test_a_plain_script_gets_no_arguments_and_the_count_in_the_environment():
     # runs them, print a line's text and its newline in two writes: lines may interleave.)
     assert "".join(lines[2:]).count("a rank's sum: 6") == 3
     # Its ranks share the parent's stdout and print plain lines: no per-rank log is invented,
-    # but the launcher saw the three processes mp.spawn started, and mp.spawn returned.
+    # but the launcher saw the three processes mp.spawn started (and not the program the
+    # script ran first), and mp.spawn returned.
     assert [key for key in result.logs if key != "launcher"] == []
     assert result.world_size == 3 and sorted(result.pids) == [0, 1, 2]
     assert result.exit_codes == {0: 0, 1: 0, 2: 0}
@@ -78,12 +80,6 @@ def test_the_launching_process_failing_before_any_rank_is_said_so():
         "the launching process exited with code 2 before starting any rank: ")
     assert "--no-such-option" in result.root_cause.message  # its last words on stderr, the cause
     assert "rank 0" not in result.error
-
-
-def test_a_program_the_script_runs_is_not_taken_for_a_rank():
-    result = spawn(SCRIPTS / "spawn_runs_a_program.py")
-    assert result.ok, result.error
-    assert result.world_size == 2 and sorted(result.exit_codes) == [0, 1]
 
 
 def test_a_torchrun_style_script_given_to_spawn_gets_a_hint():
@@ -172,11 +168,15 @@ def test_a_rank_aborting_while_exiting_is_said_so():
 def test_a_timeout_ends_the_script_and_every_rank_it_started():
     """Each rank of ``spawn_hang.py`` emits ``hang`` just before it hangs: the events of ranks
     that share the script's stdout reach ``on_event``, which ends the job as a timeout once
-    both said so (the engine's real clock: test_rank_behaviour's mp.spawn stacks test)."""
+    both said so, with each rank's stack (the clock that does the same without on_event is
+    one for every engine: test_launch's timeout test)."""
     result = spawn(SCRIPTS / "spawn_hang.py", on_event=end_once_said(("hang", 0), ("hang", 1)))
     assert result.status == "timeout" and not result.ok, (result.error, result.logs)
     assert "as on_event asked" in result.error and result.still_running == [0, 1]
     assert sorted(result.pids) == [0, 1]  # the ranks it saw mp.spawn start, by rank
+    assert result.exit_codes == {0: None, 1: None}
+    assert 'spawn_hang.py", line 20' in result.stacks[0], result.stacks  # time.sleep(600)
+    assert 'spawn_hang.py", line 21' in result.stacks[1], result.stacks  # dist.barrier()
     assert gone(result.pids.values())
 
 

@@ -1,20 +1,29 @@
-"""The lesson-03 worker on two real processes started by its own mp.spawn (engine="spawn")."""
+"""The lesson-03 worker on two real processes started by mp.spawn (engine="spawn").
+
+The launch is ``tests/scripts/threads_at_exit.py spawn``: the worker's ``main`` on each spawned
+rank, as the worker's own ``__main__`` spawns it (which notebook 03 runs), then each rank's
+threads at exit, which test_exit_abort reads too (one launch for both).
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from test_exit_abort import group_threads
 
 import ddplab
 from ddplab.lab.showcode import source
 from ddplab.workers import spawn_ddp
 
 pytestmark = pytest.mark.slow
+THREADS = str(Path(__file__).parent / "scripts" / "threads_at_exit.py")
 
 
 @pytest.fixture(scope="module")
 def run():
-    return ddplab.launch("ddplab.workers.spawn_ddp", 2, engine="spawn", quiet=True, live=False,
-                         timeout=600, args=["--epochs", "1", "--batch-size", "32"])
+    return ddplab.launch(THREADS, 2, engine="spawn", quiet=True, live=False, timeout=600,
+                         args=["spawn", "--epochs", "1", "--batch-size", "32"])
 
 
 def metric(run, name):
@@ -28,6 +37,12 @@ def test_every_rank_ends_with_the_same_weights(run):
     assert sorted(checksums) == [0, 1]
     assert checksums[0]["value"] == checksums[1]["value"]
     assert run.summary["param_checksums_per_rank"] == [checksums[0]["value"]] * 2
+
+
+def test_ranks_exit_with_no_process_group_thread_left(run):
+    """(test_exit_abort says why it matters, and checks the training worker's ranks.)"""
+    assert run.ok, run.error
+    assert group_threads(run) == {0: [], 1: []}
 
 
 def test_ranks_see_different_data_but_share_the_averaged_gradient(run):

@@ -5,9 +5,11 @@ patched in this process only (run it as a subprocess, so the test process never 
 
 Each machine is a JSON object: ``gpus``, ``p2p`` and ``nccl`` (default true), and ``env``, the
 environment variables set for it (``DDPLAB_BACKEND`` and ``NCCL_P2P_DISABLE`` are unset unless
-named there). Prints one JSON line per machine, in order: the probe's facts, the doctor's plan
-line and problems, and the backend and devices ``ddplab.dist`` gives the ranks of a course launch
-(max(2, gpus) processes), and what ``ddplab.doctor`` reports (its backend and plan) there.
+named there). Prints first this machine's own GPU count and torch version, as torch answers
+before anything is patched; then one JSON line per machine, in order: the probe's facts, the
+doctor's plan line and problems, and the backend and devices ``ddplab.dist`` gives the ranks of
+a course launch (max(2, gpus) processes), and what ``ddplab.doctor`` reports (its backend and
+plan) there.
 """
 import json
 import os
@@ -50,5 +52,7 @@ def decide(spec: dict) -> dict:
                 "doctor": {"backend": report["backend"], "plan": report["plan"]}}
 
 
+print(json.dumps({"gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                  "torch": torch.__version__}), flush=True)
 for machine in json.loads(sys.argv[1]):
     print(json.dumps(decide(machine)), flush=True)

@@ -10,12 +10,15 @@ code 3 before joining the group. ``--abort-at-exit R``: rank R finishes, then ab
 interpreter exits (an atexit handler calls C++'s std::terminate: "terminate called without an
 active exception").
 ``--sleep S``: every rank sleeps S seconds after joining the group (a job to time out).
+With ``SPAWN_PLAIN_RUNS_A_PROGRAM=1`` in its environment the parent first runs a short program
+of its own (``sleep 0.6``), as ``import torch`` runs ``ldconfig -p``: a child that is no rank.
 """
 import argparse
 import atexit
 import ctypes
 import ctypes.util
 import os
+import subprocess
 import sys
 import time
 
@@ -51,5 +54,7 @@ if __name__ == "__main__":
     print(f"argv {sys.argv[1:]}", flush=True)
     print(f"master {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", flush=True)
     nprocs = int(os.environ.get("DDPLAB_NPROCS", "2"))
+    if os.environ.get("SPAWN_PLAIN_RUNS_A_PROGRAM") == "1":
+        subprocess.run(["sleep", "0.6"], check=True)
     mp.spawn(worker, args=(nprocs, args.fail_rank, args.backend, args.abort_at_exit,
                            args.sleep), nprocs=nprocs)
