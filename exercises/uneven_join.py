@@ -60,8 +60,7 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
     #   - the weights are identical on every rank,
     #   - the mean loss that train() returns is, on every rank, the mean over every batch of
     #     every rank, each batch counted once.
-    #   Notebook 10's section 3 shows why the loop hangs and one tool; check that every
-    #   collective of this loop is covered, not only DDP's.
+    #   Notebook 10's section 3 shows why a loop over uneven shards hangs.
     for inputs, targets in batches:
         loss = F.mse_loss(model(inputs), targets)
         optimizer.zero_grad(set_to_none=True)

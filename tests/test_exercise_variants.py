@@ -245,7 +245,8 @@ VARIANTS = [
     ), right=True, args=("--pg-timeout", "120")),
     Variant("10 no Join", "10", "uneven_join.py", (
         ("    with Join([model, running]):", "    if True:"),
-    ), right=False, words=("timed out", "left the loop"), args=("--pg-timeout", "3")),  # the hang: its end
+    ), right=False, words=("timed out", "left the loop"),
+        args=("--pg-timeout", "3")),  # the hang: its end
     Variant("10 Join([model]) alone", "10", "uneven_join.py", (
         ("    with Join([model, running]):", "    with Join([model]):"),
     ), right=False, words=("Join([model]) shadows only DDP's collectives",

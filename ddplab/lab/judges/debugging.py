@@ -7,9 +7,10 @@ does not make it finish: a rank that ran out of batches answers DDP's collective
 loss's. The judge reads what the run did: a collective that timed out (``error``, with the
 line each rank was on; a run the launch's timeout ended is explained from its stacks before
 the judge is asked), else every rank's ``batches``, its batch ``losses``, the ``mean_loss``
-its ``train()`` returned and the ``checksum`` of its final weights. Right means: every rank finished, the shards still uneven,
-every rank trained on all of its own batches, the weights identical on every rank, and every
-rank's mean loss the mean over every batch of every rank. Any way that gets there is right.
+its ``train()`` returned and the ``checksum`` of its final weights. Right means: every rank
+finished, the shards still uneven, every rank trained on all of its own batches, the weights
+identical on every rank, and every rank's mean loss the mean over every batch of every rank.
+Any way that gets there is right.
 
 Lesson: 10.
 """
@@ -83,10 +84,11 @@ def _hang_hint(places: dict[int, tuple]) -> str:
     if joined and mine:
         return (f"{what} ({where}): Join([model]) shadows only DDP's collectives: your loss "
                 f"all_reduce is still waiting on the rank that finished (rank {joined[0]}, "
-                "inside Join, answers DDP's all-reduces, not yours). Every collective of the "
-                "loop must be answered by the ranks that ran out of batches, or be called the "
-                "same number of times on every rank.")
+                f"inside Join, answers DDP's all-reduces, not yours). {_EVERY_COLLECTIVE}")
     return (f"{what} ({where}): the ranks are not calling the same collectives the same "
-            "number of times. Every collective of the loop, DDP's and your own, must be "
-            "answered by the ranks that ran out of batches, or be called the same number of "
-            "times on every rank.")
+            f"number of times. {_EVERY_COLLECTIVE}")
+
+
+_EVERY_COLLECTIVE = ("Every collective of the loop, DDP's and your own, must be answered by "
+                     "the ranks that ran out of batches, or be called the same number of "
+                     "times on every rank.")
