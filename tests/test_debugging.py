@@ -388,6 +388,18 @@ def test_judge_rejects_even_shards_skipped_batches_different_weights_and_a_wrong
     assert "rank 1: 4.500000" in judge(fake_run(**own)) and "is 3.000000" in judge(fake_run(**own))
     silent = fake_run(batches={0: 3, 1: 2})
     assert "did not report 'losses'" in judge(silent)
-    hung = fake_run(error={0: {"line": 9, "function": "f", "code": "dist.all_reduce(t)"},
-                           1: {"line": 4, "function": "g", "code": "dist.barrier()"}})
-    assert "rank 0 at line 9 (in f: `dist.all_reduce(t)`)" in judge(hung)
+    timeout = a_timeout_message()
+    hung = fake_run(error={0: {"line": 9, "function": "f", "code": "dist.all_reduce(t)",
+                               "message": timeout},
+                           1: {"line": 4, "function": "g", "code": "dist.barrier()",
+                               "message": timeout}})
+    assert "timed out (rank 0 at line 9 (in f: `dist.all_reduce(t)`)" in judge(hung)
+    raised = fake_run(error={0: {"line": 7, "function": "train", "code": "model(inputs)",
+                                 "message": "RuntimeError: stopped early"}})
+    assert "raised on some ranks (rank 0 at line 7" in judge(raised)
+    assert "stopped early" in judge(raised) and "timed out" not in judge(raised)
+
+
+def a_timeout_message() -> str:
+    """A collective's timeout as a rank reports it (the words torch_words recognises)."""
+    return next(line for _, line in torch_words.COLLECTIVE_TIMEOUT.seen)

@@ -259,6 +259,11 @@ VARIANTS = [
          "        for inputs, targets in batches[:int(shortest)]:\n"),
     ), right=False, words=("trained on 4 batches but has 5", "all of its own batches"),
         args=("--pg-timeout", "120")),   # it ends by itself: a safety net
+    Variant("10 Join that throws once a rank runs out", "10", "uneven_join.py", (
+        ("    with Join([model, running]):",
+         "    with Join([model, running], throw_on_early_termination=True):"),
+    ), right=False, words=("raised on some ranks", "every batch trained"),
+        args=("--pg-timeout", "120")),   # it ends by itself: a safety net
     Variant("10 each rank's mean of its own losses", "10", "uneven_join.py", (
         ("    return losses, float(running.total[0] / running.total[1])\n",
          "    return losses, sum(losses) / len(losses)\n"),

@@ -4,10 +4,10 @@ collective of its own.
 ``exercises/uneven_join.py`` gives every rank a different number of batches (rank 0 the most),
 and its loop all-reduces each step's loss for the job's running mean. ``Join([model])`` alone
 does not make it finish: a rank that ran out of batches answers DDP's collectives, not the
-loss's. The judge reads what the run did: a collective that timed out (``error``, with the
-line each rank was on; a run the launch's timeout ended is explained from its stacks before
-the judge is asked), else every rank's ``batches``, its batch ``losses``, the ``mean_loss``
-its ``train()`` returned and the ``checksum`` of its final weights. Right means: every rank
+loss's. The judge reads what the run did: a collective that timed out or raised
+(``error``, with the line each rank was on; a run the launch's timeout ended is explained from
+its stacks before the judge is asked), else every rank's ``batches``, its batch ``losses``,
+the ``mean_loss`` its ``train()`` returned and the ``checksum`` of its final weights. Right means: every rank
 finished, the shards still uneven, every rank trained on all of its own batches, the weights
 identical on every rank, and every rank's mean loss the mean over every batch of every rank.
 Any way that gets there is right.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
+from ...torch_words import COLLECTIVE_TIMEOUT
 from . import judge, metric
 
 
@@ -28,9 +29,17 @@ from . import judge, metric
 def judge_uneven_join(result: Any) -> Optional[str]:
     errors = metric(result, "error")
     if errors:
-        return _hang_hint({rank: (error.get("line"), error.get("function", "?"),
-                                  (error.get("code") or "").split("  #")[0].strip())
-                           for rank, error in errors.items()})
+        places = {rank: (error.get("line"), error.get("function", "?"),
+                         (error.get("code") or "").split("  #")[0].strip())
+                  for rank, error in errors.items()}
+        if any(COLLECTIVE_TIMEOUT.search(str(error.get("message"))) for error in errors.values()):
+            return _hang_hint(places)
+        said = "; ".join(f"rank {rank} at line {line} (in {function}: `{code}`): "
+                         f"{str(errors[rank].get('message')).rstrip('.')}"
+                         for rank, (line, function, code) in sorted(places.items()))
+        return (f"the training raised on some ranks ({said}). The job must finish on every "
+                "rank with every batch trained: an error that stops the ranks early is not "
+                "a way out of the hang.")
     batches, losses, means, checksums = (metric(result, name) for name in (
         "batches", "losses", "mean_loss", "checksum"))
     ranks = set(range(result.world_size)) if result.world_size else {0}
