@@ -106,6 +106,23 @@ def test_survivors_sees_running_processes_only():
     assert postmortem.survivors([]) == []
 
 
+def test_uneven_hang_waits_until_a_finished_rank_leaves_another_in_an_extra_backward():
+    def said(rank, name, value):
+        return {"kind": "metric", "rank": rank, "name": name, "value": value}
+
+    watch = postmortem.uneven_hang(2, grace=2.5)
+    steps = [said(0, "backward", 1), said(1, "backward", 1), said(0, "backward", 2),
+             said(1, "backward", 2), said(1, "steps", 2)]
+    assert [watch(event) for event in steps] == [None] * 5   # rank 1 done, rank 0 not behind it
+    assert watch(said(1, "checksum", 0.5)) is None           # finished, but nobody is past it
+    assert watch({"kind": "exit", "rank": 1, "name": "backward", "value": 9}) is None  # not a metric
+    assert watch(said(0, "backward", 3)) == 2.5              # an all-reduce nobody will join
+    even = postmortem.uneven_hang(2)
+    for event in (said(0, "backward", 1), said(1, "backward", 1), said(0, "steps", 1),
+                  said(0, "checksum", 0.5), said(1, "steps", 1)):
+        assert even(event) is None                            # equal shares: no hang
+
+
 def _record(*entries):
     """One rank's Flight Recorder JSON, in the form torch 2.14.1 gives on gloo."""
     return {"entries": [{"collective_seq_id": seq, "profiling_name": f"gloo:{op}", "retired": done,

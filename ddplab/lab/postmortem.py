@@ -31,7 +31,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from .. import torch_words
 from ..flight_recorder import (Collective, collective_waits, debug_server_records,  # noqa: F401
@@ -128,6 +128,29 @@ def unused_parameters(result: Any, rank: int) -> set[str]:
     """The parameters DDP reported as getting no gradient on ``rank`` (needs
     ``TORCH_DISTRIBUTED_DEBUG=INFO`` or ``DETAIL``), or an empty set."""
     return torch_words.unused_parameters(result.logs.get(rank, [])).get(rank, set())
+
+
+def uneven_hang(world_size: int, grace: float = 1.0) -> Callable[[dict], Optional[float]]:
+    """An ``on_event`` for ``ddplab.launch`` that ends the hang of uneven inputs once it is certain.
+
+    It reads the ``metric`` events of ``ddplab.workers.faults``: ``backward`` (n, before a rank's
+    n-th backward, so its n-th all-reduce), then ``steps`` and ``checksum`` when a rank has
+    finished training. A rank that finished after n steps while another enters backward n + 1
+    means an all-reduce that nobody will join: the returned function then answers ``grace``,
+    and the launch ends ``grace`` seconds later as a timeout would, each rank's stack taken.
+    Until then it answers None (keep waiting).
+    """
+    said: dict[tuple[Any, Any], Any] = {}  # (rank, metric name) -> its last value
+
+    def on_event(event: dict) -> Optional[float]:
+        if event.get("kind", "metric") == "metric":
+            said[event.get("rank"), event.get("name")] = event.get("value")
+        done = [said[rank, "steps"] for rank in range(world_size)
+                if (rank, "checksum") in said and (rank, "steps") in said]
+        entered = max((said.get((rank, "backward")) or 0) for rank in range(world_size))
+        return grace if done and entered > min(done) else None
+
+    return on_event
 
 
 def survivors(pids: Iterable[int]) -> list[int]:
