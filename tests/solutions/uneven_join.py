@@ -29,10 +29,11 @@ import torch
 import torch.distributed as torch_dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.algorithms.join import Join, Joinable, JoinHook
+from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddplab import dist, events
+from ddplab.workers.faults import RunningLoss  # a joinable loss log (notebook 10 shows it)
 
 
 def uneven_batches(rank: int, world_size: int, batch_size: int = 16) -> list[tuple]:
@@ -48,43 +49,6 @@ def summed_over_ranks(loss: torch.Tensor) -> torch.Tensor:
     both = torch.stack([loss.detach(), torch.ones_like(loss)])
     torch_dist.all_reduce(both)
     return both.cpu()
-
-
-class RunningLoss(Joinable):
-    """The log's sum of every rank's losses, joinable: inside ``Join``, a rank that has run out
-    of batches adds zeros to each step's sum of the ranks still training, until all are done."""
-
-    def __init__(self, device: torch.device) -> None:
-        super().__init__()
-        self.device = device
-        self.total = torch.zeros(2)  # every rank's losses so far, summed, and how many batches
-
-    def add(self, loss: torch.Tensor) -> None:
-        Join.notify_join_context(self)
-        self.total += summed_over_ranks(loss)
-
-    def join_hook(self, **kwargs) -> JoinHook:
-        return AddNothing(self)
-
-    @property
-    def join_device(self) -> torch.device:
-        return self.device
-
-    @property
-    def join_process_group(self):
-        return torch_dist.group.WORLD
-
-
-class AddNothing(JoinHook):
-    """What a rank that has run out of batches does at each step of the others: add zeros."""
-
-    def __init__(self, running: RunningLoss) -> None:
-        self.running = running
-
-    def main_hook(self) -> None:
-        nothing = torch.zeros(2, device=self.running.device)
-        torch_dist.all_reduce(nothing)
-        self.running.total += nothing.cpu()
 
 
 def train(model: nn.Module, optimizer: torch.optim.Optimizer,
