@@ -15,8 +15,9 @@ collectives, in the same order, with tensors of the same shape. Faults (``--faul
 
 - ``none``: every rank calls the same collectives (the reference).
 - ``one_rank``: only rank 0 calls the all-reduce that sums the loss for the log; it waits for a
-  partner that never comes while rank 1 waits at the final barrier: the job hangs until the
-  process group's timeout (``--pg-timeout``) or the launcher's ends it.
+  partner that never comes while rank 1 waits in the next collective, the all-gather of the
+  prediction lengths in ``gather_padded``: the job hangs until the process group's timeout
+  (``--pg-timeout``) or the launcher's ends it.
 - ``shape``: the ranks all-gather their predictions, 51 on rank 0 and 50 on rank 1:
   ``all_gather`` needs the same shape everywhere.
 - ``order``: rank 0 broadcasts its early-stopping decision before the loss all-reduce, the
