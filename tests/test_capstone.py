@@ -247,3 +247,36 @@ def test_one_run_alone_is_judged_and_asks_for_the_others():
 def test_a_first_run_judged_wrong_stops_the_notebooks_launches():
     verdict = ddplab.check("13", {"ddp": _run(range(32)), "reference": _run(range(32), skipped=(20,))})
     assert judge13.judged_wrong(verdict), verdict.message
+
+
+# ----------------------------------------------------------------------------- FSDP2 or not
+
+def _machine(monkeypatch, torch_version: str, gpus: int) -> None:
+    """The machine the judge asks about (ddplab's probe, as notebook 13's first cells do)."""
+    monkeypatch.setattr(ddplab.env, "probe", lambda refresh=False: {
+        "torch": torch_version, "gpu_count": gpus})
+
+
+@pytest.mark.parametrize("torch_version,gpus,strategy", [
+    ("2.6.0", 0, "ddp"), ("2.6.0+cu124", 2, "fsdp"), ("2.7.1", 0, "fsdp"), ("2.14.1+cpu", 0, "fsdp")])
+def test_the_fsdp_runs_use_ddp_where_fsdp2_cannot_run(monkeypatch, tmp_path, torch_version,
+                                                      gpus, strategy):
+    """Notebook 13 and ``ddplab check 13`` launch what the judge expects: ``--strategy ddp``
+    for the fsdp and resharded runs on CPU ranks of torch 2.6, where the job refuses fsdp."""
+    _machine(monkeypatch, torch_version, gpus)
+    assert judge13.fsdp_strategy() == strategy
+    launched = judge13.launch_runs(lambda nprocs, args: args, tmp_path)
+    assert {name: args[args.index("--strategy") + 1] for name, args in launched.items()
+            if "--strategy" in args} == {"fsdp": strategy, "resharded": strategy}
+
+
+@pytest.mark.parametrize("torch_version,gpus", [("2.6.0", 0), ("2.7.0", 0), ("2.6.0", 1)])
+def test_an_fsdp_run_with_ddp_is_right_only_where_fsdp2_cannot_run(monkeypatch, torch_version,
+                                                                    gpus):
+    _machine(monkeypatch, torch_version, gpus)
+    ddp = _run(range(32))
+    message = ddplab.check("13", {"ddp": ddp, "fsdp": _run(range(32)), "reference": ddp}).message
+    if judge13.fsdp_strategy() == "ddp":   # FSDP2's own checks (sharded weights) left out
+        assert "what the DDP run did is right" in message and "fsdp," not in message, message
+    else:
+        assert "the fsdp run: launch it with --strategy fsdp" in message, message

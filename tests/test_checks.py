@@ -63,6 +63,10 @@ def test_hints_name_the_mistake(capsys):
     assert "multiples of 4" in capsys.readouterr().out
     check("12", 3 * 4096 * 14336 * 4 / 8 / 1e6)   # fp32 instead of bf16
     assert "2 bytes" in capsys.readouterr().out
+    check("09", 14.0 / 2.0)                       # the speed-up, not the efficiency
+    assert "that is the speed-up" in capsys.readouterr().out
+    check("09", 0.5)                              # the question names efficiency; a hint defines it
+    assert "efficiency = speed-up / 8" in capsys.readouterr().out
 
 
 def test_answers_in_other_spellings():

@@ -315,7 +315,7 @@ def _compare_09(answer: Any, expected: Any) -> Optional[str]:
 
 
 @exercise("09", "A job trains one epoch in 14.0 s on 1 GPU and in 2.0 s with DDP on 8 GPUs. "
-          "What is the parallel efficiency, speed-up divided by the number of GPUs? "
+          "What is its parallel efficiency? "
           "answer = <a number between 0 and 1>", _compare_09)
 def _exercise_09() -> float:
     single, ddp8, gpus = 14.0, 2.0, 8

@@ -22,6 +22,10 @@ line and the reports are given, by ``ddplab.capstone``) and launches it five tim
   (another world size is another global batch and LR): the mean loss within 0.5, the summed
   squares of the weights within 10%, the accuracy within 15 points.
 
+Where FSDP2 cannot run (CPU ranks on torch < 2.7: :func:`fsdp_strategy`), the ``fsdp`` and
+``resharded`` runs are launched with ``--strategy ddp`` and judged as DDP runs: what only
+FSDP2 does (sharded weights, its units) is left out.
+
 One run alone (or some of the five) is judged as far as it goes; the verdict then asks for the
 rest. A ``reference`` entry (a launch of the reference with the ``ddp`` run's arguments) may be
 handed in too; without it the judge launches it once per set of arguments.
@@ -32,11 +36,13 @@ Lesson: 13.
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+from ... import env
 from . import is_run_result, judge, metric, metrics, run_failed
 
 #: The five launches, as notebook 13 makes them: extra arguments, folder, processes. The
@@ -58,14 +64,26 @@ _REFERENCES: dict[tuple, Any] = {}
 def launch_runs(launch: Callable[[int, list[str]], Any], folder: Path,
                 names: Iterable[str] = RUNS) -> dict[str, Any]:
     """The launches ``names`` (all five by default) in the notebook's order, in ``folder``:
-    ``launch(processes, args)`` for each; the copy of the killed run's folder is made after it."""
+    ``launch(processes, args)`` for each; the copy of the killed run's folder is made after it.
+    ``--strategy fsdp`` becomes :func:`fsdp_strategy`'s answer here."""
     runs, names = {}, set(names)
+    strategy = fsdp_strategy() if names & {"fsdp", "resharded"} else "fsdp"
     for name, (extra, job, nprocs) in LAUNCHES.items():
         if name in names:
+            extra = tuple(strategy if a == "fsdp" else a for a in extra)
             runs[name] = launch(nprocs, ["--checkpoint-dir", str(folder / job), *extra])
         if name == "killed" and (folder / "job").exists():
             shutil.copytree(folder / "job", folder / "job-4")
     return runs
+
+
+def fsdp_strategy() -> str:
+    """The ``--strategy`` of the fsdp and resharded runs on this machine: ``"fsdp"``, or
+    ``"ddp"`` where FSDP2 cannot run (no GPU and torch < 2.7, as ``ddplab.sharded.fsdp_problem``
+    says in the ranks); the judge then expects DDP there and leaves out FSDP2's checks."""
+    facts = env.probe()
+    release = tuple(int(part) for part in re.findall(r"\d+", facts["torch"])[:2])
+    return "fsdp" if facts["gpu_count"] or release >= (2, 7) else "ddp"
 
 
 def unanswered(path: Any) -> bool:
@@ -109,8 +127,10 @@ def judge_capstone(answer: Any) -> Optional[str]:
                                                       _reference(ddp))
     if hint:
         return f"the ddp run: {hint}"
+    strategy = fsdp_strategy() if {"fsdp", "resharded"} & set(runs) else "fsdp"
     if "fsdp" in runs:
-        hint = _strategy_hint(runs["fsdp"], "fsdp") or _fsdp_hint(runs["fsdp"], ddp)
+        hint = (_strategy_hint(runs["fsdp"], strategy) or
+                _fsdp_hint(runs["fsdp"], ddp, sharded=strategy == "fsdp"))
         if hint:
             return f"the fsdp run: {hint}"
     missing = [name for name in RUNS if name not in runs]
@@ -120,7 +140,7 @@ def judge_capstone(answer: Any) -> Optional[str]:
                 f"{', '.join(missing)}).")
     return (_killed_hint(runs["killed"], ddp) or
             _resumed_hint(runs["resumed"], runs["killed"], ddp) or
-            _resharded_hint(runs["resharded"], runs["killed"], ddp))
+            _resharded_hint(runs["resharded"], runs["killed"], ddp, strategy))
 
 
 # ------------------------------------------------------------------ the facts
@@ -389,7 +409,8 @@ def _eval_hint(result: Any, reference: Any) -> Optional[str]:
     return None
 
 
-def _fsdp_hint(fsdp: Any, ddp: Any) -> Optional[str]:
+def _fsdp_hint(fsdp: Any, ddp: Any, sharded: bool = True) -> Optional[str]:
+    """What the fsdp run did wrong; ``sharded=False``: a DDP run where FSDP2 cannot run."""
     mine, ref = _steps(fsdp), _steps(ddp)
     for rank in sorted(ref):
         for step in sorted(ref[rank]):
@@ -399,11 +420,11 @@ def _fsdp_hint(fsdp: Any, ddp: Any) -> Optional[str]:
                 return (f"rank {rank}, step {step}: other samples or another LR than in the "
                         "ddp run; --strategy changes the wrapping only.")
     weights = metric(fsdp, "weights")
-    if len({tuple(w["sums"]) for w in weights.values()}) < len(weights):
+    if sharded and len({tuple(w["sums"]) for w in weights.values()}) < len(weights):
         return ("every rank holds the same weights: with --strategy fsdp, shard the model "
                 "with fully_shard (each block, then the root), so that each rank holds a part.")
     units = min(w.get("sharded_units", 0) for w in weights.values())
-    if units < 2:
+    if sharded and units < 2:
         return (f"fully_shard made {units} unit(s) of the model: shard each block that holds "
                 "parameters, then the root, so that a rank gathers one block's weights at a "
                 "time (the whole model at once is DDP's memory again).")
@@ -510,10 +531,11 @@ def _resumed_hint(resumed: Any, killed: Any, ddp: Any) -> Optional[str]:
     return None
 
 
-def _resharded_hint(resharded: Any, killed: Any, ddp: Any) -> Optional[str]:
-    if _args(resharded).get("strategy") != "fsdp" or resharded.world_size != 4:
-        return ("launch the resharded run on 4 processes with --strategy fsdp, on a copy of "
-                "the killed run's folder.")
+def _resharded_hint(resharded: Any, killed: Any, ddp: Any, strategy: str = "fsdp"
+                    ) -> Optional[str]:
+    if _args(resharded).get("strategy") != strategy or resharded.world_size != 4:
+        return (f"launch the resharded run on 4 processes with --strategy {strategy}, on a "
+                "copy of the killed run's folder.")
     want = _resume_step(killed)
     mine, ref = _steps(resharded), _steps(ddp)
     first = min(mine[0])
