@@ -245,13 +245,25 @@ class _Watch:
         """Whether rank 0 is still inside the save it began after the step before the kill.
 
         Waits for that save to begin (it began long ago when the ranks wait for it); a job
-        that saves at other steps only costs this wait.
+        that saves at other steps only costs this wait. Rank 0 starts that save
+        ``KILL_SAVE_DELAY_S`` late, so a rank here sooner did not wait for it; a rank that did
+        wait (a collective save, a barrier) may still be a moment ahead of rank 0 returning from
+        it, on a busy machine: it waits for rank 0 to say so before calling the save unfinished.
         """
+        began, ended = self.marker("began"), self.marker("ended")
         deadline = time.monotonic() + SAVE_WAIT_S
-        while not os.path.exists(self.marker("began")) and time.monotonic() < deadline:
+        while not os.path.exists(began) and time.monotonic() < deadline:
             time.sleep(0.01)
-        saving = os.path.exists(self.marker("began")) and not os.path.exists(self.marker("ended"))
-        shutil.rmtree(os.path.dirname(self.marker("began")), ignore_errors=True)
+        try:
+            waited = time.time() - os.stat(began).st_mtime
+        except OSError:
+            return False  # no save began
+        deadline = time.monotonic() + SAVE_WAIT_S
+        while waited >= KILL_SAVE_DELAY_S and not os.path.exists(ended) and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+        saving = not os.path.exists(ended)
+        shutil.rmtree(os.path.dirname(began), ignore_errors=True)
         return saving
 
     def late_save(self, frame: Any, event: str, _arg: Any) -> None:

@@ -280,3 +280,36 @@ def test_an_fsdp_run_with_ddp_is_right_only_where_fsdp2_cannot_run(monkeypatch, 
         assert "what the DDP run did is right" in message and "fsdp," not in message, message
     else:
         assert "the fsdp run: launch it with --strategy fsdp" in message, message
+
+
+def test_the_kill_blames_a_save_only_when_the_rank_did_not_wait_for_it(monkeypatch, tmp_path):
+    """Rank 1's view at the kill (the given part): rank 0 starts its save KILL_SAVE_DELAY_S
+    late, so a rank that arrives sooner did not wait for it (a save without a barrier); one that
+    arrives later waited in a collective or a barrier, and rank 0 may still be returning from
+    the save: that is no fault of the job (it was once called one on a busy machine)."""
+    import os
+    import threading
+
+    from ddplab import capstone
+
+    monkeypatch.setattr(capstone.tempfile, "gettempdir", lambda: str(tmp_path))
+    watch = _Watch()
+    for case, (began_ago, ended_after) in {"no barrier": (0.0, None),
+                                           "waited, save returning": (2.0, 0.3),
+                                           "waited, save returned": (2.0, 0.0)}.items():
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", case.replace(" ", "-").replace(",", ""))
+        began = Path(watch.marker("began"))
+        began.parent.mkdir(parents=True)
+        began.touch()
+        os.utime(began, (began.stat().st_atime, began.stat().st_mtime - began_ago))
+        end = None
+        if ended_after is not None:
+            end = threading.Timer(ended_after, Path(watch.marker("ended")).touch)
+            end.start()
+            if not ended_after:
+                end.join()
+        saving = watch.rank_0_saving()
+        if end is not None:
+            end.join()
+        assert saving == (case == "no barrier"), case
+        assert not began.parent.exists()  # the markers go with the answer
