@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import warnings
+from unittest import mock
 from pathlib import Path
 
 import pytest
@@ -91,19 +93,44 @@ def test_the_reference_scales_the_loss_of_float16_only(monkeypatch, gpus, amp_dt
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     device = reference.this_device()
     assert device == (torch.device("cuda", 1) if gpus else torch.device("cpu"))
     assert reference.precision(amp_dtype, device) == (dtype, dtype == torch.float16)
 
 
-def test_the_reference_refuses_more_processes_than_gpus(monkeypatch):
+@pytest.mark.parametrize("gpus,processes,device", [
+    (1, 1, "cuda"), (1, 2, "cpu"), (1, 4, "cpu"), (2, 2, "cuda"), (2, 4, "cpu"), (0, 1, "cpu")])
+def test_the_reference_runs_on_gpus_only_when_every_process_gets_one(monkeypatch, gpus,
+                                                                     processes, device):
     from ddplab.workers import capstone as reference
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setenv("LOCAL_RANK", "2")
-    with pytest.raises(RuntimeError, match="at most 2 processes per node"):
-        reference.this_device()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
+    monkeypatch.setenv("LOCAL_RANK", str(processes - 1))
+    with mock.patch.multiple(torch.cuda, is_available=mock.Mock(return_value=gpus > 0),
+                             device_count=mock.Mock(return_value=gpus)):
+        got = reference.this_device()
+    assert got.type == device
+    assert got.index == (processes - 1 if device == "cuda" else None)
+
+
+def test_the_reference_turns_determinism_on_for_gpus_only(monkeypatch):
+    from ddplab.workers import capstone as reference
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.backends.cudnn.benchmark)
+    try:
+        assert not reference.deterministic(torch.device("cpu"))
+        assert not torch.are_deterministic_algorithms_enabled()
+        assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+        assert reference.deterministic(torch.device("cuda", 0))
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1:]
 
 
 def _reported(capsys) -> list[dict]:

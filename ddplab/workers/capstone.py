@@ -29,19 +29,31 @@ from ddplab.capstone import build_model, datasets, log_accuracy, log_step, parse
 
 
 def this_device() -> torch.device:
-    """This process's device: its own GPU (``LOCAL_RANK``) where there are GPUs, else the CPU."""
-    if not torch.cuda.is_available():
+    """This process's device: its own GPU (``LOCAL_RANK``) when every process on this machine
+    gets one, else the CPU (more processes than GPUs, as 4 ranks on a 1-GPU Colab: all on gloo,
+    since one group cannot mix nccl and gloo)."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if not torch.cuda.is_available() or torch.cuda.device_count() < local_world:
         return torch.device("cpu")
-    local_rank, gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
-    if local_rank >= gpus:
-        raise RuntimeError(f"LOCAL_RANK {local_rank}, but this machine has {gpus} GPU(s): "
-                           f"launch at most {gpus} processes per node.")
-    return torch.device("cuda", local_rank)
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def deterministic(device: torch.device) -> bool:
+    """On a GPU, deterministic kernels only (a resume is compared bit for bit): cuBLAS's fixed
+    workspace (read when cuBLAS starts, so before the first matmul), no cuDNN benchmarking.
+    The CPU kernels this job uses are deterministic already. Returns whether it switched."""
+    if device.type != "cuda":
+        return False
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    return True
 
 
 def setup() -> tuple[int, int, torch.device]:
     """Join the job's process group: nccl and one GPU per process, else gloo on the CPU."""
     device = this_device()
+    deterministic(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     if device.type == "cuda":
         torch.cuda.set_device(device)

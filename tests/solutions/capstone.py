@@ -58,7 +58,12 @@ def newest(folder):
 
 if __name__ == "__main__":
     args = parse_args()
-    gpu = torch.cuda.is_available()
+    gpu = torch.cuda.is_available() and torch.cuda.device_count() >= int(
+        os.environ["LOCAL_WORLD_SIZE"])
+    if gpu:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
     dist.init_process_group(backend="nccl" if gpu else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device(f"cuda:{os.environ['LOCAL_RANK']}" if gpu else "cpu")
