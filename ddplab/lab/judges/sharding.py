@@ -50,8 +50,7 @@ def pipeline_forward(result: Any) -> Optional[str]:
     if not any(received):
         return ("rank 1 ran its stage on zeros: nothing arrived. In forward_stage, rank 0 "
                 "must send each activation to rank 1, and rank 1 must receive it into "
-                "`received` before computing on it (torch.distributed.send and recv, as in "
-                "the pipeline worker's forward shown above).")
+                "`received` before computing on it (torch.distributed.send and recv).")
     for micro, (a, b) in enumerate(zip(sent, received)):
         if not math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6):
             return (f"micro-batch {micro}: rank 1 computed on something other than the "
