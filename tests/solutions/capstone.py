@@ -59,7 +59,7 @@ def newest(folder):
 if __name__ == "__main__":
     args = parse_args()
     gpu = torch.cuda.is_available() and torch.cuda.device_count() >= int(
-        os.environ["LOCAL_WORLD_SIZE"])
+        os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if gpu:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
