@@ -1,6 +1,6 @@
 """One elastic agent per launch, forked by the helper: torch's ``elastic_launch`` forking ranks
-(``entry.run_rank``). Its rendezvous keeps the agent's store in-process and rank 0 serves the
-workers' store (a rank forked while a store thread holds a lock would hang). How it
+(``entry.run_rank``). Its rendezvous keeps the agent's store in-process and a forked process
+serves the workers' store (a rank forked while a store thread holds a lock would hang). How it
 ended goes back as its last line (a ``report`` event: torch's ``ChildFailedError`` by rank)."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
+import re
+import signal
 import sys
 import traceback
 from typing import Any
@@ -81,27 +82,26 @@ def _one_node_handler() -> Any:
         def __init__(self, params: RendezvousParameters) -> None:
             host, _, port = params.endpoint.rpartition(":")
             self.host, self.port, self.run_id = host or "127.0.0.1", int(port or 0), params.run_id
+            self.server = 0
 
         def next_rendezvous(self) -> Any:
-            # Each round a fresh workers' store, which rank 0 serves on a socket bound here
-            # (entry.serve_store): a restarted round must not read the failed one's addresses
-            # (pytorch/pytorch#135712). A port given is the first round's.
-            if entry.STORE:
-                entry.STORE.pop().close()
+            # Each round a fresh store: a restarted round must not read the failed one's
+            # addresses (pytorch/pytorch#135712). A port given is the first round's.
+            port = 0 if self.server else self.port
+            if self.server:  # (a child of this agent, not reaped until now: still its pid)
+                os.kill(self.server, signal.SIGKILL)
+                os.waitpid(self.server, 0)  # gone, its port closed, before the next round
                 print(MARKER + json.dumps({"kind": "round"}), flush=True)  # (output.Streams)
-            family = socket.getaddrinfo(self.host, None)[0][0]
-            entry.STORE.append(socket.create_server((self.host, self.port), family=family,
-                                                    backlog=socket.SOMAXCONN))
-            self.port = 0
+            self.server, port = serve_store(self.host, port)
             return RendezvousInfo(PrefixStore(self.run_id, HashStore()), 0, 1,
-                                  RendezvousStoreInfo(self.host, entry.STORE[0].getsockname()[1]))
+                                  RendezvousStoreInfo(self.host, port))
 
         def get_backend(self) -> str:
             return RDZV_BACKEND
 
         @property
         def use_agent_store(self) -> bool:
-            return True  # every rank (rank 0 too) is a client of that store
+            return True  # the workers are clients of the store rank 0 serves there
 
         def is_closed(self) -> bool:
             return False
@@ -119,6 +119,49 @@ def _one_node_handler() -> Any:
             return True
 
     return OneNode
+
+
+def serve_store(host: str, port: int) -> tuple[int, int]:
+    """Fork a process serving the workers' store on ``host:port`` (0: any); its pid and port.
+    On loopback it gets a socket bound there: a TCPStore would listen on every interface."""
+    import socket
+    from datetime import timedelta
+
+    import torch
+    from torch.distributed import TCPStore
+
+    said, says = os.pipe()
+    parent, pid = os.getpid(), os.fork()
+    if pid == 0:
+        try:
+            set_parent_death_signal()
+            if os.getppid() != parent:
+                os._exit(1)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            options: dict[str, Any] = {}
+            if host.startswith("127.") or host == "localhost":
+                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                listener.bind(("127.0.0.1", port))
+                listener.listen(128)
+                port = listener.getsockname()[1]
+                options["master_listen_fd"] = listener.detach()
+                if tuple(map(int, re.findall(r"\d+", torch.__version__)[:2])) < (2, 7):
+                    options["use_libuv"] = False
+            store = TCPStore(host, port, None, True, timedelta(seconds=900), **options)
+            os.write(says, str(store.port).encode())
+            os.close(says)
+            while True:
+                signal.pause()
+        finally:
+            os._exit(1)
+    os.close(says)
+    with os.fdopen(said, "rb") as pipe:
+        served = pipe.read().decode()
+    if not served.isdigit():
+        raise RuntimeError(f"the workers' store could not start on {host}:{port}")
+    return pid, int(served)
 
 
 def launch_config(**options: Any) -> Any:

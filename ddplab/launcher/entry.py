@@ -24,14 +24,12 @@ from .procs import close_on_exec_above_stdio, connect_streams, set_parent_death_
 #: (``--local_rank=N``) and since (``--local-rank=N``).
 LOCAL_RANK_OPTIONS = {"underscore": "--local_rank", "dash": "--local-rank"}
 STACK_SIGNAL = signal.SIGUSR1
-STORE: list[Any] = []  # the socket rank 0 serves the workers' store on (agent.py binds it)
 
 
 class _Rank:
-    """What the entry keeps: its stdout's identity, the store it serves, its exit handlers."""
+    """What the entry keeps: its stdout's identity, the script's exit handlers."""
 
     pipe: tuple[int, int] = (0, 0)
-    store: Any = None
     exit_handlers: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
 
 
@@ -91,7 +89,6 @@ def run_rank(target: str, args: list[str], threads: int = 0) -> None:
     _announce()
     if threads:
         _like_a_fresh_process(threads)
-        serve_store()
     code: Any = 0
     interrupted = False
     try:
@@ -123,23 +120,6 @@ def _announce() -> None:
     stat = os.fstat(1)
     _Rank.pipe = (stat.st_dev, stat.st_ino)
     faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
-
-
-def serve_store() -> None:
-    """On a forked rank 0, serve the workers' store on the socket its agent bound (``STORE``):
-    the agent, which forks, then runs no store thread; the other ranks close their copy."""
-    from datetime import timedelta
-
-    import torch
-    from torch.distributed import TCPStore
-
-    if STORE and os.environ["RANK"] != "0":
-        STORE.pop().close()
-    if STORE:
-        old = {"use_libuv": False} if torch.__version__ < "2.7" else {}  # (no listen fd there)
-        _Rank.store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None,
-                               True, timedelta(seconds=900),
-                               master_listen_fd=STORE.pop().detach(), **old)
 
 
 def _like_a_fresh_process(threads: int) -> None:
