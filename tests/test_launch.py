@@ -4,7 +4,7 @@ Most tests run on the fork path (ranks forked by a warm helper). The subprocess 
 torchrun, the path off Linux; ``DDPLAB_LAUNCH_PATH=subprocess`` or ``path="subprocess"``) runs
 the same rank entry and the same output streams, so a test is repeated there only where that
 path behaves differently: how a rank's end is known (exit codes and signals, a rank that ended
-before the failure, an abort at exit: the forked path reads its agent's accounting, the
+before the failure, an abort at exit: the forked path reads torch's failure report, the
 subprocess path the ranks' own words and a cold torchrun's exit), the stacks at a timeout,
 interrupts and a caller's error (its ranks lead sessions of their own), the job's environment
 and ``PYTHONWARNINGS`` (they reach the cold torchrun as well as the ranks), restarts (the cold

@@ -1,7 +1,7 @@
 """One elastic agent per launch, forked by the helper: torch's ``elastic_launch`` forking ranks
 (``entry.run_rank``). Its rendezvous keeps the agent's store in-process and a forked process
-serves the workers' store (a rank forked while a store thread holds a lock would hang). Exit
-statuses go back as its last line (a ``report`` event)."""
+serves the workers' store (a rank forked while a store thread holds a lock would hang). How it
+ended goes back as its last line (a ``report`` event: torch's ``ChildFailedError`` by rank)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import sys
-import time
 import traceback
 from typing import Any
 
@@ -20,7 +19,6 @@ from . import entry
 from .procs import connect_streams, set_parent_death_signal
 
 RDZV_BACKEND = "ddplab"
-_EXITS: dict[int, tuple[int, float]] = {}  # pid -> (exit code or -signal, time it ended)
 
 
 def run_agent(req: dict[str, Any], helper: int) -> None:
@@ -37,15 +35,13 @@ def run_agent(req: dict[str, Any], helper: int) -> None:
     os.environ.update(req["env"])
     connect_streams("launcher")
     os.chdir(req["cwd"])
-    signal.signal(signal.SIGCHLD, _note_exits)
     report: dict[str, Any]
     try:
         report = _elastic_run(req)
     except BaseException as exc:  # the report must always be written
         report = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
                   "traceback": traceback.format_exc()}
-    _note_exits()
-    report.update(kind="report", exits={str(pid): ended for pid, ended in _EXITS.items()})
+    report["kind"] = "report"
     sys.stderr.flush()
     print(MARKER + json.dumps(report), flush=True)
     os._exit(0)
@@ -69,10 +65,9 @@ def _elastic_run(req: dict[str, Any]) -> dict[str, Any]:
         start_method="fork", shutdown_timeout=5)
     try:
         elastic_launch(config, entry.run_rank)(req["target"], req["args"], int(req["threads"]))
-    except ChildFailedError as err:
-        for failure in err.failures.values():  # what this agent's accounting did not see
-            _EXITS.setdefault(failure.pid, (failure.exitcode, float(failure.timestamp)))
-        return {"status": "failed"}
+    except ChildFailedError as err:  # the rank torch saw fail first: its exit code or -signal
+        return {"status": "failed", "exits": {rank: (failure.exitcode, failure.timestamp)
+                                              for rank, failure in err.failures.items()}}
     return {"status": "ok"}
 
 
@@ -167,31 +162,6 @@ def serve_store(host: str, port: int) -> tuple[int, int]:
     if not served.isdigit():
         raise RuntimeError(f"the workers' store could not start on {host}:{port}")
     return pid, int(served)
-
-
-def _note_exits(_sig: Any = None, _frame: Any = None) -> None:
-    """Record every ended child's exit status (``WNOWAIT``: torch reaps it)."""
-    for pid in _children():
-        if pid in _EXITS:
-            continue
-        try:
-            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            continue
-        if info is not None:
-            code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-            _EXITS[pid] = (code, time.time())
-
-
-def _children() -> list[int]:
-    pids: list[int] = []
-    try:
-        for task in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{task}/children") as text:
-                pids += [int(pid) for pid in text.read().split()]
-    except OSError:
-        pass
-    return pids
 
 
 def launch_config(**options: Any) -> Any:

@@ -54,12 +54,12 @@ class Job:
         return not running(self.pgid)
 
     def exits(self, before: float = math.inf) -> dict[int, tuple[int, float]]:
-        """rank -> (exit code, time): the agent's (by pid, seen ``before``), else the rank's."""
-        by_pid = self.report.get("exits", {})
+        """rank -> (exit code, time): each rank's ``exit`` event, then the code of the rank
+        torch's agent saw fail (``report``, seen ``before``; a peer it then ended: unknown)."""
         found = dict(self.said_exit)
-        found.update({rank: (int(by_pid[str(pid)][0]), float(by_pid[str(pid)][1]))
-                      for rank, pid in self.pids.items()
-                      if str(pid) in by_pid and by_pid[str(pid)][1] <= before})
+        for rank, (code, at) in self.report.get("exits", {}).items():
+            if at <= before:
+                found[int(rank)] = (int(code), found.get(int(rank), (0, float(at)))[1])
         return found
 
     def running_ranks(self) -> list[int]:

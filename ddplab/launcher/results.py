@@ -18,7 +18,8 @@ __all__ = ["RunResult", "RankFailure", "job_outcome", "share_root_cause"]
 @dataclass
 class RunResult:
     """What a launch returns: status (``ok``, ``failed``, ``timeout``, ``interrupted``,
-    ``error``), each rank's exit code (None where unknown: a rank stopped or still running),
+    ``error``), each rank's exit code (None where unknown: a rank still running, or ended by
+the launcher after another rank failed),
     logs (``"launcher"``: lines no rank claims), events, and ``root_cause``, the first genuine
     failure (not a peer that only lost it)::
 
@@ -99,8 +100,8 @@ def fail(result: RunResult, cause: RankFailure, engine: str, logs: Logs, stderr:
 def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, why: str,
                 running: list[int], stacks: dict[int, str], timed_out_at: float = 0.0
                 ) -> RunResult:
-    """One job's RunResult from its exit facts: each rank's ``exit`` event, the agent's
-    accounting by pid, a subprocess's exit code and failure report (``read``: ``output``'s)."""
+    """One job's RunResult from its exit facts: each rank's ``exit`` event, torch's failure
+    report (the agent's ``ChildFailedError``, or a subprocess's exit code and printed report)."""
     logs, stderr = read["logs"], read["stderr"]
     watched = job.spawned_ranks()  # (an mp.spawn script's ranks; None: not watchable here)
     result = RunResult(status="ok", returncode=0, wall_time=wall, world_size=job.world_size,
