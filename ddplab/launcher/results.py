@@ -19,9 +19,8 @@ __all__ = ["RunResult", "RankFailure", "job_outcome", "share_root_cause"]
 class RunResult:
     """What a launch returns: status (``ok``, ``failed``, ``timeout``, ``interrupted``,
     ``error``), each rank's exit code (None where unknown: a rank still running, or ended by
-the launcher after another rank failed),
-    logs (``"launcher"``: lines no rank claims), events, and ``root_cause``, the first genuine
-    failure (not a peer that only lost it)::
+    the launcher after another rank failed), logs (``"launcher"``: lines no rank claims),
+    events, and ``root_cause``, the first genuine failure (not a peer that only lost it)::
 
         result = ddplab.launch("ddplab.workers.train", 2)
         print(result.exit_codes, result.summary, result.root_cause)
