@@ -42,13 +42,13 @@ lab: setup
 	JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
 	$(BIN)/jupyter lab --notebook-dir=notebooks --ip=127.0.0.1 $(ROOT_FLAG)
 
-# pytest-xdist spreads whole files over XDIST workers (four on two cores: many tests wait on the
-# processes they start; a file's tests run in order, in one worker), in the order they are named
-# (--no-loadscope-reorder: xdist would otherwise sort them by their number of tests): LONGEST
-# first, the files that took longest in a profiled run, so that no long file starts last and runs
-# alone at the end; then every other notebook and test (a file named twice runs once).
+# pytest-xdist spreads whole files over XDIST workers (a file's tests run in order, in one
+# worker), in the order they are named (--no-loadscope-reorder: xdist would otherwise sort them
+# by their number of tests): LONGEST first, the files that took longest in a profiled run, so
+# that no long file starts last and runs alone at the end; then every other notebook and test
+# (a file named twice runs once).
 # PYTEST_EXIT turns pytest's exit status 5 (nothing collected) into a failure that says so.
-XDIST ?= -n 4 --dist loadfile --no-loadscope-reorder  # loadfile: a notebook's cells share a kernel
+XDIST ?= -n 3 --dist loadfile --no-loadscope-reorder  # loadfile: a notebook's cells share a kernel
 LONGEST := $(wildcard tests/test_launch.py tests/test_rank_behaviour.py tests/test_spawn_engine.py \
 	tests/test_exercise_variants.py notebooks/03_*.ipynb notebooks/09_*.ipynb tests/test_cli.py \
 	notebooks/10_*.ipynb notebooks/13_*.ipynb tests/test_env.py tests/test_cuda_clean.py \

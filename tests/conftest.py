@@ -35,8 +35,6 @@ LAUNCHING = {
     "test_checkpoint.py::test_a_killed_save_leaves_nothing_the_next_save_does_not_reclaim",
     "test_pinning.py::test_a_cpu_rank_is_pinned_with_all_its_threads",
     "test_public_torch_api.py::test_the_rendezvous_handler_comes_from_torchs_public_registry",
-    "test_public_torch_api.py::"
-    "test_the_agents_exit_accounting_reads_every_status_and_reaps_nothing",
 }
 #: Tests that need the whole machine: ``make test`` runs them after the parallel run, alone.
 SERIAL = {
