@@ -77,7 +77,8 @@ def check(key: str, answer: Any) -> Verdict:
 
         ddplab.check("03", (512, 0.16))                          # a warm-up answer: correct
         ddplab.check("03", ddplab.launch("../exercises/ddp_wrap.py", nprocs=2))
-        ddplab.check("13", {"unbroken": run1, "killed": run2, "resumed": run3})
+        ddplab.check("13", {"ddp": ddp, "fsdp": fsdp, "killed": killed, "resumed": resumed,
+                            "resharded": resharded})
 
     Returns:
         A ``Verdict``, true when the answer is right.
