@@ -65,8 +65,10 @@ def test_ddplab_check_launches_the_five_runs(tmp_path, monkeypatch):
     job.write_text("# a job without its TODO\n")
     outcome = grading._judge_capstone(grading.LAUNCHES["13"], str(job), 300.0, 0.0)
     folders = [Path(args[1]).name for _, args in launched]
+    strategy = judge13.fsdp_strategy()   # ddp where FSDP2 cannot run (CPU ranks, torch 2.6)
     assert [(size, args[2:]) for size, args in launched] == [
-        (size, list(extra)) for extra, _, size in judge13.LAUNCHES.values()]
+        (size, [strategy if a == "fsdp" else a for a in extra])
+        for extra, _, size in judge13.LAUNCHES.values()]
     assert folders == [folder for _, folder, _ in judge13.LAUNCHES.values()]
     assert "the ddp run" in outcome.message, outcome
     assert outcome.sizes == list(grading.LAUNCHES["13"].sizes) == sorted(
@@ -203,7 +205,8 @@ def _step(rank: int, step: int, scaler) -> dict:
     return {"step": step, "loss": 2.0 / (step + 1) + rank, "time": float(step),
             "samples": [float(1000 * step + 10 * rank + i) for i in range(4)],
             "autocast": ["float16"], "optimizer_steps": 1, "lr": 0.04 * min(1, (step + 1) / 10),
-            "grad": 0.5 + step, "state": 0.1 * step, "scaler": scaler, "written": [],
+            "grad": 0.5 + step, "state": 0.1 * step, "scaler": scaler,
+            "written": [f"step-{step}/__{rank}_0.distcp"] if step and step % 8 == 0 else [],
             "loads": [], "bytes": None, "wrapper_evals": 0, "eval_samples": 0}
 
 
@@ -248,6 +251,27 @@ def test_a_resume_without_the_grad_scaler_is_named():
     # optimizer (the skipped step's optimizer state is not there to compare)
     overflowed = _run(range(24, 32), scaler=fresh, skipped=(24,))
     assert "not the GradScaler" in judge13._resumed_hint(overflowed, killed, unbroken)
+
+
+def test_a_float16_job_that_never_scales_is_told_so_before_any_resume():
+    """No GradScaler at all is named in the ddp run (the reference's scaler skipped step 1,
+    this job stepped there), not later as a resume that left the scaler out (above)."""
+    never = _run(range(32), scaler=lambda step: None)
+    message = ddplab.check("13", {"ddp": never, "reference": _run(range(32), skipped=(1,))}
+                           ).message
+    assert "the ddp run" in message and "float16 needs a GradScaler" in message, message
+    unscaled = _run(range(32), scaler=lambda step: None)   # bfloat16: the reference's neither
+    message = ddplab.check("13", {"ddp": never, "reference": unscaled}).message
+    assert "what the DDP run did is right" in message, message
+
+
+def test_a_checkpoint_without_a_rank_s_part_is_named():
+    ddp = _run(range(32))
+    for event in ddp.events[1]:   # rank 0 alone saved (torch.save after a barrier, say)
+        if event["name"] == "step":
+            event["value"]["written"] = []
+    message = ddplab.check("13", {"ddp": ddp, "reference": _run(range(32))}).message
+    assert "rank 1 wrote no part of a distributed checkpoint" in message, message
 
 
 def test_a_cpu_run_has_no_scaler_to_compare():

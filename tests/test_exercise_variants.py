@@ -390,6 +390,10 @@ VARIANTS += [
         ('    if state["scaler"]:\n        scaler.load_state_dict(state["scaler"])\n', ""),
     ), right=False, words=("not the GradScaler", "scaler.state_dict()"),
         runs=("killed", "resumed"), args=FLOAT16),
+    Variant("13 float16 without a GradScaler", "13", CAPSTONE, (
+        ("            scaler.scale(loss).backward()\n            scaler.step(optimizer)\n"
+         "            scaler.update()\n", "            loss.backward()\n            optimizer.step()\n"),
+    ), right=False, words=("float16 needs a GradScaler",), runs=("ddp",), args=FLOAT16),
     Variant("13 a rank 0 save without a barrier", "13", CAPSTONE, (
         ("    model_state, optimizer_state = get_state_dict(model, optimizer)\n    dcp.save(",
          "    if dist.get_rank() == 0:  # the mistake: nobody waits for the file\n"

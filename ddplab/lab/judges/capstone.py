@@ -9,7 +9,8 @@ line and the reports are given, by ``ddplab.capstone``) and launches it five tim
   (``ddplab.workers.capstone``) launched here with the same arguments: every rank's samples
   and LR exactly, the loss of the first steps within 0.1% and their gradients within 5%,
   the final weights (summed squares) within 2% and the accuracy within 3 points (a right job
-  in another style may round differently).
+  in another style may round differently); a GradScaler where the reference's scales (float16),
+  and a part of the distributed checkpoint written by every rank.
 - ``fsdp``: unbroken, ``--strategy fsdp``, 2 ranks: the same samples and LRs as ``ddp``,
   weights sharded (each rank holds other values) in more than one unit (each block, then the
   root), the same summed squares within 2%.
@@ -247,7 +248,8 @@ def _single_hint(result: Any, reference: Any) -> Optional[str]:
         if sorted(mine[rank]) != sorted(ref[rank]):
             return (f"rank {rank} reported steps {_span(mine[rank])}, the reference "
                     f"{_span(ref[rank])}: count optimizer steps from 0 over the whole job.")
-    for hint in (_autocast_hint(mine, ref), _lr_hint(mine, ref, _args(result), result),
+    for hint in (_autocast_hint(mine, ref), _scaler_hint(mine, ref),
+                 _lr_hint(mine, ref, _args(result), result),
                  _loss_hint(mine, ref, result.world_size), _save_hint(result, mine),
                  _eval_hint(result, reference)):
         if hint:
@@ -308,6 +310,18 @@ def _autocast_hint(mine: dict, ref: dict) -> Optional[str]:
                         f"{got}, the reference with {want} (None: no autocast). Compute the "
                         "output and the loss under torch.autocast in --amp-dtype (by "
                         "default bfloat16 on a CPU, float16 on a GPU).")
+    return None
+
+
+def _scaler_hint(mine: dict, ref: dict) -> Optional[str]:
+    """A float16 job that never scales its loss (the reference's GradScaler stepped, no
+    enabled scaler stepped this job's optimizer)."""
+    for rank in sorted(ref):
+        scaled = [s for s in ref[rank] if ref[rank][s].get("scaler") is not None]
+        if scaled and all(mine[rank][s].get("scaler") is None for s in scaled):
+            return (f"rank {rank} trained in float16 without a GradScaler: float16 needs a "
+                    "GradScaler (its narrow range rounds small gradients to zero). Scale the "
+                    "loss with torch.amp.GradScaler, enabled whenever the dtype is float16.")
     return None
 
 
@@ -378,6 +392,11 @@ def _save_hint(result: Any, mine: dict) -> Optional[str]:
                         "with torch.save only rank 0 writes (every rank holds the same "
                         "weights); with torch.distributed.checkpoint every rank calls "
                         "dcp.save and writes only its own part.")
+    for rank in sorted(mine):
+        if not any(name.endswith(".distcp") for s in mine[rank].values() for name in s["written"]):
+            return (f"rank {rank} wrote no part of a distributed checkpoint: save with "
+                    "torch.distributed.checkpoint, where every rank calls dcp.save and writes "
+                    "its own part (a checkpoint that then loads onto any world size).")
     return None
 
 
