@@ -890,7 +890,8 @@ def test_a_rank_sees_the_jobs_environment_directory_and_arguments(monkeypatch, p
         seen = json.loads(result.log(rank))
         assert seen["env"] == {"MY_VAR": "x", "DDPLAB_TEST_LATE": "set in the caller",
                                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-                               "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "3"}
+                               "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "3",
+                               "PYTHONWARNINGS": warnings}
         assert seen["threads"] == fresh_threads
         assert seen["cwd"] == str(tmp_path)
         assert seen["argv"] == [ENDINGS, "report", "--flag"] and seen["name"] == "__main__"

@@ -22,7 +22,7 @@ if mode == "report":
     print(json.dumps({
         "env": {name: os.environ.get(name) for name in (
             "MY_VAR", "DDPLAB_TEST_LATE", "RANK", "LOCAL_RANK", "WORLD_SIZE",
-            "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS")},
+            "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", "PYTHONWARNINGS")},
         "cwd": os.getcwd(), "argv": sys.argv, "name": __name__, "path0": sys.path[0],
         "stdin": sys.stdin.read(), "threads": torch.get_num_threads(), "pid": os.getpid(),
     }), flush=True)
