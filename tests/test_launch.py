@@ -18,10 +18,9 @@ all it can:
   a rank's warning an error: ``test_the_jobs_pythonwarnings_...``;
 - the stacks at a timeout (test_rank_behaviour), an interrupt and a caller's error (its ranks
   lead sessions of their own): ``test_an_interrupted_launch_ends_every_rank_on_both_paths``,
-  ``test_an_exception_in_the_caller_ends_every_process_of_the_job``; a caller that returns
-  leaves nothing running, and why that path is taken is said once:
-  ``test_helper_with_cuda_initialised_refuses_to_fork_and_the_launch_still_runs``; a platform
-  without fork: ``test_without_fork_the_launch_goes_through_torchrun_and_says_why``.
+  ``test_an_exception_in_the_caller_ends_every_process_of_the_job``; a caller that returns:
+  ``test_a_caller_that_returns_leaves_nothing_running_on_the_subprocess_path``; why that path
+  is taken, said once: ``test_without_fork_the_launch_goes_through_torchrun_and_says_why_once``.
 
 The other ways a rank ends (SIGSEGV, an interrupt, an uncaught exception's traceback), what a
 rank prints and how its lines and events reach the caller (test_rank_behaviour's long lines run
@@ -349,10 +348,8 @@ def test_spawn_engine_runs_and_reports_the_failed_rank(capsys):
     assert "Traceback" not in shown.out
 
 
-def test_without_fork_the_launch_goes_through_torchrun_and_says_why(monkeypatch, capsys):
-    """Said in one line; the ranks are those of a ``torch.distributed.run`` subprocess. (Said
-    once however many launches: test_helper_with_cuda_initialised_..., whose two launches take
-    that path too.)"""
+def test_without_fork_the_launch_goes_through_torchrun_and_says_why_once(monkeypatch, capsys):
+    """Said once, in one line; the ranks are those of a ``torch.distributed.run`` subprocess."""
     from ddplab import env
     from ddplab.launcher import fallback, jobs
 
@@ -360,9 +357,10 @@ def test_without_fork_the_launch_goes_through_torchrun_and_says_why(monkeypatch,
     monkeypatch.setattr(env.sys, "platform", "win32")
     monkeypatch.setattr(fallback, "_NOTICE_SHOWN", set())
     assert "needs Linux" in jobs.why_no_fork()
-    result = launch(PLAIN, 2, quiet=True)
-    assert result.ok, result.error
-    assert result.logs[1] == ["rank 1 of 2: sum 3"]
+    first = launch(PLAIN, 2, quiet=True)
+    second = launch(PLAIN, 2, quiet=True)
+    assert first.ok and second.ok, (first.error, second.error)
+    assert second.logs[1] == ["rank 1 of 2: sum 3"]
     err = capsys.readouterr().err
     said = [line for line in err.splitlines() if "launching through" in line]
     assert len(said) == 1 and "torchrun subprocess" in said[0] and "needs Linux" in said[0]
@@ -372,13 +370,11 @@ def test_without_fork_the_launch_goes_through_torchrun_and_says_why(monkeypatch,
 
 
 def test_helper_with_cuda_initialised_refuses_to_fork_and_the_launch_still_runs():
-    """Both launches go through a torchrun subprocess, said once; when the caller returns,
-    nothing it started runs on (the subprocess path's torchrun and ranks, and the helper)."""
     needs_fork()
     code = (f"import ddplab\n"
             f"runs = [ddplab.launch({PLAIN!r}, 2, quiet=True) for _ in range(2)]\n"
             f"print([(r.ok, r.logs[1]) for r in runs])\n")
-    env = {**os.environ, "DDPLAB_PRELOAD": "cuda_claimed", "DDPLAB_TEST_MARK": str(os.getpid()),
+    env = {**os.environ, "DDPLAB_PRELOAD": "cuda_claimed",
            "PYTHONPATH": os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300)
@@ -386,9 +382,6 @@ def test_helper_with_cuda_initialised_refuses_to_fork_and_the_launch_still_runs(
     assert out.stdout.strip() == str([(True, ["rank 1 of 2: sum 3"])] * 2)
     assert out.stderr.count("launching through a torchrun subprocess") == 1, out.stderr
     assert "CUDA is initialised in the launch helper" in out.stderr
-    mark = f"DDPLAB_TEST_MARK={os.getpid()}".encode()
-    assert not wait_gone([pid for pid, _ppid, _argv, environ in processes() if mark in environ],
-                         10)
 
 
 def test_bad_input_is_refused_before_anything_starts(monkeypatch, tmp_path):
@@ -942,6 +935,21 @@ def test_an_interrupted_launch_ends_every_rank_on_both_paths(monkeypatch, path, 
     assert caught.value.result.status == "interrupted"
     assert set(caught.value.result.pids.values()) <= set(held)  # (those it had heard of)
     assert len(held) == 2 and not wait_gone(held, 10)
+
+
+def test_a_caller_that_returns_leaves_nothing_running_on_the_subprocess_path():
+    code = (f"import json, ddplab\n"
+            f"result = ddplab.launch({PLAIN!r}, 2, quiet=True, timeout=120)\n"
+            f"print(json.dumps({{'ok': result.ok, 'ranks': list(result.pids.values())}}))\n")
+    env = {**os.environ, "DDPLAB_LAUNCH_PATH": "subprocess", "DDPLAB_TEST_MARK": str(os.getpid())}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["ok"] and len(seen["ranks"]) == 2
+    mark = f"DDPLAB_TEST_MARK={os.getpid()}".encode()
+    assert not wait_gone([pid for pid, _ppid, _argv, environ in processes() if mark in environ],
+                         10)
 
 
 # ------------------------------------------------------------------------------- on_event
