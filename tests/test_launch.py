@@ -2,17 +2,31 @@
 
 Most tests run on the fork path (ranks forked by a warm helper). The subprocess path (a cold
 torchrun, the path off Linux; ``DDPLAB_LAUNCH_PATH=subprocess`` or ``path="subprocess"``) runs
-the same rank entry and the same output streams, so a test is repeated there only where that
-path behaves differently: how a rank's end is known (exit codes and signals, a rank that ended
-before the failure, an abort at exit: the forked path reads torch's failure report, the
-subprocess path the ranks' own words and a cold torchrun's exit), the stacks at a timeout,
-interrupts and a caller's error (its ranks lead sessions of their own), the job's environment
-and ``PYTHONWARNINGS`` (they reach the cold torchrun as well as the ranks), restarts (the cold
-torchrun's agent restarts them) and saying why that path is taken. What a rank prints, how its
-lines and events reach the caller (test_rank_behaviour's long lines run under every engine and
-path; test_cli's streams of a real command on the subprocess path) and ``--local_rank`` (an
-environment variable the entry reads) are the entry's and the streams' on both paths: tested
-on the fork path only."""
+the same rank entry and the same output streams, and each of its launches starts three fresh
+interpreters (seconds of CPU each), so it runs only where its code differs, each launch proving
+all it can:
+
+- how a rank's end is read there (torchrun's report and the ranks' own exit events):
+  ``test_a_rank_that_ended_before_the_failure_keeps_its_exit_code``, two launches: rank 0 ends
+  cleanly first, then rank 1 by SIGKILL (a signal, said by nothing but the report; not an
+  abort at exit) or by ``sys.exit(-1)`` (255 in the report, -1 in the rank's words); an abort
+  at exit: ``test_an_abort_while_exiting_is_told_apart_from_a_crash``; a restart by the cold
+  torchrun's agent: ``test_max_restarts_...``;
+- the job's environment, directory, arguments and threads, and a ``PYTHONWARNINGS`` of other
+  warnings that reaches the cold torchrun as well as the ranks:
+  ``test_a_rank_sees_the_jobs_environment_directory_and_arguments``; the job's filter making
+  a rank's warning an error: ``test_the_jobs_pythonwarnings_...``;
+- the stacks at a timeout (test_rank_behaviour), an interrupt and a caller's error (its ranks
+  lead sessions of their own): ``test_an_interrupted_launch_ends_every_rank_on_both_paths``,
+  ``test_an_exception_in_the_caller_ends_every_process_of_the_job``; a caller that returns:
+  ``test_a_caller_that_returns_leaves_nothing_running_on_the_subprocess_path``; why that path
+  is taken, said once: ``test_without_fork_the_launch_goes_through_torchrun_and_says_why_once``.
+
+The other ways a rank ends (SIGSEGV, an interrupt, an uncaught exception's traceback), what a
+rank prints and how its lines and events reach the caller (test_rank_behaviour's long lines run
+under every engine and path; test_cli's streams of a real command on the subprocess path) and
+``--local_rank`` (an environment variable the entry reads) are the entry's and the streams' on
+both paths: tested on the fork path only."""
 
 from __future__ import annotations
 
@@ -318,14 +332,20 @@ def test_ten_launches_leave_nothing_behind():
     assert until(helper_idle, "agents or connections kept after their launches ended")
 
 
-def test_spawn_engine_runs_and_reports_the_failed_rank():
+def test_spawn_engine_runs_and_reports_the_failed_rank(capsys):
+    """Also the spawn engine's streams: mp.spawn's own report goes to stderr, not stdout (the
+    torchrun engine's: test_stderr_of_the_ranks_goes_to_stderr_and_stdout_to_stdout)."""
     ok = launch(str(SCRIPTS / "spawn_min.py"), 2, engine="spawn", quiet=True)
     assert ok.ok, ok.error
     assert ok.logs[0] == ["sum=3.0"] and ok.logs[1] == ["sum=3.0"]
-    bad = launch(str(SCRIPTS / "spawn_min.py"), 2, engine="spawn", quiet=True,
+    capsys.readouterr()
+    bad = launch(str(SCRIPTS / "spawn_min.py"), 2, engine="spawn", timeout=120,
                  args=["--fail-rank", "1"])
     assert bad.status == "failed" and bad.root_cause.rank == 1
     assert "spawned rank 1 fails on purpose" in bad.error
+    shown = capsys.readouterr()
+    assert "[launcher] Traceback (most recent call last):" in shown.err  # mp.spawn's report
+    assert "Traceback" not in shown.out
 
 
 def test_without_fork_the_launch_goes_through_torchrun_and_says_why_once(monkeypatch, capsys):
@@ -483,24 +503,16 @@ def test_a_last_line_without_newline_is_kept_and_the_protocol_never_shows(capsys
     assert result.exit_codes == {0: 0, 1: 0}
 
 
-@pytest.mark.parametrize("path", ["fast", "spawn"])
-def test_stderr_of_the_ranks_goes_to_stderr_and_stdout_to_stdout(capsys, path):
-    if path == "spawn":
-        result = launch(str(SCRIPTS / "spawn_min.py"), 2, engine="spawn", timeout=120,
-                        args=["--fail-rank", "1"])
-        shown = capsys.readouterr()
-        assert "[launcher] Traceback (most recent call last):" in shown.err  # mp.spawn's report
-        assert "Traceback" not in shown.out
-        assert result.root_cause.rank == 1
-    else:
-        result = launch(str(SCRIPTS / "streams.py"), 2, timeout=120)
-        assert result.ok, result.error
-        shown = capsys.readouterr()
-        for rank in (0, 1):
-            assert f"[rank{rank}] out line of rank {rank}\n" in shown.out
-            assert f"[rank{rank}] err line of rank {rank}\n" in shown.err
-            assert f"err line of rank {rank}" in result.logs[rank]  # the log keeps both
-        assert "err line" not in shown.out and "out line" not in shown.err
+def test_stderr_of_the_ranks_goes_to_stderr_and_stdout_to_stdout(capsys):
+    """(The spawn engine's: test_spawn_engine_runs_and_reports_the_failed_rank.)"""
+    result = launch(str(SCRIPTS / "streams.py"), 2, timeout=120)
+    assert result.ok, result.error
+    shown = capsys.readouterr()
+    for rank in (0, 1):
+        assert f"[rank{rank}] out line of rank {rank}\n" in shown.out
+        assert f"[rank{rank}] err line of rank {rank}\n" in shown.err
+        assert f"err line of rank {rank}" in result.logs[rank]  # the log keeps both
+    assert "err line" not in shown.out and "out line" not in shown.err
 
 
 LEGACY = ("import argparse\np = argparse.ArgumentParser()\n"
@@ -550,8 +562,9 @@ def test_an_abort_while_exiting_is_told_apart_from_a_crash(monkeypatch, path):
                                    "exception")
     assert "destroy_process_group" in cause.hint
     assert [e["value"] for e in result.events_of("metric")] == [2.0, 2.0]  # reported in full
-    crashed = launch(FAULTY, 2, args=["signal"], quiet=True)  # killed during the run: no
-    assert not crashed.root_cause.at_exit and "while exiting" not in crashed.error
+    if path == "fast":  # (the subprocess path's: test_a_rank_that_ended_before_the_failure_...)
+        crashed = launch(FAULTY, 2, args=["signal"], quiet=True)  # killed during the run: no
+        assert not crashed.root_cause.at_exit and "while exiting" not in crashed.error
 
 
 def test_a_job_whose_processes_are_all_zombies_counts_as_ended():
@@ -792,7 +805,7 @@ def test_socket_folders_go_at_exit_and_those_of_a_killed_owner_at_the_next_start
 
 
 
-# ------------------------------------------------------- how ranks end, on both paths alike
+# ------------------------------------- how ranks end, what they see (which path: docstring)
 
 ENDINGS = str(SCRIPTS / "rank_endings.py")
 PATHS = ["fork", "subprocess"]
@@ -803,12 +816,10 @@ def _on(path: str, monkeypatch) -> None:
         monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
 
 
-@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("mode,signal_name", [("kill", "SIGKILL"), ("segv", "SIGSEGV"),
                                               ("interrupt", "SIGINT")])
-def test_a_rank_killed_by_a_signal_is_reported_with_that_signal(
-        monkeypatch, path, mode, signal_name):
-    _on(path, monkeypatch)
+def test_a_rank_killed_by_a_signal_is_reported_with_that_signal(mode, signal_name):
+    """(The subprocess path's reading of a signal: test_a_rank_that_ended_before_...)"""
     result = launch(ENDINGS, 2, args=[mode], quiet=True, timeout=120)
     assert result.status == "failed", result.error
     assert result.root_cause.rank == 1 and result.root_cause.signal == signal_name
@@ -816,12 +827,10 @@ def test_a_rank_killed_by_a_signal_is_reported_with_that_signal(
     assert not wait_gone(list(result.pids.values()), 10)
 
 
-@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("mode,code", [("raise", 1), ("minus1", 255)])
-def test_a_rank_exits_with_the_status_python_gives(monkeypatch, path, mode, code):
+def test_a_rank_exits_with_the_status_python_gives(mode, code):
     """An uncaught exception is 1, with the script's traceback; sys.exit(-1) is 255, not a
-    signal."""
-    _on(path, monkeypatch)
+    signal. (The subprocess path's: test_a_rank_that_ended_before_the_failure_...)"""
     result = launch(ENDINGS, 2, args=[mode], quiet=True, timeout=120)
     assert result.status == "failed"
     assert result.root_cause.rank == 1 and result.root_cause.exitcode == code
@@ -834,13 +843,26 @@ def test_a_rank_exits_with_the_status_python_gives(monkeypatch, path, mode, code
         assert "entry.py" not in trace and "runpy" not in trace
 
 
-def test_a_rank_that_ended_before_the_failure_keeps_its_exit_code(monkeypatch, tmp_path):
+@pytest.mark.parametrize("way,code,signal_name", [("kill", -9, "SIGKILL"),
+                                                   ("minus1", 255, None)])
+def test_a_rank_that_ended_before_the_failure_keeps_its_exit_code(
+        monkeypatch, tmp_path, way, code, signal_name):
     """torchrun's report names only the failed rank; each rank says how its script ended.
-    (A subprocess's ranks end apart; a forked rank's process waits for its peers.)"""
+    (A subprocess's ranks end apart; a forked rank's process waits for its peers.) Each launch
+    is also the subprocess path's reading of how the failed rank ended, from torchrun's report:
+    a signal (SIGKILL: the rank says nothing; also not an abort at exit), and sys.exit(-1)'s
+    255 (the rank itself said -1)."""
     _on("subprocess", monkeypatch)
-    result = launch(ENDINGS, 2, args=["after0"], cwd=tmp_path, quiet=True, timeout=120)
+    result = launch(ENDINGS, 2, args=["after0", way], cwd=tmp_path, quiet=True, timeout=120)
     assert result.status == "failed" and result.root_cause.rank == 1, result.error
-    assert result.exit_codes == {0: 0, 1: 1}
+    assert result.exit_codes == {0: 0, 1: code}
+    assert result.root_cause.signal == signal_name and not result.root_cause.at_exit
+    if signal_name:
+        assert f"killed by {signal_name}" in result.error and "while exiting" not in result.error
+    else:
+        assert result.root_cause.exitcode == code and f"rank 1 exited with code {code}" in \
+            result.error
+    assert not wait_gone(list(result.pids.values()), 10)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -848,11 +870,12 @@ def test_a_rank_sees_the_jobs_environment_directory_and_arguments(monkeypatch, p
     _on(path, monkeypatch)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setenv("DDPLAB_TEST_LATE", "set in the caller")
-    result = launch(ENDINGS, 2, args=["report", "--flag"], env={"MY_VAR": "x"}, cwd=tmp_path,
-                    threads=3, quiet=True, timeout=120)
+    warnings = "error::DeprecationWarning,error::UserWarning:elsewhere"  # (none of theirs)
+    result = launch(ENDINGS, 2, args=["report", "--flag"], cwd=tmp_path, threads=3,
+                    env={"MY_VAR": "x", "PYTHONWARNINGS": warnings}, quiet=True, timeout=120)
     assert result.ok, result.error
     forked = path == "fork" and not os.environ.get("DDPLAB_LAUNCH_PATH")
-    fresh_threads = int(subprocess.run(  # what torch makes of OMP_NUM_THREADS=3 here
+    fresh_threads = 3 if forked else int(subprocess.run(  # what torch makes of it here
         [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
         env={**os.environ, "OMP_NUM_THREADS": "3"}, capture_output=True, text=True,
         timeout=120).stdout)
@@ -860,8 +883,9 @@ def test_a_rank_sees_the_jobs_environment_directory_and_arguments(monkeypatch, p
         seen = json.loads(result.log(rank))
         assert seen["env"] == {"MY_VAR": "x", "DDPLAB_TEST_LATE": "set in the caller",
                                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-                               "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "3"}
-        assert seen["threads"] == (3 if forked else fresh_threads)
+                               "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "3",
+                               "PYTHONWARNINGS": warnings}
+        assert seen["threads"] == fresh_threads
         assert seen["cwd"] == str(tmp_path)
         assert seen["argv"] == [ENDINGS, "report", "--flag"] and seen["name"] == "__main__"
         assert seen["path0"] == str(SCRIPTS)  # as `python rank_endings.py` puts it
@@ -991,14 +1015,17 @@ def test_the_jobs_pythonwarnings_filter_the_ranks_warnings_as_in_a_fresh_python(
     script = tmp_path / "warns.py"
     script.write_text("import warnings\nwarnings.warn('from the script', UserWarning)\n"
                       "print('after the warning', flush=True)\n")
-    plain = launch(str(script), 2, quiet=True, timeout=120)
-    assert plain.ok, plain.error
-    assert all("after the warning" in plain.log(rank) for rank in (0, 1))
+    if path == "fast":  # (the subprocess path's ranks are fresh pythons: the strict run only;
+        # a filter of other warnings on that path, torchrun's too: test_a_rank_sees_the_jobs_...)
+        plain = launch(str(script), 2, quiet=True, timeout=120)
+        assert plain.ok, plain.error
+        assert all("after the warning" in plain.log(rank) for rank in (0, 1))
     strict = launch(str(script), 2, quiet=True, timeout=120,
                     env={"PYTHONWARNINGS": "error::UserWarning:__main__"})
     assert not strict.ok and strict.root_cause.rank in (0, 1)
     assert "UserWarning" in strict.root_cause.traceback + strict.root_cause.message
     assert not any("after the warning" in strict.log(rank) for rank in (0, 1))
-    other = launch(str(script), 2, quiet=True, timeout=120,
-                   env={"PYTHONWARNINGS": "error::DeprecationWarning,error::UserWarning:elsewhere"})
-    assert other.ok, other.error  # another category, another module: not this warning
+    if path == "fast":
+        other = launch(str(script), 2, quiet=True, timeout=120, env={
+            "PYTHONWARNINGS": "error::DeprecationWarning,error::UserWarning:elsewhere"})
+        assert other.ok, other.error  # another category, another module: not this warning

@@ -4,8 +4,9 @@ rank 1 ends.
 report: print one JSON line of what the rank sees (environment, directory, argv, stdin,
 torch's threads). hold: write its pid to held-RANK in the working directory, then sleep.
 raise | kill | segv | interrupt | minus1 (sys.exit(-1)): rank 1 ends that way, rank 0 exits 0
-(no process group). after0: rank 0 writes its pid to pid-0 in the working directory and exits
-0; rank 1 waits until that process is gone, then raises.
+(no process group). after0 [WAY]: rank 0 writes its pid to pid-0 in the working directory and
+exits 0; rank 1 waits until that process is gone, then ends by WAY (one of the above; raise when
+not given).
 """
 import json
 import os
@@ -21,7 +22,7 @@ if mode == "report":
     print(json.dumps({
         "env": {name: os.environ.get(name) for name in (
             "MY_VAR", "DDPLAB_TEST_LATE", "RANK", "LOCAL_RANK", "WORLD_SIZE",
-            "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS")},
+            "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", "PYTHONWARNINGS")},
         "cwd": os.getcwd(), "argv": sys.argv, "name": __name__, "path0": sys.path[0],
         "stdin": sys.stdin.read(), "threads": torch.get_num_threads(), "pid": os.getpid(),
     }), flush=True)
@@ -46,8 +47,8 @@ elif mode == "after0":
         except ProcessLookupError:
             break
         time.sleep(0.02)
-    raise ValueError("rank 1 fails after rank 0 ended")
-elif rank == 1:
+    mode = sys.argv[2] if sys.argv[2:] else "raise"
+if rank == 1:
     if mode == "raise":
         raise ValueError("rank 1 fails on purpose")
     if mode == "kill":
