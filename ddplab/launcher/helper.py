@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -126,12 +127,9 @@ def serve(sock: socket.socket, agents: set[int]) -> None:
 def preload(names: Any) -> None:
     """Import modules for every later fork, then ``gc.freeze``: a worker's collections skip
     (and do not copy) torch's millions of objects."""
-    for name in names:
-        if name and name not in sys.modules:
-            try:
-                __import__(name)
-            except ImportError:
-                pass
+    for name in filter(None, names):
+        with contextlib.suppress(ImportError):
+            __import__(name)
     gc.freeze()
 
 

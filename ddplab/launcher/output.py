@@ -80,7 +80,7 @@ class Streams:
         self.dumps = {(index, rank): [] for index, ranks in enumerate(running) for rank in ranks}
         for index, ranks in enumerate(running):
             job = self.jobs[index]
-            if ranks and not getattr(self.view, "quiet", False):
+            if ranks and not self.view.quiet:
                 print(f"ddplab.launch: {why}; still running: "
                       f"{', '.join(f'rank {r}' for r in ranks)}. Where each one is:",
                       file=sys.stderr, flush=True)
@@ -229,17 +229,8 @@ class Streams:
         if err:
             self._keep(self.read[index]["stderr"].setdefault(rank, []), text)
             self.dumps.get((index, rank), []).append(text)
-        prefix = f"{job.node}rank{rank}" if isinstance(rank, int) else f"{job.node}{rank}"
-        if not err:
-            self.view.line(prefix, text)
-        elif not getattr(self.view, "quiet", False):  # on stderr, as the view prints stdout
-            from ..lab.widgets import in_notebook
-
-            bar = getattr(self.view, "bar", None)
-            if bar is not None and not in_notebook():
-                bar.write(f"[{prefix}] {text}", file=sys.stderr)
-            else:
-                print(f"[{prefix}] {text}", file=sys.stderr, flush=True)
+        self.view.line(f"{job.node}rank{rank}" if isinstance(rank, int) else f"{job.node}{rank}",
+                       text, err)
 
     def _keep(self, lines: list[str], text: str) -> None:
         """Append ``text``; past twice ``keep`` lines, let the oldest go."""
