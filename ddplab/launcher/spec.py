@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import resource
 import sys
 from dataclasses import dataclass, field
@@ -64,13 +63,6 @@ class LaunchSpec:
         self.local_rank_style = _local_rank_style(self.local_rank_arg, self.engine)
         self.resolved = resolve_target(self.target, self.cwd)
         self.argv = [str(a) for a in self.args]
-        if self.engine == "torchrun" and not self.local_rank_style and not any(
-                a.startswith(("--local_rank", "--local-rank")) for a in self.argv) \
-                and _declares_local_rank(self.resolved, self.cwd):
-            print(f"ddplab.launch: {self.resolved} declares --local_rank (written for "
-                  f"torch.distributed.launch) and does not read LOCAL_RANK: every rank keeps "
-                  f"the option's default. Pass local_rank_arg=True (CLI: --local-rank-arg), or "
-                  f"read int(os.environ['LOCAL_RANK']) in the script.", file=sys.stderr)
         return self
 
     def job_env(self) -> dict[str, str]:
@@ -196,12 +188,3 @@ def _local_rank_style(value: Union[bool, str], engine: str) -> Optional[str]:
                           "its rank as the first argument of the function it spawns.")
     return str(style)
 
-
-def _declares_local_rank(target: str, cwd: str) -> bool:
-    """True if the target declares ``--local_rank`` and never reads ``LOCAL_RANK``."""
-    spec = None if os.path.isabs(target) else _find_module(target, cwd)
-    try:
-        text = Path(getattr(spec, "origin", None) or target).read_text(errors="replace")
-    except (OSError, UnicodeError):
-        return False
-    return bool(re.search(r"""["']--local[_-]rank["']""", text)) and "LOCAL_RANK" not in text
