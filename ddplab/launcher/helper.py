@@ -86,8 +86,6 @@ class Helper:
 
 def serve(sock: socket.socket, agents: set[int]) -> None:
     """Answer launch requests until the caller closes the socket."""
-    import torch
-
     from .agent import run_agent
 
     # Reap each agent as it exits (the caller waits for its group to be empty of zombies too).
@@ -102,26 +100,28 @@ def serve(sock: socket.socket, agents: set[int]) -> None:
             req = None
         if req is None:
             return
-        preload(req["preload"])
-        answer: dict[str, Any] = {"id": req["id"]}
-        if torch.cuda.is_initialized():
-            answer["error"] = ("CUDA is initialised in the ddplab launch helper (by a module in "
-                               "DDPLAB_PRELOAD?): ranks forked from it could not use the GPU. "
-                               "Leave that module out of DDPLAB_PRELOAD, or set "
-                               "DDPLAB_LAUNCH_PATH=subprocess to launch through torchrun.")
-        else:
-            helper = os.getpid()
-            req["env"][HELPER_TOKEN] = os.environ[HELPER_TOKEN]  # (what it must end)
-            answer["pid"] = pid = os.fork()
-            if pid == 0:
-                sock.close()
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                try:
-                    run_agent(req, helper)
-                finally:
-                    os._exit(70)
-            agents.add(pid)
+        answer = {"id": req.get("id"), "pid": os.getpid()}
+        if req.get("op") == "launch":
+            preload(req.get("preload", ()))
+            torch = sys.modules.get("torch")
+            if torch is not None and torch.cuda.is_initialized():
+                answer["error"] = ("CUDA is initialised in the ddplab launch helper (by a module "
+                                   "in DDPLAB_PRELOAD?): ranks forked from it could not use the "
+                                   "GPU. Leave that module out of DDPLAB_PRELOAD, or set "
+                                   "DDPLAB_LAUNCH_PATH=subprocess to launch through torchrun.")
+            else:
+                helper = os.getpid()
+                req["env"][HELPER_TOKEN] = os.environ[HELPER_TOKEN]  # (what it must end)
+                answer["pid"] = pid = os.fork()
+                if pid == 0:
+                    sock.close()
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    try:
+                        run_agent(req, helper)
+                    finally:
+                        os._exit(70)
+                agents.add(pid)
         sock.sendall(json.dumps(answer).encode())
 
 

@@ -183,7 +183,7 @@ def start_forked(spec: Any, job_env: dict[str, str], endpoint: str, run_id: str)
     mode = os.environ.get("DDPLAB_PRELOAD_TRAINING", "1")
     preload = spec.resolved.startswith("ddplab.workers") if mode == "auto" else mode != "0"
     channel, address = rank_channel()
-    req = {"target": spec.resolved, "args": spec.argv, "run_id": run_id,
+    req = {"op": "launch", "target": spec.resolved, "args": spec.argv, "run_id": run_id,
            "nproc_per_node": spec.nprocs, "rdzv_endpoint": endpoint, "cwd": spec.cwd,
            "threads": spec.threads, "env": {**job_env, "DDPLAB_RANK_SOCKET": address},
            "max_restarts": spec.max_restarts, "preload": PRELOAD_TRAINING if preload else ()}
