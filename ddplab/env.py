@@ -243,11 +243,7 @@ def problems(facts: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def no_fork_reason() -> Optional[str]:
-    """Why launches cannot fork their workers from a preloaded helper here (None: they can).
-
-    The launcher's rule (``ddplab.launcher.jobs``); at run time it adds one more reason, CUDA
-    initialised in the helper.
-    """
+    """Why launches cannot fork their workers from a preloaded helper here (None: they can)."""
     if os.environ.get("DDPLAB_LAUNCH_PATH", "") == "subprocess":
         return "DDPLAB_LAUNCH_PATH=subprocess asks for it"
     if not sys.platform.startswith("linux") or not hasattr(os, "waitid"):

@@ -99,10 +99,10 @@ def until(condition, what: str, seconds: float = 60.0) -> bool:
 def needs_fork() -> None:
     """Skip a test of the fork path where launches cannot fork (as with
     ``DDPLAB_LAUNCH_PATH=subprocess`` set for a whole run)."""
-    from ddplab.launcher.jobs import why_no_fork
+    from ddplab.env import no_fork_reason
 
-    if why_no_fork() is not None:
-        pytest.skip(f"tests the fork path, and launches cannot fork here: {why_no_fork()}")
+    if no_fork_reason() is not None:
+        pytest.skip(f"tests the fork path, and launches cannot fork here: {no_fork_reason()}")
 
 
 def printed_pids(text: str) -> list[int]:
@@ -351,12 +351,12 @@ def test_spawn_engine_runs_and_reports_the_failed_rank(capsys):
 def test_without_fork_the_launch_goes_through_torchrun_and_says_why_once(monkeypatch, capsys):
     """Said once, in one line; the ranks are those of a ``torch.distributed.run`` subprocess."""
     from ddplab import env
-    from ddplab.launcher import fallback, jobs
+    from ddplab.launcher import fallback
 
     monkeypatch.delenv("DDPLAB_LAUNCH_PATH", raising=False)  # (the reason said is the platform)
     monkeypatch.setattr(env.sys, "platform", "win32")
     monkeypatch.setattr(fallback, "_NOTICE_SHOWN", set())
-    assert "needs Linux" in jobs.why_no_fork()
+    assert "needs Linux" in env.no_fork_reason()
     first = launch(PLAIN, 2, quiet=True)
     second = launch(PLAIN, 2, quiet=True)
     assert first.ok and second.ok, (first.error, second.error)
@@ -369,19 +369,22 @@ def test_without_fork_the_launch_goes_through_torchrun_and_says_why_once(monkeyp
     assert torchruns == []  # ended with its job
 
 
-def test_helper_with_cuda_initialised_refuses_to_fork_and_the_launch_still_runs():
+def test_helper_with_cuda_initialised_raises_an_error_that_says_what_to_do():
     needs_fork()
     code = (f"import ddplab\n"
-            f"runs = [ddplab.launch({PLAIN!r}, 2, quiet=True) for _ in range(2)]\n"
-            f"print([(r.ok, r.logs[1]) for r in runs])\n")
+            f"for _ in range(2):\n"
+            f"    try:\n"
+            f"        print(ddplab.launch({PLAIN!r}, 2, quiet=True).logs)\n"
+            f"    except RuntimeError as exc:\n"
+            f"        print('raised:', str(exc).replace(chr(10), ' '))\n")
     env = {**os.environ, "DDPLAB_PRELOAD": "cuda_claimed",
            "PYTHONPATH": os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str([(True, ["rank 1 of 2: sum 3"])] * 2)
-    assert out.stderr.count("launching through a torchrun subprocess") == 1, out.stderr
-    assert "CUDA is initialised in the launch helper" in out.stderr
+    said = out.stdout.splitlines()  # each launch raises (none runs a rank), the second too
+    assert len(said) == 2 and all(line.startswith("raised: CUDA is initialised") and
+                                  "DDPLAB_LAUNCH_PATH=subprocess" in line for line in said), said
 
 
 def test_bad_input_is_refused_before_anything_starts(monkeypatch, tmp_path):
@@ -523,28 +526,20 @@ LEGACY = ("import argparse\np = argparse.ArgumentParser()\n"
 
 @pytest.mark.parametrize("style,option", [(True, "--local_rank"), ("dash", "--local-rank")])
 def test_local_rank_arg_runs_torch_distributed_launch_scripts_unchanged(
-        tmp_path, capsys, style, option):
+        tmp_path, style, option):
     script = tmp_path / "legacy.py"
     script.write_text(LEGACY.format(option=option))
     result = launch(script, 2, args=["--lr", "0.5"], local_rank_arg=style, quiet=True)
     assert result.ok, result.error
     assert result.logs[0] == ["local_rank 0 lr 0.5"]
     assert result.logs[1] == ["local_rank 1 lr 0.5"]
-    assert "declares --local_rank" not in capsys.readouterr().err
 
 
-def test_a_script_declaring_local_rank_without_the_flag_gets_one_warning(tmp_path, capsys):
+def test_a_script_declaring_local_rank_without_the_flag_keeps_its_default(tmp_path):
     script = tmp_path / "legacy.py"
     script.write_text(LEGACY.format(option="--local_rank"))
     result = launch(script, 2, quiet=True)
     assert result.ok and result.logs[1] == ["local_rank -1 lr None"]  # the default, on each
-    err = capsys.readouterr().err
-    assert err.count("declares --local_rank") == 1 and "local_rank_arg=True" in err
-    reads_env = tmp_path / "reads_env.py"  # a script that falls back to LOCAL_RANK: no warning
-    reads_env.write_text(LEGACY.format(option="--local_rank").replace(
-        "default=-1", "default=int(__import__('os').environ['LOCAL_RANK'])"))
-    assert launch(reads_env, 2, quiet=True).logs[1] == ["local_rank 1 lr None"]
-    assert "declares --local_rank" not in capsys.readouterr().err
     with pytest.raises(LaunchError, match="local_rank_arg must be"):
         launch(script, 2, local_rank_arg="camel")
 

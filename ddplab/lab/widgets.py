@@ -62,15 +62,16 @@ class LiveView:
         self.handle: Any = None
         self.last_draw = 0.0
 
-    def line(self, prefix: str, text: str) -> None:
-        """Print one output line of a rank (or the launcher) with its prefix."""
+    def line(self, prefix: str, text: str, err: bool = False) -> None:
+        """Print one output line of a rank (or the launcher) with its prefix (``err``: on
+        stderr)."""
         if not self.quiet:
-            out = f"[{prefix}] {text}\n"
+            stream = sys.stderr if err else sys.stdout
             if self.bar is not None and not in_notebook():
-                self.bar.write(out.rstrip("\n"), file=sys.stdout)
+                self.bar.write(f"[{prefix}] {text}", file=stream)
             else:
-                sys.stdout.write(out)
-                sys.stdout.flush()
+                stream.write(f"[{prefix}] {text}\n")
+                stream.flush()
 
     def event(self, event: dict[str, Any]) -> None:
         """Update the bar and the plot from a worker event (rank 0's only)."""

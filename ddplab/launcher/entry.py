@@ -26,11 +26,7 @@ LOCAL_RANK_OPTIONS = {"underscore": "--local_rank", "dash": "--local-rank"}
 STACK_SIGNAL = signal.SIGUSR1
 
 
-class _Rank:
-    """What the entry keeps: its stdout's identity, the script's exit handlers."""
-
-    pipe: tuple[int, int] = (0, 0)
-    exit_handlers: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
+_EXIT_HANDLERS: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
 
 
 def run_target(target: str, args: list[str]) -> None:
@@ -86,7 +82,7 @@ def run_rank(target: str, args: list[str], threads: int = 0) -> None:
     set_parent_death_signal()  # (torchrun starts each rank in a session of its own)
     if os.getppid() == 1:  # its parent died before the line above
         sys.exit(1)
-    _announce()
+    pipe = _announce()
     if threads:
         _like_a_fresh_process(threads)
     code: Any = 0
@@ -105,7 +101,7 @@ def run_rank(target: str, args: list[str], threads: int = 0) -> None:
         _print_user_traceback(exc)
     if threads:
         _finish_like_an_interpreter()
-    _say_exit(code)
+    _say_exit(code, pipe)
     if interrupted:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
@@ -113,13 +109,13 @@ def run_rank(target: str, args: list[str], threads: int = 0) -> None:
         sys.exit(code & 0xFF)
 
 
-def _announce() -> None:
-    """Output to the caller's socket; the stack dump on SIGUSR1."""
+def _announce() -> tuple[int, int]:
+    """Output to the caller's socket, the stack dump on SIGUSR1; what fd 1 now is."""
     connect_streams(f"rank {os.environ['RANK']}")
     close_on_exec_above_stdio()
-    stat = os.fstat(1)
-    _Rank.pipe = (stat.st_dev, stat.st_ino)
     faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
+    stat = os.fstat(1)
+    return stat.st_dev, stat.st_ino
 
 
 def _like_a_fresh_process(threads: int) -> None:
@@ -148,7 +144,7 @@ def _like_a_fresh_process(threads: int) -> None:
     register = atexit.register
 
     def recorded(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-        _Rank.exit_handlers.append((func, args, kwargs))
+        _EXIT_HANDLERS.append((func, args, kwargs))
         return register(func, *args, **kwargs)
 
     atexit.register = recorded  # (the standard library's module, in this rank only)
@@ -157,8 +153,8 @@ def _like_a_fresh_process(threads: int) -> None:
 def _finish_like_an_interpreter() -> None:
     """Flush, run exit handlers and collect cycles, as ``python`` does on its way out."""
     _flush()
-    while _Rank.exit_handlers:
-        func, args, kwargs = _Rank.exit_handlers.pop()
+    while _EXIT_HANDLERS:
+        func, args, kwargs = _EXIT_HANDLERS.pop()
         atexit.unregister(func)
         try:
             func(*args, **kwargs)
@@ -176,19 +172,15 @@ def _flush() -> None:
             pass
 
 
-def _say_exit(code: int) -> None:
-    """Tell the caller how the script ended, if fd 1 is still ``_announce``'s stream (a
-    script may close its stdout, and fd 1 then name another file)."""
-    try:
-        stat = os.fstat(1)
-    except OSError:
-        return
-    if (stat.st_dev, stat.st_ino) != _Rank.pipe:
-        return
-    _flush()
+def _say_exit(code: int, pipe: tuple[int, int]) -> None:
+    """Tell the caller how the script ended, if fd 1 is still ``pipe`` (a script may close
+    its stdout, and fd 1 then name another file)."""
     event = {"kind": "exit", "rank": int(os.environ["RANK"]), "code": code, "time": time.time()}
     try:
-        os.write(1, (MARKER + json.dumps(event) + "\n").encode())
+        stat = os.fstat(1)
+        if (stat.st_dev, stat.st_ino) == pipe:
+            _flush()
+            os.write(1, (MARKER + json.dumps(event) + "\n").encode())
     except OSError:
         pass
 
@@ -204,9 +196,6 @@ def _print_user_traceback(exc: BaseException) -> None:
 
 def main() -> None:
     """``python -m ddplab.launcher.entry TARGET [ARGS...]``: a torchrun subprocess's rank."""
-    if len(sys.argv) < 2:
-        sys.exit("usage: python -m ddplab.launcher.entry TARGET [ARGS...] (a rank of a "
-                 "torchrun that a ddplab launch started)")
     run_rank(sys.argv[1], sys.argv[2:])
 
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -60,9 +61,9 @@ class Helper:
         try:
             self.sock.sendall(json.dumps(req).encode())
             reply = json.loads(self.sock.recv(1 << 16).decode() or "{}")
-            if reply.get("id") != req["id"]:
-                raise RuntimeError(f"the ddplab launch helper answered {reply!r} to request "
-                                   f"{req['id']}")
+            if reply.get("id") != req["id"] or "error" in reply:
+                raise RuntimeError(reply.get("error") or f"the ddplab launch helper answered "
+                                   f"{reply!r} to request {req['id']}")
             return dict(reply)
         except BaseException:
             self.end()
@@ -104,9 +105,10 @@ def serve(sock: socket.socket, agents: set[int]) -> None:
             preload(req.get("preload", ()))
             torch = sys.modules.get("torch")
             if torch is not None and torch.cuda.is_initialized():
-                answer["refused"] = ("CUDA is initialised in the launch helper (by a module in "
-                                     "DDPLAB_PRELOAD?), and workers forked from it could not "
-                                     "use the GPU")
+                answer["error"] = ("CUDA is initialised in the ddplab launch helper (by a module "
+                                   "in DDPLAB_PRELOAD?): ranks forked from it could not use the "
+                                   "GPU. Leave that module out of DDPLAB_PRELOAD, or set "
+                                   "DDPLAB_LAUNCH_PATH=subprocess to launch through torchrun.")
             else:
                 helper = os.getpid()
                 req["env"][HELPER_TOKEN] = os.environ[HELPER_TOKEN]  # (what it must end)
@@ -126,12 +128,9 @@ def serve(sock: socket.socket, agents: set[int]) -> None:
 def preload(names: Any) -> None:
     """Import modules for every later fork, then ``gc.freeze``: a worker's collections skip
     (and do not copy) torch's millions of objects."""
-    for name in names:
-        if name and name not in sys.modules:
-            try:
-                __import__(name)
-            except ImportError:
-                pass
+    for name in filter(None, names):
+        with contextlib.suppress(ImportError):
+            __import__(name)
     gc.freeze()
 
 

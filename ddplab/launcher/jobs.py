@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from ..env import no_fork_reason
 from .helper import HELPER_TOKEN, Helper
 from .procs import (cmdline, group_running, kill_group, process_table, rank_channel, running,
                     start_time)
@@ -177,21 +176,8 @@ def child_env(base: Any, extra: Optional[dict[str, str]] = None) -> dict[str, st
     return merged
 
 
-class ForkRefused(RuntimeError):
-    """The helper will not fork workers in this session; launch through a subprocess."""
-
-
-_REFUSED: list[str] = []  # why the helper refused to fork, once it has (for this session)
-
-
-def why_no_fork() -> Optional[str]:
-    """Why launches cannot fork from the helper here (``env``'s rule, CUDA in it), or None."""
-    return no_fork_reason() or (_REFUSED[0] if _REFUSED else None)
-
-
 def start_forked(spec: Any, job_env: dict[str, str], endpoint: str, run_id: str) -> Job:
-    """Start a checked one-node torchrun-engine ``LaunchSpec`` through the helper;
-    ForkRefused where the helper cannot fork workers safely (CUDA is initialised in it)."""
+    """Start a checked one-node torchrun-engine ``LaunchSpec`` through the helper."""
     # DDPLAB_PRELOAD_TRAINING: 1 (default) the helper imports the training stack first, 0
     # never, "auto" for ddplab's own workers only.
     mode = os.environ.get("DDPLAB_PRELOAD_TRAINING", "1")
@@ -204,9 +190,6 @@ def start_forked(spec: Any, job_env: dict[str, str], endpoint: str, run_id: str)
     try:
         with Helper.lock:
             reply = Helper.get(child_env(os.environ)).request(req)
-        if "refused" in reply:
-            _REFUSED.append(str(reply["refused"]))
-            raise ForkRefused(reply["refused"])
     except BaseException:  # (the helper, and what it started for this request, has ended)
         channel.close()
         raise

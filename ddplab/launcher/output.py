@@ -80,7 +80,7 @@ class Streams:
         self.dumps = {(index, rank): [] for index, ranks in enumerate(running) for rank in ranks}
         for index, ranks in enumerate(running):
             job = self.jobs[index]
-            if ranks and not getattr(self.view, "quiet", False):
+            if ranks and not self.view.quiet:
                 print(f"ddplab.launch: {why}; still running: "
                       f"{', '.join(f'rank {r}' for r in ranks)}. Where each one is:",
                       file=sys.stderr, flush=True)
@@ -113,18 +113,13 @@ class Streams:
                 end_jobs([job], grace=1.0)
 
     def drain(self) -> None:
-        """After killing the jobs, take what is left without blocking long."""
-        end = time.monotonic() + 2.0
-        while self.sel.get_map() and time.monotonic() < end:
-            for key, _mask in self.sel.select(timeout=0.1):
-                self._read(key.fd, *key.data)
-            for index, job in enumerate(self.jobs):
-                if job.ended():
-                    self._finish(index)
+        """After killing the jobs, take what is left (2 s at most)."""
+        self.stop_at = math.inf
+        self.pump(time.monotonic() + 2.0)
 
     def _read(self, fd: int, index: int, job: Job, label: Union[int, str]) -> bool:
         """Read once from ``fd``; False when it had nothing to give now."""
-        if label == "accept":  # the rank socket of an mp.spawn job: a rank connects
+        if label == "accept":  # the job's socket: a rank (or the agent) connects
             try:
                 conn, _addr = socket.socket(fileno=os.dup(fd)).accept()
             except BlockingIOError:
@@ -194,8 +189,8 @@ class Streams:
             self._close(key.fd)
         self.sel.close()
 
-    def _line(self, index: int, job: Job, label: Union[int, str], text: str,
-              err: bool = False) -> None:
+    def _line(self, index: int, job: Job, label: Union[int, str], text: str, err: bool) -> None:
+        """Show and keep one line of a rank (or the launcher); note the event it carries."""
         rank = label
         match = _RANK_PREFIX.match(text) if label == "launcher" else None
         if match:  # an mp.spawn rank's line (``ddplab.dist.prefix_output``, torch's errors)
@@ -205,7 +200,12 @@ class Streams:
                 text = text[again.end():]
         text, event = _events.split(text)
         if text:  # a line, or a last line without its newline that an event line followed
-            self._print(index, job, rank, text, err)
+            self._keep(self.read[index]["logs"].setdefault(rank, []), text)
+            if err:
+                self._keep(self.read[index]["stderr"].setdefault(rank, []), text)
+                self.dumps.get((index, rank), []).append(text)
+            self.view.line(f"{job.node}rank{rank}" if isinstance(rank, int) else
+                           f"{job.node}{rank}", text, err)
         if event is None:
             return
         if event["kind"] == "report" and label == "launcher" and job.popen is None:
@@ -223,23 +223,6 @@ class Streams:
         answer = self.on_event(event) if self.on_event is not None else None
         if isinstance(answer, (int, float)) and not isinstance(answer, bool):
             self.stop_at = min(self.stop_at, time.monotonic() + max(0.0, answer))
-
-    def _print(self, index: int, job: Job, rank: Union[int, str], text: str, err: bool) -> None:
-        self._keep(self.read[index]["logs"].setdefault(rank, []), text)
-        if err:
-            self._keep(self.read[index]["stderr"].setdefault(rank, []), text)
-            self.dumps.get((index, rank), []).append(text)
-        prefix = f"{job.node}rank{rank}" if isinstance(rank, int) else f"{job.node}{rank}"
-        if not err:
-            self.view.line(prefix, text)
-        elif not getattr(self.view, "quiet", False):  # on stderr, as the view prints stdout
-            from ..lab.widgets import in_notebook
-
-            bar = getattr(self.view, "bar", None)
-            if bar is not None and not in_notebook():
-                bar.write(f"[{prefix}] {text}", file=sys.stderr)
-            else:
-                print(f"[{prefix}] {text}", file=sys.stderr, flush=True)
 
     def _keep(self, lines: list[str], text: str) -> None:
         """Append ``text``; past twice ``keep`` lines, let the oldest go."""

@@ -115,9 +115,7 @@ def group_running(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    if not sys.platform.startswith("linux"):
-        return True
-    return bool(process_table(pgid))
+    return not os.path.isdir("/proc") or bool(process_table(pgid))
 
 
 def cmdline(pid: int) -> str:

@@ -82,20 +82,6 @@ class RunResult:
                 f"wall_time={self.wall_time:.2f}s{cause})")
 
 
-def fail(result: RunResult, cause: RankFailure, engine: str, logs: Logs, stderr: Logs) -> None:
-    """Record ``cause`` as the result's failure, with a hint where ddplab knows the fix."""
-    where: Union[int, str] = "launcher" if cause.rank is None else cause.rank
-    if not cause.message and not cause.traceback and cause.signal is None:
-        cause.message, cause.traceback = stderr_cause(stderr.get(where, [])[-50:])
-    if not cause.hint:
-        text = "\n".join([cause.message, cause.traceback, *stderr.get(where, []),
-                          *logs.get(where, [])[-50:], *stderr.get("launcher", [])[-50:]])
-        cause.hint = hint_for(text, engine)
-    result.status, result.returncode = "failed", 1
-    result.root_cause = cause
-    result.error = str(cause)
-
-
 def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, why: str,
                 running: list[int], stacks: dict[int, str], timed_out_at: float = 0.0
                 ) -> RunResult:
@@ -152,7 +138,15 @@ def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, why: s
         failures = [cause]
     if failures:
         mark_exit_aborts(failures, logs, job.said_exit, stderr)
-        fail(result, root_cause(failures, exits), job.engine, logs, stderr)
+        cause = result.root_cause = root_cause(failures, exits)
+        where: Union[int, str] = "launcher" if cause.rank is None else cause.rank
+        if not cause.message and not cause.traceback and cause.signal is None:
+            cause.message, cause.traceback = stderr_cause(stderr.get(where, [])[-50:])
+        if not cause.hint:  # (advice where ddplab knows the fix)
+            cause.hint = hint_for("\n".join([cause.message, cause.traceback,
+                                             *stderr.get(where, []), *logs.get(where, [])[-50:],
+                                             *stderr.get("launcher", [])[-50:]]), job.engine)
+        result.status, result.returncode, result.error = "failed", 1, str(cause)
     return result
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import resource
 import sys
 from dataclasses import dataclass, field
@@ -56,8 +55,7 @@ class LaunchSpec:
         if self.rdzv_endpoint:
             host, _, port_text = self.rdzv_endpoint.rpartition(":")
             self.host, self.port = host, int(port_text) if port_text.isdigit() else None
-        self._check_numbers()
-        self._check_backend()
+        self._check_values()
         if self.port is not None and self.node_rank == 0 and \
                 not _env.port_is_free(self.port, self.host):
             raise LaunchError(f"port {self.port} on {self.host} is busy: pass another "
@@ -65,13 +63,6 @@ class LaunchSpec:
         self.local_rank_style = _local_rank_style(self.local_rank_arg, self.engine)
         self.resolved = resolve_target(self.target, self.cwd)
         self.argv = [str(a) for a in self.args]
-        if self.engine == "torchrun" and not self.local_rank_style and not any(
-                a.startswith(("--local_rank", "--local-rank")) for a in self.argv) \
-                and _declares_local_rank(self.resolved, self.cwd):
-            print(f"ddplab.launch: {self.resolved} declares --local_rank (written for "
-                  f"torch.distributed.launch) and does not read LOCAL_RANK: every rank keeps "
-                  f"the option's default. Pass local_rank_arg=True (CLI: --local-rank-arg), or "
-                  f"read int(os.environ['LOCAL_RANK']) in the script.", file=sys.stderr)
         return self
 
     def job_env(self) -> dict[str, str]:
@@ -92,7 +83,7 @@ class LaunchSpec:
             extra.setdefault(name, os.environ.get(name, value))
         return extra
 
-    def _check_numbers(self) -> None:
+    def _check_values(self) -> None:
         if self.engine not in ENGINES:
             raise LaunchError(f"unknown engine {self.engine!r}: use one of {', '.join(ENGINES)}.")
         restarts = self.max_restarts
@@ -109,20 +100,16 @@ class LaunchSpec:
                 or not 0 <= self.node_rank < self.nnodes:
             raise LaunchError(f"node_rank must be in 0..{self.nnodes - 1} for "
                               f"nnodes={self.nnodes}.")
-
-    def _check_backend(self) -> None:
         if self.backend not in (None, "auto", "gloo", "nccl", "mpi"):
             raise LaunchError(f"unknown backend {self.backend!r}: use gloo, nccl, mpi or None "
                               f"(auto).")
-        if self.backend == "nccl":
-            gpus = _env.gpu_count()
-            if gpus == 0:
-                raise LaunchError("backend='nccl' needs CUDA GPUs and none is visible: "
-                                  "use backend='gloo' (or None to choose automatically).")
-            if self.nprocs > gpus:
-                raise LaunchError(f"nprocs={self.nprocs} but only {gpus} GPU(s) for nccl: use "
-                                  f"nprocs<={gpus}, or backend='gloo' to run more CPU "
-                                  f"processes.")
+        gpus = _env.gpu_count() if self.backend == "nccl" else 0
+        if self.backend == "nccl" and gpus == 0:
+            raise LaunchError("backend='nccl' needs CUDA GPUs and none is visible: "
+                              "use backend='gloo' (or None to choose automatically).")
+        if self.backend == "nccl" and self.nprocs > gpus:
+            raise LaunchError(f"nprocs={self.nprocs} but only {gpus} GPU(s) for nccl: use "
+                              f"nprocs<={gpus}, or backend='gloo' to run more CPU processes.")
 
 
 def check_timeout(timeout: Any, default: float) -> float:
@@ -192,8 +179,7 @@ def _local_rank_style(value: Union[bool, str], engine: str) -> Optional[str]:
     """The ``--local_rank`` spelling to pass (None: pass nothing); LaunchError if unknown."""
     if value is False or value is None:
         return None
-    by_option = {option: style for style, option in LOCAL_RANK_OPTIONS.items()}
-    style = "underscore" if value is True else by_option.get(str(value), value)
+    style = "underscore" if value is True else value
     if style not in LOCAL_RANK_OPTIONS:
         raise LaunchError(f"local_rank_arg must be True, 'underscore' (--local_rank) or 'dash' "
                           f"(--local-rank), got {value!r}.")
@@ -202,12 +188,3 @@ def _local_rank_style(value: Union[bool, str], engine: str) -> Optional[str]:
                           "its rank as the first argument of the function it spawns.")
     return str(style)
 
-
-def _declares_local_rank(target: str, cwd: str) -> bool:
-    """True if the target declares ``--local_rank`` and never reads ``LOCAL_RANK``."""
-    spec = None if os.path.isabs(target) else _find_module(target, cwd)
-    try:
-        text = Path(getattr(spec, "origin", None) or target).read_text(errors="replace")
-    except (OSError, UnicodeError):
-        return False
-    return bool(re.search(r"""["']--local[_-]rank["']""", text)) and "LOCAL_RANK" not in text
