@@ -364,3 +364,39 @@ def test_the_kill_blames_a_save_only_when_the_rank_did_not_wait_for_it(monkeypat
             end.join()
         assert saving == (case == "no barrier"), case
         assert not began.parent.exists()  # the markers go with the answer
+
+
+# ----------------------------------------------------------------------------- the TODO line left in
+
+
+def test_a_job_written_under_the_todo_line_is_the_learners(tmp_path):
+    """A right job whose ``# TODO(exercise)`` line was not deleted: its first launch reported
+    steps, so it is judged as the learner's, not taken for the skeleton."""
+    job = tmp_path / "capstone.py"
+    job.write_text((ROOT / "tests" / "solutions" / "capstone.py").read_text() +
+                   "\n# TODO(exercise): the job (see the specification above).\n")
+    trained, skeleton = _run(range(32)), RunResult(status="ok", returncode=0, wall_time=1.0,
+                                                   world_size=2, events={0: [], 1: []})
+    assert judge13.unanswered(job) and judge13.unanswered(job, skeleton)
+    assert not judge13.unanswered(job, trained)
+    assert not judge13.unanswered(job, _run(range(3), status="failed"))   # a job, if a broken one
+    assert judge13.unanswered(SKELETON, skeleton)
+    assert not judge13.unanswered(ROOT / "tests" / "solutions" / "capstone.py", skeleton)
+
+
+def test_ddplab_check_launches_the_five_runs_of_a_job_that_kept_its_todo(tmp_path, monkeypatch):
+    launched = []
+
+    def launch(target, size, spec, timeout, args=()):
+        launched.append(Path(args[1]).name)
+        Path(args[1]).mkdir(parents=True, exist_ok=True)
+        if launched == ["first"]:
+            return _run(range(32))   # it trained: the learner's job
+        return RunResult(status="failed", returncode=1, wall_time=0.0, world_size=size)
+
+    monkeypatch.setattr(grading, "_launch", launch)
+    job = tmp_path / "capstone.py"
+    job.write_text("# TODO(exercise): the job (see the specification above).\n")
+    outcome = grading._judge_capstone(grading.LAUNCHES["13"], str(job), 300.0, 0.0)
+    assert "the ddp run" in outcome.message and outcome.sizes == list(grading.LAUNCHES["13"].sizes)
+    assert launched == ["first", *(folder for _, folder, _ in judge13.LAUNCHES.values())]

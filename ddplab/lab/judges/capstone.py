@@ -87,9 +87,13 @@ def fsdp_strategy() -> str:
     return "fsdp" if facts["gpu_count"] or release >= (2, 7) else "ddp"
 
 
-def unanswered(path: Any) -> bool:
-    """Whether the learner's file is still the skeleton (it keeps its ``TODO(exercise)``)."""
-    return "TODO(exercise)" in Path(path).read_text()
+def unanswered(path: Any, first: Any = None) -> bool:
+    """Whether the learner's file is still the skeleton: it keeps its ``TODO(exercise)`` line
+    and, when its first launch ``first`` is given, that launch ran and reported no steps (the
+    skeleton's). A job written under the TODO line, the line left in, is the learner's."""
+    if "TODO(exercise)" not in Path(path).read_text():
+        return False
+    return first is None or (first.ok and not _steps(first))
 
 
 def judged_wrong(verdict: Any) -> bool:
