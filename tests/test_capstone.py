@@ -293,6 +293,20 @@ def test_one_run_alone_is_judged_and_asks_for_the_others():
     verdict = ddplab.check("13", {"ddp": ddp, "reference": ddp})
     assert "what the DDP run did is right" in verdict.message and "fsdp, killed" in verdict.message
     assert not verdict and not judge13.judged_wrong(verdict)    # notebook 13 goes on launching
+    assert "hand in all five" in verdict.message   # to one who calls ddplab.check with one run
+
+
+def test_the_notebooks_partial_verdict_says_the_cells_below_launch_the_rest(capsys, monkeypatch):
+    _machine(monkeypatch, "2.6.0", 0)   # no FSDP2 here: a ddp run stands for the fsdp one
+    ddp = _run(range(32))
+    verdict = judge13.check_so_far({"ddp": ddp, "fsdp": ddp, "reference": ddp})
+    assert capsys.readouterr().out.strip() == verdict.message
+    assert "right so far" in verdict.message and "killed, resumed, resharded" in verdict.message
+    assert "hand in" not in verdict.message and "fsdp" not in verdict.message, verdict.message
+    assert not verdict and not judge13.judged_wrong(verdict)
+    wrong = judge13.check_so_far({"ddp": ddp, "reference": _run(range(32), skipped=(20,))})
+    assert "not yet: the ddp run" in wrong.message and judge13.judged_wrong(wrong)
+    assert wrong.message == ddplab.check("13", {"ddp": ddp, "reference": _run(range(32), skipped=(20,))}).message
 
 
 def test_a_first_run_judged_wrong_stops_the_notebooks_launches():

@@ -58,7 +58,7 @@ CLOSE = 1e-3          # the loss and gradients of the first steps, against the r
 WEIGHTS = 0.02        # summed squares of the final weights, same world size, another style
 ACCURACY = 0.03
 RESHARD_LOSS, RESHARD_WEIGHTS, RESHARD_ACCURACY = 0.5, 0.10, 0.15  # 2 -> 4 ranks
-RIGHT_SO_FAR = "what the DDP run did is right"   # the verdict on some of the five runs, all right
+RIGHT_SO_FAR = "right so far"   # the verdict on some of the five runs, all right
 _REFERENCES: dict[tuple, Any] = {}
 
 
@@ -94,6 +94,24 @@ def unanswered(path: Any, first: Any = None) -> bool:
     if "TODO(exercise)" not in Path(path).read_text():
         return False
     return first is None or (first.ok and not _steps(first))
+
+
+def check_so_far(runs: Any) -> Any:
+    """``ddplab.check("13", runs)`` on the first of the five launches, as notebook 13 asks it:
+    where they are right, one line says so (the notebook's cells below launch the rest) rather
+    than asking the learner to hand in all five."""
+    from .. import checks
+
+    hint = judge_capstone(runs)
+    if hint is not None and RIGHT_SO_FAR in hint:
+        given = {"ddp"} if is_run_result(runs) else set(runs)
+        hint = (f"{RIGHT_SO_FAR}; the cells below launch the rest "
+                f"({', '.join(name for name in RUNS if name not in given)}).")
+    elif hint is not None:
+        hint = f"not yet: {hint}"
+    message = f"Exercise 13 ({Path(SKELETON).name}): {hint or 'correct!'}"
+    print(message)
+    return checks.Verdict("13", hint is None, message)
 
 
 def judged_wrong(verdict: Any) -> bool:
@@ -140,7 +158,8 @@ def judge_capstone(answer: Any) -> Optional[str]:
             return f"the fsdp run: {hint}"
     missing = [name for name in RUNS if name not in runs]
     if missing:
-        return (f"{RIGHT_SO_FAR}. Now hand in all five launches, {{'ddp': ..., "
+        return (f"what the DDP run did is {RIGHT_SO_FAR}. To judge the rest, hand in all "
+                f"five launches, {{'ddp': ..., "
                 f"'fsdp': ..., 'killed': ..., 'resumed': ..., 'resharded': ...}} (missing: "
                 f"{', '.join(missing)}).")
     return (_killed_hint(runs["killed"], ddp) or
