@@ -65,9 +65,8 @@ def test_ddplab_check_launches_the_five_runs(tmp_path, monkeypatch):
     job.write_text("# a job without its TODO\n")
     outcome = grading._judge_capstone(grading.LAUNCHES["13"], str(job), 300.0, 0.0)
     folders = [Path(args[1]).name for _, args in launched]
-    strategy = judge13.fsdp_strategy()   # ddp where FSDP2 cannot run (CPU ranks, torch 2.6)
-    assert [(size, args[2:]) for size, args in launched] == [
-        (size, [strategy if a == "fsdp" else a for a in extra])
+    assert [(size, args[2:]) for size, args in launched] == [   # ddp where FSDP2 cannot run
+        (size, [judge13.fsdp_strategy(size) if a == "fsdp" else a for a in extra])
         for extra, _, size in judge13.LAUNCHES.values()]
     assert folders == [folder for _, folder, _ in judge13.LAUNCHES.values()]
     assert "the ddp run" in outcome.message, outcome
@@ -322,17 +321,39 @@ def _machine(monkeypatch, torch_version: str, gpus: int) -> None:
         "torch": torch_version, "gpu_count": gpus})
 
 
-@pytest.mark.parametrize("torch_version,gpus,strategy", [
-    ("2.6.0", 0, "ddp"), ("2.6.0+cu124", 2, "fsdp"), ("2.7.1", 0, "fsdp"), ("2.14.1+cpu", 0, "fsdp")])
+@pytest.mark.parametrize("torch_version,gpus,on_2,on_4", [
+    ("2.6.0", 0, "ddp", "ddp"), ("2.6.0+cu124", 4, "fsdp", "fsdp"),
+    ("2.6.0+cu124", 2, "fsdp", "ddp"), ("2.6.0+cu124", 1, "ddp", "ddp"),
+    ("2.7.1", 0, "fsdp", "fsdp"), ("2.14.1+cpu", 0, "fsdp", "fsdp"), ("2.14.1", 1, "fsdp", "fsdp")])
 def test_the_fsdp_runs_use_ddp_where_fsdp2_cannot_run(monkeypatch, tmp_path, torch_version,
-                                                      gpus, strategy):
+                                                      gpus, on_2, on_4):
     """Notebook 13 and ``ddplab check 13`` launch what the judge expects: ``--strategy ddp``
-    for the fsdp and resharded runs on CPU ranks of torch 2.6, where the job refuses fsdp."""
+    for an fsdp run whose ranks land on the CPU (no GPU, or fewer GPUs than its processes) on
+    torch 2.6, where the job refuses fsdp."""
     _machine(monkeypatch, torch_version, gpus)
-    assert judge13.fsdp_strategy() == strategy
+    assert (judge13.fsdp_strategy(2), judge13.fsdp_strategy(4)) == (on_2, on_4)
     launched = judge13.launch_runs(lambda nprocs, args: args, tmp_path)
     assert {name: args[args.index("--strategy") + 1] for name, args in launched.items()
-            if "--strategy" in args} == {"fsdp": strategy, "resharded": strategy}
+            if "--strategy" in args} == {"fsdp": on_2, "resharded": on_4}
+
+
+@pytest.mark.parametrize("gpus,processes,device", [
+    (0, 2, "cpu"), (1, 1, "cuda"), (1, 2, "cpu"), (2, 2, "cuda"), (2, 4, "cpu")])
+def test_the_job_refuses_fsdp_by_the_device_its_rank_runs_on(monkeypatch, tmp_path, capsys,
+                                                             gpus, processes, device):
+    """``parse_args`` asks ``fsdp_problem`` about the device the rank trains on: the CPU when
+    the GPUs are fewer than the processes (the reference's placement), not any GPU there is."""
+    from ddplab import capstone, sharded
+
+    asked = []
+    monkeypatch.setattr(sharded, "fsdp_problem", lambda d: asked.append(d.type) or "refused")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
+    monkeypatch.setenv("WORLD_SIZE", str(processes))
+    with mock.patch.multiple(torch.cuda, is_available=mock.Mock(return_value=gpus > 0),
+                             device_count=mock.Mock(return_value=gpus)):
+        with pytest.raises(SystemExit):
+            capstone.parse_args(["--strategy", "fsdp", "--checkpoint-dir", str(tmp_path)])
+    assert asked == [device] and "--strategy fsdp: refused" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("torch_version,gpus", [("2.6.0", 0), ("2.7.0", 0), ("2.6.0", 1)])
@@ -341,7 +362,7 @@ def test_an_fsdp_run_with_ddp_is_right_only_where_fsdp2_cannot_run(monkeypatch, 
     _machine(monkeypatch, torch_version, gpus)
     ddp = _run(range(32))
     message = ddplab.check("13", {"ddp": ddp, "fsdp": _run(range(32)), "reference": ddp}).message
-    if judge13.fsdp_strategy() == "ddp":   # FSDP2's own checks (sharded weights) left out
+    if judge13.fsdp_strategy(2) == "ddp":   # FSDP2's own checks (sharded weights) left out
         assert "what the DDP run did is right" in message and "fsdp," not in message, message
     else:
         assert "the fsdp run: launch it with --strategy fsdp" in message, message

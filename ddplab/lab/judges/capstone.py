@@ -23,8 +23,9 @@ line and the reports are given, by ``ddplab.capstone``) and launches it five tim
   (another world size is another global batch and LR): the mean loss within 0.5, the summed
   squares of the weights within 10%, the accuracy within 15 points.
 
-Where FSDP2 cannot run (CPU ranks on torch < 2.7: :func:`fsdp_strategy`), the ``fsdp`` and
-``resharded`` runs are launched with ``--strategy ddp`` and judged as DDP runs: what only
+Where FSDP2 cannot run (CPU ranks on torch < 2.7, also where GPUs are fewer than the
+processes: :func:`fsdp_strategy`), the ``fsdp`` and ``resharded`` runs are launched with
+``--strategy ddp`` and judged as DDP runs: what only
 FSDP2 does (sharded weights, its units) is left out.
 
 One run alone (or some of the five) is judged as far as it goes; the verdict then asks for the
@@ -66,25 +67,25 @@ def launch_runs(launch: Callable[[int, list[str]], Any], folder: Path,
                 names: Iterable[str] = RUNS) -> dict[str, Any]:
     """The launches ``names`` (all five by default) in the notebook's order, in ``folder``:
     ``launch(processes, args)`` for each; the copy of the killed run's folder is made after it.
-    ``--strategy fsdp`` becomes :func:`fsdp_strategy`'s answer here."""
+    ``--strategy fsdp`` becomes :func:`fsdp_strategy`'s answer for the launch's processes."""
     runs, names = {}, set(names)
-    strategy = fsdp_strategy() if names & {"fsdp", "resharded"} else "fsdp"
     for name, (extra, job, nprocs) in LAUNCHES.items():
         if name in names:
-            extra = tuple(strategy if a == "fsdp" else a for a in extra)
+            extra = tuple(fsdp_strategy(nprocs) if a == "fsdp" else a for a in extra)
             runs[name] = launch(nprocs, ["--checkpoint-dir", str(folder / job), *extra])
         if name == "killed" and (folder / "job").exists():
             shutil.copytree(folder / "job", folder / "job-4")
     return runs
 
 
-def fsdp_strategy() -> str:
-    """The ``--strategy`` of the fsdp and resharded runs on this machine: ``"fsdp"``, or
-    ``"ddp"`` where FSDP2 cannot run (no GPU and torch < 2.7, as ``ddplab.sharded.fsdp_problem``
-    says in the ranks); the judge then expects DDP there and leaves out FSDP2's checks."""
+def fsdp_strategy(nprocs: int) -> str:
+    """The ``--strategy`` of an fsdp run on ``nprocs`` processes on this machine: ``"fsdp"``,
+    or ``"ddp"`` where FSDP2 cannot run: on CPU ranks (no GPU for every process, as the jobs
+    place them) with torch < 2.7, as ``ddplab.sharded.fsdp_problem`` says in the ranks. The
+    judge then expects DDP there and leaves out FSDP2's checks."""
     facts = env.probe()
     release = tuple(int(part) for part in re.findall(r"\d+", facts["torch"])[:2])
-    return "fsdp" if facts["gpu_count"] or release >= (2, 7) else "ddp"
+    return "fsdp" if facts["gpu_count"] >= nprocs or release >= (2, 7) else "ddp"
 
 
 def unanswered(path: Any, first: Any = None) -> bool:
@@ -150,8 +151,8 @@ def judge_capstone(answer: Any) -> Optional[str]:
                                                       _reference(ddp))
     if hint:
         return f"the ddp run: {hint}"
-    strategy = fsdp_strategy() if {"fsdp", "resharded"} & set(runs) else "fsdp"
     if "fsdp" in runs:
+        strategy = fsdp_strategy(LAUNCHES["fsdp"][2])
         hint = (_strategy_hint(runs["fsdp"], strategy) or
                 _fsdp_hint(runs["fsdp"], ddp, sharded=strategy == "fsdp"))
         if hint:
@@ -164,7 +165,8 @@ def judge_capstone(answer: Any) -> Optional[str]:
                 f"{', '.join(missing)}).")
     return (_killed_hint(runs["killed"], ddp) or
             _resumed_hint(runs["resumed"], runs["killed"], ddp) or
-            _resharded_hint(runs["resharded"], runs["killed"], ddp, strategy))
+            _resharded_hint(runs["resharded"], runs["killed"], ddp,
+                            fsdp_strategy(LAUNCHES["resharded"][2])))
 
 
 # ------------------------------------------------------------------ the facts
