@@ -303,9 +303,10 @@ def test_the_notebooks_partial_verdict_says_the_cells_below_launch_the_rest(caps
     assert "right so far" in verdict.message and "killed, resumed, resharded" in verdict.message
     assert "hand in" not in verdict.message and "fsdp" not in verdict.message, verdict.message
     assert not verdict and not judge13.judged_wrong(verdict)
-    wrong = judge13.check_so_far({"ddp": ddp, "reference": _run(range(32), skipped=(20,))})
+    other = {"ddp": ddp, "reference": _run(range(32), skipped=(20,))}
+    wrong = judge13.check_so_far(other)
     assert "not yet: the ddp run" in wrong.message and judge13.judged_wrong(wrong)
-    assert wrong.message == ddplab.check("13", {"ddp": ddp, "reference": _run(range(32), skipped=(20,))}).message
+    assert wrong.message == ddplab.check("13", other).message   # as ddplab.check says it
 
 
 def test_a_first_run_judged_wrong_stops_the_notebooks_launches():
@@ -401,7 +402,7 @@ def test_the_kill_blames_a_save_only_when_the_rank_did_not_wait_for_it(monkeypat
         assert not began.parent.exists()  # the markers go with the answer
 
 
-# ----------------------------------------------------------------------------- the TODO line left in
+# ------------------------------------------------------------------------- the TODO line left in
 
 
 def test_a_job_written_under_the_todo_line_is_the_learners(tmp_path):
