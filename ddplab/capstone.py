@@ -92,7 +92,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.strategy == "fsdp":
         from ddplab.sharded import fsdp_problem
 
-        problem = fsdp_problem(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        problem = fsdp_problem(_device())
         if problem:
             p.error(f"--strategy fsdp: {problem}")
     if args.threads:
@@ -102,6 +102,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         k: v for k, v in vars(args).items() if k not in ("checkpoint_dir", "kill_rank",
                                                          "kill_at_step", "threads")})
     return args
+
+
+def _device() -> torch.device:
+    """The device this rank trains on, as the reference places it: a GPU where every process on
+    this machine gets one, else the CPU (4 ranks on 1-3 GPUs run on gloo and the CPU)."""
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= int(
+        os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return torch.device("cuda" if cuda else "cpu")
 
 
 def datasets(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -65,9 +65,8 @@ def test_ddplab_check_launches_the_five_runs(tmp_path, monkeypatch):
     job.write_text("# a job without its TODO\n")
     outcome = grading._judge_capstone(grading.LAUNCHES["13"], str(job), 300.0, 0.0)
     folders = [Path(args[1]).name for _, args in launched]
-    strategy = judge13.fsdp_strategy()   # ddp where FSDP2 cannot run (CPU ranks, torch 2.6)
-    assert [(size, args[2:]) for size, args in launched] == [
-        (size, [strategy if a == "fsdp" else a for a in extra])
+    assert [(size, args[2:]) for size, args in launched] == [   # ddp where FSDP2 cannot run
+        (size, [judge13.fsdp_strategy(size) if a == "fsdp" else a for a in extra])
         for extra, _, size in judge13.LAUNCHES.values()]
     assert folders == [folder for _, folder, _ in judge13.LAUNCHES.values()]
     assert "the ddp run" in outcome.message, outcome
@@ -293,6 +292,21 @@ def test_one_run_alone_is_judged_and_asks_for_the_others():
     verdict = ddplab.check("13", {"ddp": ddp, "reference": ddp})
     assert "what the DDP run did is right" in verdict.message and "fsdp, killed" in verdict.message
     assert not verdict and not judge13.judged_wrong(verdict)    # notebook 13 goes on launching
+    assert "hand in all five" in verdict.message   # to one who calls ddplab.check with one run
+
+
+def test_the_notebooks_partial_verdict_says_the_cells_below_launch_the_rest(capsys, monkeypatch):
+    _machine(monkeypatch, "2.6.0", 0)   # no FSDP2 here: a ddp run stands for the fsdp one
+    ddp = _run(range(32))
+    verdict = judge13.check_so_far({"ddp": ddp, "fsdp": ddp, "reference": ddp})
+    assert capsys.readouterr().out.strip() == verdict.message
+    assert "right so far" in verdict.message and "killed, resumed, resharded" in verdict.message
+    assert "hand in" not in verdict.message and "fsdp" not in verdict.message, verdict.message
+    assert not verdict and not judge13.judged_wrong(verdict)
+    other = {"ddp": ddp, "reference": _run(range(32), skipped=(20,))}
+    wrong = judge13.check_so_far(other)
+    assert "not yet: the ddp run" in wrong.message and judge13.judged_wrong(wrong)
+    assert wrong.message == ddplab.check("13", other).message   # as ddplab.check says it
 
 
 def test_a_first_run_judged_wrong_stops_the_notebooks_launches():
@@ -308,17 +322,39 @@ def _machine(monkeypatch, torch_version: str, gpus: int) -> None:
         "torch": torch_version, "gpu_count": gpus})
 
 
-@pytest.mark.parametrize("torch_version,gpus,strategy", [
-    ("2.6.0", 0, "ddp"), ("2.6.0+cu124", 2, "fsdp"), ("2.7.1", 0, "fsdp"), ("2.14.1+cpu", 0, "fsdp")])
+@pytest.mark.parametrize("torch_version,gpus,on_2,on_4", [
+    ("2.6.0", 0, "ddp", "ddp"), ("2.6.0+cu124", 4, "fsdp", "fsdp"),
+    ("2.6.0+cu124", 2, "fsdp", "ddp"), ("2.6.0+cu124", 1, "ddp", "ddp"),
+    ("2.7.1", 0, "fsdp", "fsdp"), ("2.14.1+cpu", 0, "fsdp", "fsdp"), ("2.14.1", 1, "fsdp", "fsdp")])
 def test_the_fsdp_runs_use_ddp_where_fsdp2_cannot_run(monkeypatch, tmp_path, torch_version,
-                                                      gpus, strategy):
+                                                      gpus, on_2, on_4):
     """Notebook 13 and ``ddplab check 13`` launch what the judge expects: ``--strategy ddp``
-    for the fsdp and resharded runs on CPU ranks of torch 2.6, where the job refuses fsdp."""
+    for an fsdp run whose ranks land on the CPU (no GPU, or fewer GPUs than its processes) on
+    torch 2.6, where the job refuses fsdp."""
     _machine(monkeypatch, torch_version, gpus)
-    assert judge13.fsdp_strategy() == strategy
+    assert (judge13.fsdp_strategy(2), judge13.fsdp_strategy(4)) == (on_2, on_4)
     launched = judge13.launch_runs(lambda nprocs, args: args, tmp_path)
     assert {name: args[args.index("--strategy") + 1] for name, args in launched.items()
-            if "--strategy" in args} == {"fsdp": strategy, "resharded": strategy}
+            if "--strategy" in args} == {"fsdp": on_2, "resharded": on_4}
+
+
+@pytest.mark.parametrize("gpus,processes,device", [
+    (0, 2, "cpu"), (1, 1, "cuda"), (1, 2, "cpu"), (2, 2, "cuda"), (2, 4, "cpu")])
+def test_the_job_refuses_fsdp_by_the_device_its_rank_runs_on(monkeypatch, tmp_path, capsys,
+                                                             gpus, processes, device):
+    """``parse_args`` asks ``fsdp_problem`` about the device the rank trains on: the CPU when
+    the GPUs are fewer than the processes (the reference's placement), not any GPU there is."""
+    from ddplab import capstone, sharded
+
+    asked = []
+    monkeypatch.setattr(sharded, "fsdp_problem", lambda d: asked.append(d.type) or "refused")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
+    monkeypatch.setenv("WORLD_SIZE", str(processes))
+    with mock.patch.multiple(torch.cuda, is_available=mock.Mock(return_value=gpus > 0),
+                             device_count=mock.Mock(return_value=gpus)):
+        with pytest.raises(SystemExit):
+            capstone.parse_args(["--strategy", "fsdp", "--checkpoint-dir", str(tmp_path)])
+    assert asked == [device] and "--strategy fsdp: refused" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("torch_version,gpus", [("2.6.0", 0), ("2.7.0", 0), ("2.6.0", 1)])
@@ -327,7 +363,7 @@ def test_an_fsdp_run_with_ddp_is_right_only_where_fsdp2_cannot_run(monkeypatch, 
     _machine(monkeypatch, torch_version, gpus)
     ddp = _run(range(32))
     message = ddplab.check("13", {"ddp": ddp, "fsdp": _run(range(32)), "reference": ddp}).message
-    if judge13.fsdp_strategy() == "ddp":   # FSDP2's own checks (sharded weights) left out
+    if judge13.fsdp_strategy(2) == "ddp":   # FSDP2's own checks (sharded weights) left out
         assert "what the DDP run did is right" in message and "fsdp," not in message, message
     else:
         assert "the fsdp run: launch it with --strategy fsdp" in message, message
@@ -364,3 +400,39 @@ def test_the_kill_blames_a_save_only_when_the_rank_did_not_wait_for_it(monkeypat
             end.join()
         assert saving == (case == "no barrier"), case
         assert not began.parent.exists()  # the markers go with the answer
+
+
+# ------------------------------------------------------------------------- the TODO line left in
+
+
+def test_a_job_written_under_the_todo_line_is_the_learners(tmp_path):
+    """A right job whose ``# TODO(exercise)`` line was not deleted: its first launch reported
+    steps, so it is judged as the learner's, not taken for the skeleton."""
+    job = tmp_path / "capstone.py"
+    job.write_text((ROOT / "tests" / "solutions" / "capstone.py").read_text() +
+                   "\n# TODO(exercise): the job (see the specification above).\n")
+    trained, skeleton = _run(range(32)), RunResult(status="ok", returncode=0, wall_time=1.0,
+                                                   world_size=2, events={0: [], 1: []})
+    assert judge13.unanswered(job) and judge13.unanswered(job, skeleton)
+    assert not judge13.unanswered(job, trained)
+    assert not judge13.unanswered(job, _run(range(3), status="failed"))   # a job, if a broken one
+    assert judge13.unanswered(SKELETON, skeleton)
+    assert not judge13.unanswered(ROOT / "tests" / "solutions" / "capstone.py", skeleton)
+
+
+def test_ddplab_check_launches_the_five_runs_of_a_job_that_kept_its_todo(tmp_path, monkeypatch):
+    launched = []
+
+    def launch(target, size, spec, timeout, args=()):
+        launched.append(Path(args[1]).name)
+        Path(args[1]).mkdir(parents=True, exist_ok=True)
+        if launched == ["first"]:
+            return _run(range(32))   # it trained: the learner's job
+        return RunResult(status="failed", returncode=1, wall_time=0.0, world_size=size)
+
+    monkeypatch.setattr(grading, "_launch", launch)
+    job = tmp_path / "capstone.py"
+    job.write_text("# TODO(exercise): the job (see the specification above).\n")
+    outcome = grading._judge_capstone(grading.LAUNCHES["13"], str(job), 300.0, 0.0)
+    assert "the ddp run" in outcome.message and outcome.sizes == list(grading.LAUNCHES["13"].sizes)
+    assert launched == ["first", *(folder for _, folder, _ in judge13.LAUNCHES.values())]

@@ -176,17 +176,20 @@ def _launch(target: str, size: int, spec: Launch, timeout: float, args: Sequence
 
 
 def _judge_capstone(spec: Launch, target: str, timeout: float, start: float) -> Outcome:
-    """Notebook 13: one launch while the file holds its TODO, else the notebook's five runs
-    (and the reference's, which the judge launches to compare them with)."""
+    """Notebook 13: one launch while the file holds its TODO and that launch trains nothing
+    (the skeleton), else the notebook's five runs (and the reference's, which the judge
+    launches to compare them with)."""
     from .judges import capstone
 
     sizes = list(spec.sizes)
     work = Path(tempfile.mkdtemp(prefix="ddplab-13-"))
     try:
+        first: Any = None
         if capstone.unanswered(Path(target)):
-            sizes = sizes[:1]
-            runs: Any = _launch(target, sizes[0], spec, min(timeout, 60.0),
-                                ("--checkpoint-dir", str(work / "first")))
+            first = _launch(target, sizes[0], spec, min(timeout, 60.0),
+                            ("--checkpoint-dir", str(work / "first")))
+        if first is not None and capstone.unanswered(Path(target), first):
+            sizes, runs = sizes[:1], first
         else:
             runs = capstone.launch_runs(
                 lambda nprocs, args: _launch(target, nprocs, spec, timeout, args), work)

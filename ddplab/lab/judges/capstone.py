@@ -23,8 +23,9 @@ line and the reports are given, by ``ddplab.capstone``) and launches it five tim
   (another world size is another global batch and LR): the mean loss within 0.5, the summed
   squares of the weights within 10%, the accuracy within 15 points.
 
-Where FSDP2 cannot run (CPU ranks on torch < 2.7: :func:`fsdp_strategy`), the ``fsdp`` and
-``resharded`` runs are launched with ``--strategy ddp`` and judged as DDP runs: what only
+Where FSDP2 cannot run (CPU ranks on torch < 2.7, also where GPUs are fewer than the
+processes: :func:`fsdp_strategy`), the ``fsdp`` and ``resharded`` runs are launched with
+``--strategy ddp`` and judged as DDP runs: what only
 FSDP2 does (sharded weights, its units) is left out.
 
 One run alone (or some of the five) is judged as far as it goes; the verdict then asks for the
@@ -58,7 +59,7 @@ CLOSE = 1e-3          # the loss and gradients of the first steps, against the r
 WEIGHTS = 0.02        # summed squares of the final weights, same world size, another style
 ACCURACY = 0.03
 RESHARD_LOSS, RESHARD_WEIGHTS, RESHARD_ACCURACY = 0.5, 0.10, 0.15  # 2 -> 4 ranks
-RIGHT_SO_FAR = "what the DDP run did is right"   # the verdict on some of the five runs, all right
+RIGHT_SO_FAR = "right so far"   # the verdict on some of the five runs, all right
 _REFERENCES: dict[tuple, Any] = {}
 
 
@@ -66,30 +67,52 @@ def launch_runs(launch: Callable[[int, list[str]], Any], folder: Path,
                 names: Iterable[str] = RUNS) -> dict[str, Any]:
     """The launches ``names`` (all five by default) in the notebook's order, in ``folder``:
     ``launch(processes, args)`` for each; the copy of the killed run's folder is made after it.
-    ``--strategy fsdp`` becomes :func:`fsdp_strategy`'s answer here."""
+    ``--strategy fsdp`` becomes :func:`fsdp_strategy`'s answer for the launch's processes."""
     runs, names = {}, set(names)
-    strategy = fsdp_strategy() if names & {"fsdp", "resharded"} else "fsdp"
     for name, (extra, job, nprocs) in LAUNCHES.items():
         if name in names:
-            extra = tuple(strategy if a == "fsdp" else a for a in extra)
+            extra = tuple(fsdp_strategy(nprocs) if a == "fsdp" else a for a in extra)
             runs[name] = launch(nprocs, ["--checkpoint-dir", str(folder / job), *extra])
         if name == "killed" and (folder / "job").exists():
             shutil.copytree(folder / "job", folder / "job-4")
     return runs
 
 
-def fsdp_strategy() -> str:
-    """The ``--strategy`` of the fsdp and resharded runs on this machine: ``"fsdp"``, or
-    ``"ddp"`` where FSDP2 cannot run (no GPU and torch < 2.7, as ``ddplab.sharded.fsdp_problem``
-    says in the ranks); the judge then expects DDP there and leaves out FSDP2's checks."""
+def fsdp_strategy(nprocs: int) -> str:
+    """The ``--strategy`` of an fsdp run on ``nprocs`` processes on this machine: ``"fsdp"``,
+    or ``"ddp"`` where FSDP2 cannot run: on CPU ranks (no GPU for every process, as the jobs
+    place them) with torch < 2.7, as ``ddplab.sharded.fsdp_problem`` says in the ranks. The
+    judge then expects DDP there and leaves out FSDP2's checks."""
     facts = env.probe()
     release = tuple(int(part) for part in re.findall(r"\d+", facts["torch"])[:2])
-    return "fsdp" if facts["gpu_count"] or release >= (2, 7) else "ddp"
+    return "fsdp" if facts["gpu_count"] >= nprocs or release >= (2, 7) else "ddp"
 
 
-def unanswered(path: Any) -> bool:
-    """Whether the learner's file is still the skeleton (it keeps its ``TODO(exercise)``)."""
-    return "TODO(exercise)" in Path(path).read_text()
+def unanswered(path: Any, first: Any = None) -> bool:
+    """Whether the learner's file is still the skeleton: it keeps its ``TODO(exercise)`` line
+    and, when its first launch ``first`` is given, that launch ran and reported no steps (the
+    skeleton's). A job written under the TODO line, the line left in, is the learner's."""
+    if "TODO(exercise)" not in Path(path).read_text():
+        return False
+    return first is None or (first.ok and not _steps(first))
+
+
+def check_so_far(runs: Any) -> Any:
+    """``ddplab.check("13", runs)`` on the first of the five launches, as notebook 13 asks it:
+    where they are right, one line says so (the notebook's cells below launch the rest) rather
+    than asking the learner to hand in all five."""
+    from .. import checks
+
+    hint = judge_capstone(runs)
+    if hint is not None and RIGHT_SO_FAR in hint:
+        given = {"ddp"} if is_run_result(runs) else set(runs)
+        hint = (f"{RIGHT_SO_FAR}; the cells below launch the rest "
+                f"({', '.join(name for name in RUNS if name not in given)}).")
+    elif hint is not None:
+        hint = f"not yet: {hint}"
+    message = f"Exercise 13 ({Path(SKELETON).name}): {hint or 'correct!'}"
+    print(message)
+    return checks.Verdict("13", hint is None, message)
 
 
 def judged_wrong(verdict: Any) -> bool:
@@ -128,20 +151,22 @@ def judge_capstone(answer: Any) -> Optional[str]:
                                                       _reference(ddp))
     if hint:
         return f"the ddp run: {hint}"
-    strategy = fsdp_strategy() if {"fsdp", "resharded"} & set(runs) else "fsdp"
     if "fsdp" in runs:
+        strategy = fsdp_strategy(LAUNCHES["fsdp"][2])
         hint = (_strategy_hint(runs["fsdp"], strategy) or
                 _fsdp_hint(runs["fsdp"], ddp, sharded=strategy == "fsdp"))
         if hint:
             return f"the fsdp run: {hint}"
     missing = [name for name in RUNS if name not in runs]
     if missing:
-        return (f"{RIGHT_SO_FAR}. Now hand in all five launches, {{'ddp': ..., "
+        return (f"what the DDP run did is {RIGHT_SO_FAR}. To judge the rest, hand in all "
+                f"five launches, {{'ddp': ..., "
                 f"'fsdp': ..., 'killed': ..., 'resumed': ..., 'resharded': ...}} (missing: "
                 f"{', '.join(missing)}).")
     return (_killed_hint(runs["killed"], ddp) or
             _resumed_hint(runs["resumed"], runs["killed"], ddp) or
-            _resharded_hint(runs["resharded"], runs["killed"], ddp, strategy))
+            _resharded_hint(runs["resharded"], runs["killed"], ddp,
+                            fsdp_strategy(LAUNCHES["resharded"][2])))
 
 
 # ------------------------------------------------------------------ the facts
