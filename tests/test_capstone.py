@@ -436,3 +436,20 @@ def test_ddplab_check_launches_the_five_runs_of_a_job_that_kept_its_todo(tmp_pat
     outcome = grading._judge_capstone(grading.LAUNCHES["13"], str(job), 300.0, 0.0)
     assert "the ddp run" in outcome.message and outcome.sizes == list(grading.LAUNCHES["13"].sizes)
     assert launched == ["first", *(folder for _, folder, _ in judge13.LAUNCHES.values())]
+
+
+def test_ddplab_check_launches_a_job_that_kept_its_todo_once_when_that_run_fails(tmp_path,
+                                                                                monkeypatch):
+    """A failed (or hung) first run of a file that kept its TODO is judged alone: five more
+    launches would fail, or hang to their timeouts, as it did."""
+    launched = []
+
+    def launch(target, size, spec, timeout, args=()):
+        launched.append(Path(args[1]).name)
+        return _run(range(3), status="failed")
+
+    monkeypatch.setattr(grading, "_launch", launch)
+    job = tmp_path / "capstone.py"
+    job.write_text("# TODO(exercise): the job (see the specification above).\n")
+    outcome = grading._judge_capstone(grading.LAUNCHES["13"], str(job), 300.0, 0.0)
+    assert launched == ["first"] and outcome.sizes == list(grading.LAUNCHES["13"].sizes)[:1]

@@ -177,8 +177,8 @@ def _launch(target: str, size: int, spec: Launch, timeout: float, args: Sequence
 
 def _judge_capstone(spec: Launch, target: str, timeout: float, start: float) -> Outcome:
     """Notebook 13: one launch while the file holds its TODO and that launch trains nothing
-    (the skeleton), else the notebook's five runs (and the reference's, which the judge
-    launches to compare them with)."""
+    (the skeleton) or fails (five more would fail or hang as it did), else the notebook's five
+    runs (and the reference's, which the judge launches to compare them with)."""
     from .judges import capstone
 
     sizes = list(spec.sizes)
@@ -188,8 +188,8 @@ def _judge_capstone(spec: Launch, target: str, timeout: float, start: float) -> 
         if capstone.unanswered(Path(target)):
             first = _launch(target, sizes[0], spec, min(timeout, 60.0),
                             ("--checkpoint-dir", str(work / "first")))
-        if first is not None and capstone.unanswered(Path(target), first):
-            sizes, runs = sizes[:1], first
+        if first is not None and (not first.ok or capstone.unanswered(Path(target), first)):
+            sizes, runs = sizes[:1], first   # the skeleton, or a failed run: judged alone
         else:
             runs = capstone.launch_runs(
                 lambda nprocs, args: _launch(target, nprocs, spec, timeout, args), work)
