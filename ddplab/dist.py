@@ -203,6 +203,10 @@ def setup(
         kwargs: dict[str, Any] = {"timeout": timedelta(seconds=timeout_s)}
         if device.type == "cuda":
             kwargs["device_id"] = device  # lets nccl bind the communicator to this GPU early
+        # Return only once every rank has joined (a barrier on the store, not a collective):
+        # else a rank whose connections came up first can finish and exit while a slower peer
+        # still connects to it, and gloo fails that peer ("connection closed by peer").
+        os.environ.setdefault("TORCH_DIST_INIT_BARRIER", "1")
         dist.init_process_group(
             chosen, init_method=init_method, rank=rank, world_size=world_size, **kwargs
         )
