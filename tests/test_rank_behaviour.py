@@ -23,6 +23,7 @@ import pytest
 from test_launch import alive, end_once_said, processes, wait_gone
 
 from ddplab import LaunchError, launch
+from ddplab.lab import postmortem
 from ddplab.launcher.spec import MAX_NPROCS
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -138,6 +139,18 @@ def test_ranks_of_a_torchrun_subprocess_give_their_stack_on_a_timeout(monkeypatc
         assert not wait_gone(list(result.pids.values()) + children_of(result, "background"), 10)
     finally:
         kill_all(children_of(result))
+
+
+@pytest.mark.parametrize("path", ["fork", "subprocess"])
+def test_a_rank_killed_by_a_fatal_signal_shows_the_line_it_died_on(monkeypatch, path):
+    """Python's stack at SIGABRT (faulthandler) on both paths: forked ranks had it from torch's
+    elastic wrapper, a torchrun subprocess's ranks had nothing (notebook 10's shape mismatch)."""
+    if path == "subprocess":
+        monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+    result = launch(str(SCRIPTS / "aborts.py"), 2, quiet=True, timeout=120)
+    assert result.root_cause.rank == 1 and result.root_cause.signal == "SIGABRT", result.error
+    frame = postmortem.stopped_at(result, 1, "aborts.py")
+    assert frame is not None and "os.abort()" in frame.code, result.log(1)
 
 
 def marked(mark: str) -> list[int]:

@@ -134,6 +134,21 @@ def test_patterns_do_not_recognise_each_others_faults():
                     (words.name, other.name)
 
 
+def test_a_rank_ended_by_sigterm_after_its_own_error_is_the_root_cause_not_the_peer_it_lost():
+    """Rank 0's collective timed out; rank 1 lost it and exited first; the agent then ended rank
+    0 by SIGTERM while it was still on its way out (a torchrun subprocess under load)."""
+    timed_out = torch_words.COLLECTIVE_TIMEOUT.seen[-1][1]
+    lost = torch_words.PEER_LOST.seen[0][1]
+    ended = causes.RankFailure(rank=0, exitcode=-15, signal="SIGTERM", message=timed_out)
+    peer = causes.RankFailure(rank=1, exitcode=1, message=lost)
+    exits = {1: (1, 100.0), 0: (-15, 100.5)}
+    assert causes.root_cause([peer, ended], exits) is ended
+    # a SIGTERM with no error of its own is still only the agent ending a healthy rank
+    quiet = causes.RankFailure(rank=0, exitcode=-15, signal="SIGTERM")
+    failed = causes.RankFailure(rank=1, exitcode=1, message="ValueError: the script's own")
+    assert causes.root_cause([quiet, failed], exits) is failed
+
+
 def test_fingerprints_read_every_field_and_the_barrier_form():
     first, barrier = (line for _, line in torch_words.DETAIL_MISMATCH.seen)
     assert torch_words.fingerprints(first) == {

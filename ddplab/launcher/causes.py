@@ -64,10 +64,11 @@ def reported_exits(logs: Logs) -> dict[int, int]:
 def root_cause(failures: list[RankFailure],
                 exits: dict[int, tuple[int, float]]) -> RankFailure:
     """The first genuine failure; after it a lost peer or SIGTERM, an abort at exit, then the
-    launching process (mp.spawn fails when a rank did)."""
+    launching process (mp.spawn fails when a rank did). A rank ended by SIGTERM after an error
+    of its own (a collective's timeout, say, still on its way out) failed genuinely."""
     def key(f: RankFailure) -> tuple[bool, bool, bool, float, int]:
         echo = bool(torch_words.PEER_LOST.search(f"{f.message}\n{f.traceback}")) \
-            or f.signal == "SIGTERM"
+            or (f.signal == "SIGTERM" and not f.message)
         if f.rank is None:
             return echo, f.at_exit, True, 0.0, -1
         return echo, f.at_exit, False, exits.get(f.rank, (0, 0.0))[1], f.rank
