@@ -110,8 +110,7 @@ def run_rank(target: str, args: list[str], threads: int = 0) -> None:
 
 
 def _announce() -> tuple[int, int]:
-    """Output to the caller's socket, the stack dump on SIGUSR1 and on a fatal signal (a C++
-    abort in a collective: the line it died on); what fd 1 now is."""
+    """Output to the caller's socket, the stack on SIGUSR1 and a fatal signal; what fd 1 is."""
     connect_streams(f"rank {os.environ['RANK']}")
     close_on_exec_above_stdio()
     faulthandler.enable(file=sys.stderr, all_threads=True)

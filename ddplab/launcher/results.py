@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
@@ -174,13 +173,13 @@ def _timed_out(result: RunResult, job: Job, why: str, running: list[int],
 
 def _failed(codes: dict[int, Optional[int]], logs: Logs,
             otherwise: Sequence[str] = ()) -> list[RankFailure]:
-    """A failure for every rank whose exit code is known and not 0, with its last error (the
-    launching process's report stands in for a rank that printed nothing, unless the rank was
-    only ended by SIGTERM: that report is not its own error)."""
+    """A failure for every rank whose exit code is known and not 0, with its last error (else
+    the launching process's, unless SIGTERM only ended it)."""
     found = []
     for rank, code in codes.items():
         if code not in (0, None):
-            lines = logs.get(rank) or ([] if code == -signal.SIGTERM else list(otherwise))
+            ended = signal_name(code) == "SIGTERM"
+            lines = logs.get(rank) or ([] if ended else list(otherwise))
             found.append(RankFailure(rank=rank, exitcode=code, signal=signal_name(code),
                                      message=short_message(lines),
                                      traceback=traceback_tail(lines)))
