@@ -196,3 +196,21 @@ def test_where_processes_cannot_be_watched_nothing_is_claimed_about_ranks(monkey
     failed = outcome(2)
     assert failed.status == "failed" and failed.root_cause.rank is None
     assert failed.error == "the launching process exited with code 2: boom"
+
+
+def test_a_rank_seen_mid_exec_is_looked_at_again_not_taken_for_a_program(monkeypatch):
+    """While a child execs, /proc shows its command line empty for a moment (a loaded machine
+    catches that moment): it is a rank if it then runs ``spawn_main``."""
+    from ddplab.launcher import jobs
+
+    script = "python spawn_plain.py"
+    looks = iter([{11: "sleep 0.6", 12: ""}, {11: "sleep 0.6", 12: "python -c spawn_main(...)"}])
+    seen: dict = {}
+    monkeypatch.setattr(jobs, "process_table", lambda pgid: {11: (10, 5), 12: (10, 6)})
+    monkeypatch.setattr(jobs, "cmdline", lambda pid: script if pid == 10 else seen[pid])
+    job = jobs.Job(world_size=2, engine="spawn", pgid=10, sources={},
+                   popen=SimpleNamespace(pid=10, returncode=None))
+    for look in looks:
+        seen.update(look)
+        job.watch_spawned(every=0.0)
+    assert job.spawned == {12: 6}  # (11 ran a program: no rank)

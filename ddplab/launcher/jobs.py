@@ -97,6 +97,8 @@ class Job:
                     or pid in self._not_ranks:
                 continue
             command = cmdline(pid)
+            if not command:  # (mid-exec or exiting: the kernel shows no arguments yet)
+                continue
             if "spawn_main" in command or ppid != self.popen.pid:
                 self.spawned[pid] = start
             elif command != script:
