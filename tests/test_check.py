@@ -216,9 +216,11 @@ def test_a_learner_checks_the_exercise_they_changed(tmp_path):
 def test_an_exercise_past_its_hard_limit_is_killed_with_all_it_started(tmp_path, monkeypatch):
     course = tmp_path / "course"
     (course / "exercises").mkdir(parents=True)
-    (course / "exercises" / "collective.py").write_text(variant())
-    monkeypatch.setattr(grading, "SLACK", 0.0)  # the limit: 2 launches x 1 s, no margin
-    outcome = grading.run_exercise("08", course, tmp_path, timeout=1.0)
+    # ranks that sleep well past the hard limit, which no launch timeout ends first
+    (course / "exercises" / "collective.py").write_text(variant(at_start_of_average(
+        "    import time\n    time.sleep(300)\n")))
+    monkeypatch.setattr(grading, "SLACK", -99.0)  # the limit: 2 launches x (100 - 99) s
+    outcome = grading.run_exercise("08", course, tmp_path, timeout=100.0)
     assert not outcome.correct and "still running after 2 s" in outcome.message
     ours = f"DDPLAB_RESULTS={course / 'results'}".encode()  # in the environment of all it ran
     assert [pid for pid, _ppid, _argv, environ in processes() if ours in environ] == []
