@@ -94,7 +94,7 @@ def unanswered(path: Any, first: Any = None) -> bool:
     skeleton's). A job written under the TODO line, the line left in, is the learner's."""
     if "TODO(exercise)" not in Path(path).read_text():
         return False
-    return first is None or (first.ok and not _steps(first))
+    return first is None or (first.ok and not rank_steps(first))
 
 
 def check_so_far(runs: Any) -> Any:
@@ -137,7 +137,7 @@ def judge_capstone(answer: Any) -> Optional[str]:
             if failed:
                 return f"the {name} run: {failed}"
     for name in RUNS:
-        if name in runs and not _steps(runs[name]) and name != "killed":
+        if name in runs and not rank_steps(runs[name]) and name != "killed":
             return (f"the {name} run reported no steps: write the job as {SKELETON} specifies, "
                     "and call log_step(step, loss) after every optimizer step.")
     for name in RUNS:
@@ -176,14 +176,16 @@ def _args(result: Any) -> dict[str, Any]:
     return metric(result, "args").get(0) or {}
 
 
-def _steps(result: Any) -> dict[int, dict[int, Any]]:
-    """Every rank's step reports, by step number."""
+def rank_steps(result: Any) -> dict[int, dict[int, Any]]:
+    """Every rank's step reports, by step number: ``rank_steps(run)[0][5]["loss"]`` is rank 0's
+    loss at step 5 (the notebook's plots and the judge read the same)."""
     return {rank: {s["step"]: s for s in values}
             for rank, values in metrics(result, "step").items()}
 
 
-def _squares(result: Any) -> Optional[float]:
-    """The summed squares of the final weights (summed over ranks' shards under FSDP)."""
+def summed_squares(result: Any) -> Optional[float]:
+    """The summed squares of the final weights (summed over ranks' shards under FSDP): equal for
+    two runs that end with the same weights, whatever their strategy or world size."""
     weights = metric(result, "weights")
     if not weights:
         return None
@@ -233,7 +235,7 @@ def _reference(result: Any) -> Any:
 
 
 def _load_hint(result: Any) -> Optional[str]:
-    for rank, steps in sorted(_steps(result).items()):
+    for rank, steps in sorted(rank_steps(result).items()):
         for step in sorted(steps):
             for load in steps[step].get("loads") or []:
                 if load["map_location"] is None:
@@ -249,7 +251,7 @@ def _strategy_hint(result: Any, strategy: str) -> Optional[str]:
         return f"launch it with --strategy {strategy} (it ran with {got})."
     if result.world_size != 2:
         return f"launch it on 2 processes (it ran on {result.world_size})."
-    first = min(_steps(result).get(0, {0: None}))
+    first = min(rank_steps(result).get(0, {0: None}))
     if first != 0:
         return (f"it started at step {first}: an unbroken run starts from nothing, in a "
                 "--checkpoint-dir of its own.")
@@ -260,7 +262,7 @@ def _single_hint(result: Any, reference: Any) -> Optional[str]:
     """The first thing in which one unbroken run differs from the reference's, or None."""
     if not reference.ok:
         return f"the reference run failed here ({reference.error}): report this to the course."
-    mine, ref = _steps(result), _steps(reference)
+    mine, ref = rank_steps(result), rank_steps(reference)
     if set(mine) != set(ref):
         return (f"ranks {sorted(ref)} should report steps; ranks {sorted(mine)} did: every "
                 "rank calls log_step.")
@@ -446,7 +448,7 @@ def _eval_hint(result: Any, reference: Any) -> Optional[str]:
     if want is not None and abs(got - want) > ACCURACY:
         return (f"rank 0 reported an accuracy of {got:.4f}, the reference {want:.4f}: score "
                 "the trained model on the whole test set, in eval mode.")
-    mine, theirs = _squares(result), _squares(reference)
+    mine, theirs = summed_squares(result), summed_squares(reference)
     if not _close(mine, theirs, WEIGHTS):
         return (f"the final weights differ from the reference's (summed squares {mine} "
                 f"against {theirs}).")
@@ -455,7 +457,7 @@ def _eval_hint(result: Any, reference: Any) -> Optional[str]:
 
 def _fsdp_hint(fsdp: Any, ddp: Any, sharded: bool = True) -> Optional[str]:
     """What the fsdp run did wrong; ``sharded=False``: a DDP run where FSDP2 cannot run."""
-    mine, ref = _steps(fsdp), _steps(ddp)
+    mine, ref = rank_steps(fsdp), rank_steps(ddp)
     for rank in sorted(ref):
         for step in sorted(ref[rank]):
             got, want = mine.get(rank, {}).get(step), ref[rank][step]
@@ -472,9 +474,9 @@ def _fsdp_hint(fsdp: Any, ddp: Any, sharded: bool = True) -> Optional[str]:
         return (f"fully_shard made {units} unit(s) of the model: shard each block that holds "
                 "parameters, then the root, so that a rank gathers one block's weights at a "
                 "time (the whole model at once is DDP's memory again).")
-    if not _close(_squares(fsdp), _squares(ddp), WEIGHTS):
+    if not _close(summed_squares(fsdp), summed_squares(ddp), WEIGHTS):
         return (f"the final weights differ from the ddp run's (summed squares "
-                f"{_squares(fsdp)} against {_squares(ddp)}).")
+                f"{summed_squares(fsdp)} against {summed_squares(ddp)}).")
     if _accuracy(fsdp) is None or abs(_accuracy(fsdp) - _accuracy(ddp)) > ACCURACY:
         return (f"rank 0 reported an accuracy of {_accuracy(fsdp)}, the ddp run "
                 f"{_accuracy(ddp)}: evaluate the full weights (gathered from the shards).")
@@ -510,7 +512,7 @@ def _killed_hint(killed: Any, ddp: Any) -> Optional[str]:
     if differs or killed.world_size != ddp.world_size:
         return ("launch the killed run like the ddp run (same arguments, 2 processes), "
                 f"plus the fault (it differs in {', '.join(differs) or 'world size'}).")
-    if min(_steps(killed).get(0, {0: None})) != 0:
+    if min(rank_steps(killed).get(0, {0: None})) != 0:
         return "the killed run must start from nothing: give it a --checkpoint-dir of its own."
     if _fault(killed).get("rank_0_saving"):
         return (f"rank 1 went on to step {step} while rank 0 was still writing the checkpoint "
@@ -525,7 +527,7 @@ def _killed_hint(killed: Any, ddp: Any) -> Optional[str]:
 
 def _resumed_hint(resumed: Any, killed: Any, ddp: Any) -> Optional[str]:
     want = _resume_step(killed)
-    mine, ref = _steps(resumed), _steps(ddp)
+    mine, ref = rank_steps(resumed), rank_steps(ddp)
     if _args(resumed).get("strategy") != "ddp" or resumed.world_size != ddp.world_size:
         return "launch the resumed run like the ddp run: --strategy ddp, 2 processes."
     first = min(mine[0])
@@ -568,9 +570,9 @@ def _resumed_hint(resumed: Any, killed: Any, ddp: Any) -> Optional[str]:
                 return (f"rank {rank}, step {step}: the resumed run drifted from the "
                         "unbroken one: the checkpoint must hold everything training depends "
                         "on, and the resume restore all of it.")
-    if _squares(resumed) != _squares(ddp) or _accuracy(resumed) != _accuracy(ddp):
+    if summed_squares(resumed) != summed_squares(ddp) or _accuracy(resumed) != _accuracy(ddp):
         return (f"the resumed run ended with other weights or accuracy than the unbroken one "
-                f"({_squares(resumed)}, {_accuracy(resumed)} against {_squares(ddp)}, "
+                f"({summed_squares(resumed)}, {_accuracy(resumed)} against {summed_squares(ddp)}, "
                 f"{_accuracy(ddp)}): on the same world size a resume is exact.")
     return None
 
@@ -581,7 +583,7 @@ def _resharded_hint(resharded: Any, killed: Any, ddp: Any, strategy: str = "fsdp
         return (f"launch the resharded run on 4 processes with --strategy {strategy}, on a "
                 "copy of the killed run's folder.")
     want = _resume_step(killed)
-    mine, ref = _steps(resharded), _steps(ddp)
+    mine, ref = rank_steps(resharded), rank_steps(ddp)
     first = min(mine[0])
     if first != want:
         return (f"the resharded run started at step {first}, the killed run's last "
@@ -612,9 +614,9 @@ def _resharded_hint(resharded: Any, killed: Any, ddp: Any, strategy: str = "fsdp
         return (f"on 4 ranks the mean loss was {sum(losses) / len(losses):.3f}, the unbroken "
                 f"run's over the same part of the job {sum(base) / len(base):.3f}: load the "
                 "model and the optimizer from the checkpoint.")
-    if not _close(_squares(resharded), _squares(ddp), RESHARD_WEIGHTS):
+    if not _close(summed_squares(resharded), summed_squares(ddp), RESHARD_WEIGHTS):
         return (f"on 4 ranks the final weights are far from the unbroken run's (summed "
-                f"squares {_squares(resharded)} against {_squares(ddp)}).")
+                f"squares {summed_squares(resharded)} against {summed_squares(ddp)}).")
     accuracy = _accuracy(resharded)
     if accuracy is None or abs(accuracy - _accuracy(ddp)) > RESHARD_ACCURACY:
         return (f"on 4 ranks the accuracy was {accuracy}, the unbroken run's "
