@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch_path import cold
+from launch_path import machine_problems
 
 import ddplab
 from ddplab import env as ddenv
@@ -107,15 +107,6 @@ def test_another_torch_on_the_path_changes_the_key(tmp_path, monkeypatch):
     assert after["torch"][0] == "0.1" and after["torch"] != before["torch"]
     assert {k: v for k, v in after.items() if k != "torch"} == \
         {k: v for k, v in before.items() if k != "torch"}
-
-
-def machine_problems(found: list) -> list:
-    """The doctor's ``(problem, fix)`` pairs but its notice of how launches start, which it
-    gives exactly once where launches cannot fork (``test_doctor_says_how_launches_start_here``
-    reads it) and never where they can: what remains is about the machine alone."""
-    notices = [pair for pair in found if pair[0].startswith("launches cannot fork")]
-    assert len(notices) == (1 if cold() else 0), found
-    return [pair for pair in found if pair not in notices]
 
 
 def test_problems_name_their_fix(monkeypatch):
