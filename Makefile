@@ -8,8 +8,8 @@ export MPLBACKEND ?= Agg
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 NB_TIMEOUT ?= 600
 
-.PHONY: setup lock lab test test-fast test-unit test-soak test-notebooks course bench strip \
-	test-browser test-compat test-newest test-gpu test-flakes clean
+.PHONY: setup lock lab test test-cold test-fast test-unit test-soak test-notebooks course bench \
+	strip test-browser test-compat test-newest test-gpu test-flakes clean
 
 LOCK   := requirements/lock.txt
 UV     := uv==0.13.9
@@ -61,8 +61,8 @@ PYTEST_EXIT = s=$$?; [ $$s -ne 5 ] || echo "make $@: pytest collected no tests: 
 
 # Test runs keep the doctor's cached facts (ddplab/env.py) in a folder of their own, not in the
 # user's ~/.cache/ddplab.
-test test-fast test-unit test-soak test-flakes test-notebooks test-browser test-compat test-gpu: \
-	export DDPLAB_CACHE_DIR ?= $(CURDIR)/build/test-cache
+test test-cold test-fast test-unit test-soak test-flakes test-notebooks test-browser test-compat \
+	test-gpu: export DDPLAB_CACHE_DIR ?= $(CURDIR)/build/test-cache
 
 # Everything CI runs before its optional steps: every unit test and every notebook in one
 # parallel run, then the few tests that need the whole machine (marked serial), alone.
@@ -70,6 +70,10 @@ test: setup
 	$(PYTEST) $(XDIST) -m "not soak and not serial" --durations=15 $(NBVAL) $(LONGEST) \
 		notebooks tests --ignore=tests/browser || { $(PYTEST_EXIT); }
 	$(PYTEST) -m "serial and not soak" tests --ignore=tests/browser || { $(PYTEST_EXIT); }
+
+# make test with every launch a cold torchrun subprocess (no fork): the path macOS and Windows get.
+test-cold:
+	DDPLAB_LAUNCH_PATH=subprocess $(MAKE) test
 
 # For contributors, under 90 s: the unit tests that start no process (not marked slow or
 # launch), then one smoke launch per engine (tests/test_smoke.py).

@@ -6,6 +6,10 @@ A file whose tests start processes (a launch, torchrun, mp.spawn, a Python subpr
 whole by naming it in ``LAUNCHING``, or by ``pytestmark = pytest.mark.launch`` in the file. Under
 ``make test-fast`` (``-m "not slow and not launch ..."``) an audit hook fails any remaining test
 that starts a Python process or forks, and says how to mark it, so the fast set stays fast.
+
+Which way this run's launches start (forked from a warm helper, or a cold torchrun subprocess
+each, as on macOS and under ``make test-cold``), and what a test does about it:
+``tests/launch_path.py``.
 """
 
 from __future__ import annotations

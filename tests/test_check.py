@@ -14,6 +14,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
+from launch_path import launch_timeout
 
 from ddplab import launch
 from ddplab.lab import grading
@@ -94,7 +95,8 @@ def graded(tmp_path_factory):
             (root / name / "exercises").mkdir(parents=True)
             (root / name / "exercises" / "collective.py").write_text(text)
     env = {**os.environ, "TMPDIR": str(tmp)}
-    done = ddplab("check", "--submissions", str(root), "--jobs", "2", "--timeout", "15",
+    per_launch = f"{launch_timeout(15):g}"  # the hang and the printer run it out
+    done = ddplab("check", "--submissions", str(root), "--jobs", "2", "--timeout", per_launch,
                   "--json", str(outside / "grades.json"), "--junit", str(outside / "grades.xml"),
                   env=env, cwd=outside)
     return {"done": done, "tmp": tmp, "outside": outside, "pids": pids, "root": root,
@@ -216,11 +218,12 @@ def test_a_learner_checks_the_exercise_they_changed(tmp_path):
 def test_an_exercise_past_its_hard_limit_is_killed_with_all_it_started(tmp_path, monkeypatch):
     course = tmp_path / "course"
     (course / "exercises").mkdir(parents=True)
-    # ranks that sleep well past the hard limit, which no launch timeout ends first
     (course / "exercises" / "collective.py").write_text(variant(at_start_of_average(
-        "    import time\n    time.sleep(300)\n")))
-    monkeypatch.setattr(grading, "SLACK", -99.0)  # the limit: 2 launches x (100 - 99) s
-    outcome = grading.run_exercise("08", course, tmp_path, timeout=100.0)
+        "    import time\n    time.sleep(600)\n")))  # no launch of it ends before its timeout
+    # the hard limit: 2 launches x (30 s - 29 s), long before the launch's own 30 s timeout
+    # ends anything (whichever way ranks start, and however slowly)
+    monkeypatch.setattr(grading, "SLACK", -29.0)
+    outcome = grading.run_exercise("08", course, tmp_path, timeout=30.0)
     assert not outcome.correct and "still running after 2 s" in outcome.message
     ours = f"DDPLAB_RESULTS={course / 'results'}".encode()  # in the environment of all it ran
     assert [pid for pid, _ppid, _argv, environ in processes() if ours in environ] == []

@@ -188,7 +188,10 @@ def test_desync_reference_passes_the_detail_checks():
 
 @pytest.mark.slow
 def test_one_rank_collective_hangs_until_the_launcher_ends_it_and_nothing_survives():
-    result = run(DESYNC, "--fault", "one_rank", timeout=6)
+    # Each rank emits ``shard`` just before the collective it waits in: the job is ended as a
+    # timeout once both have, not by a clock (a cold launch's ranks start seconds later).
+    result = run(DESYNC, "--fault", "one_rank", timeout=300,
+                 on_event=end_once_said(("shard", 0), ("shard", 1)))
     assert result.status == "timeout" and result.root_cause is None
     assert len(result.pids) == 2
     assert postmortem.survivors(result.pids.values()) == []

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from launch_path import machine_problems
 
 import ddplab
 from ddplab import env as ddenv
@@ -117,7 +118,8 @@ def test_problems_name_their_fix(monkeypatch):
     assert any("--shm-size" in fix for fix in found.values())
     facts.update(gpu_count=2, shm_bytes=2**32)
     monkeypatch.delenv("DDPLAB_BACKEND")
-    assert [p for p, _ in ddenv.problems(facts)] == ["GPUs present but nccl is unavailable"]
+    assert [p for p, _ in machine_problems(ddenv.problems(facts))] == [
+        "GPUs present but nccl is unavailable"]
 
 
 @pytest.mark.parametrize("setting, expected", [
@@ -168,14 +170,15 @@ def _decisions() -> list[dict]:
 
 
 def decide(extra_env=None, **spec):
-    """The doctor's plan and problems, and dist's choices, with torch.cuda patched elsewhere.
-    Whatever the machine, the doctor's backend is the one the ranks pick (one rule)."""
+    """The doctor's plan and problems (the machine's: ``machine_problems``), and dist's
+    choices, with torch.cuda patched elsewhere. Whatever the machine, the doctor's backend is
+    the one the ranks pick (one rule)."""
     machine = {**spec, **({"env": extra_env} if extra_env else {})}
     assert machine in MACHINES, f"add {machine} to MACHINES"
     seen = _decisions()[MACHINES.index(machine)]
     assert seen["doctor"]["backend"] == seen["backend"], seen
     assert seen["doctor"]["plan"] == seen["plan"] and f"with {seen['backend']}" in seen["plan"]
-    return seen
+    return {**seen, "problems": machine_problems(seen["problems"])}
 
 
 def test_no_gpu_two_ranks_on_cpu_with_gloo():

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from launch_path import needs_fork
 
 import ddplab
 from ddplab import env, launch
@@ -41,6 +42,7 @@ def forkers(results: list, what: str = "threads") -> dict[int, Any]:
 
 
 def test_one_node_the_agent_forks_with_no_other_thread_and_nothing_outlives_the_job():
+    needs_fork()  # (a cold torchrun's agent runs threads of its own: its ranks exec: store_threads)
     result = launch(PROBE, 4, quiet=True, timeout=120)
     threads = forkers([result])
     assert sorted(threads) == [0, 1, 2, 3]
@@ -85,6 +87,7 @@ def own_address() -> str:
 
 @pytest.mark.parametrize("restarts", [0, 1], ids=["static", "c10d"])
 def test_on_an_address_that_is_not_loopback_the_store_is_kept_out_of_the_agent_too(restarts):
+    needs_fork()  # (a cold torchrun's agent serves its own store: its ranks exec: store_threads)
     address = own_address()
     result = launch(PROBE, 2, master_addr=address, max_restarts=restarts, quiet=True,
                     timeout=120)

@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 import pytest
+from launch_path import needs_fork
 
 import ddplab
 from ddplab import LaunchError, launch
@@ -94,15 +95,6 @@ def until(condition, what: str, seconds: float = 60.0) -> bool:
         assert time.monotonic() < end, f"{what} (still so after {seconds:g} s)"
         time.sleep(0.02)
     return True
-
-
-def needs_fork() -> None:
-    """Skip a test of the fork path where launches cannot fork (as with
-    ``DDPLAB_LAUNCH_PATH=subprocess`` set for a whole run)."""
-    from ddplab.env import no_fork_reason
-
-    if no_fork_reason() is not None:
-        pytest.skip(f"tests the fork path, and launches cannot fork here: {no_fork_reason()}")
 
 
 def printed_pids(text: str) -> list[int]:
@@ -207,6 +199,7 @@ def test_timeout_ends_the_whole_group():
     # The clock itself is the point: this is the forked path's one test of a real timeout
     # (the subprocess path's and the spawn engine's are in test_rank_behaviour); the other
     # hangs of the suite end through ``on_event`` (``end_once_said``).
+    needs_fork()  # (20 s is sized for forked ranks: cold ones were still importing torch then)
     result = launch(FAULTY, 2, args=["hang"], timeout=20, quiet=True)
     assert result.status == "timeout" and not result.ok
     assert "timed out after 20 s" in result.error and result.still_running == [0, 1]

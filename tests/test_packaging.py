@@ -138,13 +138,15 @@ def test_the_readme_table_names_every_tested_release():
 
 
 def test_the_doctor_names_an_untested_torch_and_the_command_that_installs_the_tested_set():
+    from launch_path import machine_problems
+
     from ddplab import env, versions
 
     facts = {"torch": "2.99.0+cu130", "backends": {"gloo": True}, "gpu_count": 0,
              "start_method": "fork"}
-    (problem, fix), = env.problems(facts)
+    (problem, fix), = machine_problems(env.problems(facts))
     assert "2.99.0" in problem and "2.14.1" in problem
     assert fix.endswith(f"-m pip install -r {versions.LOCK_FILE}")  # a clone has the lock
     facts["torch"] = f"{versions.LOCKED_TORCH}+cpu"
-    assert env.problems(facts) == []
+    assert machine_problems(env.problems(facts)) == []
     assert versions.torch_status("2.6.0") and not versions.torch_status("2.7.0")
