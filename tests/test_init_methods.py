@@ -18,8 +18,16 @@ def joined(result) -> list[dict]:
 
 @pytest.mark.parametrize("method", ["env://", "tcp://127.0.0.1:{port}", "file://{tmp}/store"])
 def test_every_init_method_forms_a_working_group(method, tmp_path):
-    url = method.format(port=free_port(), tmp=tmp_path)
-    result = launch(TARGET, 2, args=["--init-method", url], quiet=True, timeout=120)
+    # (file://: torch's last process to let go deletes the file, but each adds itself to two
+    # counts in it one after the other; two letting go at once can each miss the other's, and
+    # the file stays: 3 clean jobs in 180 under stress-ng --cpu 2. Notebook 07 tries again in a
+    # new folder, and so does this test, up to three times.)
+    for attempt in range(3):
+        url = method.format(port=free_port(), tmp=tmp_path / str(attempt))
+        (tmp_path / str(attempt)).mkdir()
+        result = launch(TARGET, 2, args=["--init-method", url], quiet=True, timeout=120)
+        if not result.ok or not (tmp_path / str(attempt) / "store").exists():
+            break
     assert result.ok, result.error
     events = joined(result)
     assert [e["rank"] for e in events] == [0, 1]
@@ -27,7 +35,7 @@ def test_every_init_method_forms_a_working_group(method, tmp_path):
     assert all(e["torchrun_env"]["WORLD_SIZE"] == "2" for e in events)
     assert [e["torchrun_env"]["LOCAL_RANK"] for e in events] == ["0", "1"]
     if method.startswith("file://"):
-        assert not (tmp_path / "store").exists()  # a clean exit removes the store file
+        assert not (tmp_path / str(attempt) / "store").exists()  # a clean exit removes it
 
 
 def test_file_store_is_left_by_a_crash(tmp_path):
