@@ -453,3 +453,19 @@ def test_ddplab_check_launches_a_job_that_kept_its_todo_once_when_that_run_fails
     job.write_text("# TODO(exercise): the job (see the specification above).\n")
     outcome = grading._judge_capstone(grading.LAUNCHES["13"], str(job), 300.0, 0.0)
     assert launched == ["first"] and outcome.sizes == list(grading.LAUNCHES["13"].sizes)[:1]
+
+
+def test_a_killed_run_that_did_not_die_on_rank_1_says_what_it_did_instead():
+    from ddplab.launcher.causes import RankFailure
+    from ddplab.launcher.results import RunResult
+    from ddplab.lab.judges import capstone as judge
+
+    fault = {1: [{"kind": "metric", "name": "fault", "rank": 1,
+                  "value": {"step": 5, "rank_0_saving": False}}]}
+    lost = RankFailure(rank=0, exitcode=1, message="RuntimeError: the peer went away")
+    killed = RunResult(status="failed", returncode=1, wall_time=1.0, world_size=2,
+                       events=fault, root_cause=lost)
+    hint = judge._killed_hint(killed, killed)
+    assert "did not die on rank 1 (rank 0 failed first: RuntimeError: the peer went away)" in hint
+    no_fault = RunResult(status="ok", returncode=0, wall_time=1.0, world_size=2)
+    assert "(it reported no fault)" in judge._killed_hint(no_fault, no_fault)

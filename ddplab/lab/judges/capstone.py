@@ -505,7 +505,10 @@ def _killed_hint(killed: Any, ddp: Any) -> Optional[str]:
     step = _kill_step(killed)
     cause = killed.root_cause
     if step is None or killed.ok or cause is None or cause.rank != 1:
-        return ("the killed run did not die on rank 1: launch it with --kill-rank 1 "
+        seen = ("it reported no fault" if step is None else "it ended ok" if killed.ok else
+                "no rank failed" if cause is None else f"rank {cause.rank} failed first: "
+                f"{cause.message or cause.signal or cause.exitcode}")
+        return (f"the killed run did not die on rank 1 ({seen}): launch it with --kill-rank 1 "
                 "--kill-at-step K (mid-epoch, after a checkpoint) and a --checkpoint-dir of "
                 "its own.")
     differs = [k for k, v in _args(ddp).items() if _args(killed).get(k) != v]
