@@ -93,11 +93,9 @@ class Job:
             if ppid == self.popen.pid and "multiprocessing.forkserver" in cmdline(pid):
                 parents.add(pid)
         for pid, (ppid, start) in table.items():
-            if ppid not in parents or pid in parents or pid in self.spawned \
+            command = cmdline(pid)  # (empty mid-exec or exiting: looked at again next time)
+            if not command or ppid not in parents or pid in parents or pid in self.spawned \
                     or pid in self._not_ranks:
-                continue
-            command = cmdline(pid)
-            if not command:  # (mid-exec or exiting: the kernel shows no arguments yet)
                 continue
             if "spawn_main" in command or ppid != self.popen.pid:
                 self.spawned[pid] = start
