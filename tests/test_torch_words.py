@@ -154,6 +154,33 @@ def test_a_rank_ended_by_sigterm_after_its_own_error_is_the_root_cause_not_the_p
     assert causes.root_cause(found, {1: (1, 100.0)}).rank == 1  # (rank 0 said no exit)
 
 
+def test_a_killed_rank_torch_did_not_report_is_the_root_cause_not_the_peer_that_lost_it():
+    """Rank 1 is SIGKILLed; rank 0 loses it and exits. Under load the agent looks only after
+    both ended, and torch reports the first one it finds, rank 0: rank 1's exit is unknown."""
+    from ddplab.launcher.jobs import Job
+    from ddplab.launcher.results import job_outcome
+
+    lost = torch_words.PEER_LOST.seen[0][1]
+
+    def outcome(world_size, said_exit, logs):
+        job = Job(world_size=world_size, engine="torchrun", pgid=0, sources={},
+                  pids={rank: 100 + rank for rank in range(world_size)},
+                  report={"status": "failed", "exits": {"0": (1, 10.0)}}, said_exit=said_exit)
+        return job_outcome(job, {"logs": logs, "stderr": {}, "events": {}}, "done", 1.0, "", [],
+                           {})
+
+    failed = outcome(2, {0: (1, 9.5)}, {0: ["step 24", lost], 1: ["fault injection: kill"]})
+    assert failed.exit_codes == {0: 1, 1: None}  # (unknown: nothing claimed)
+    assert failed.root_cause.rank == 1 and failed.root_cause.when == causes.SILENT
+    assert failed.error.startswith("rank 1 ended without a word")
+    # two ranks said nothing (one killed, one ended by the agent): which one is not known
+    unsure = outcome(3, {0: (1, 9.5)}, {0: [lost]})
+    assert unsure.root_cause.rank == 0 and unsure.exit_codes == {0: 1, 1: None, 2: None}
+    # a peer that failed of its own is the root cause, whoever said nothing
+    own = outcome(2, {0: (1, 9.5)}, {0: ["ValueError: rank 0's own"]})
+    assert own.root_cause.rank == 0 and own.root_cause.message == "ValueError: rank 0's own"
+
+
 def test_fingerprints_read_every_field_and_the_barrier_form():
     first, barrier = (line for _, line in torch_words.DETAIL_MISMATCH.seen)
     assert torch_words.fingerprints(first) == {

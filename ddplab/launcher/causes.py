@@ -28,7 +28,8 @@ class RankFailure:
     at_exit: bool = False
 
     def __str__(self) -> str:
-        how = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exitcode}"
+        how = f"was killed by {self.signal}" if self.signal else "ended" \
+            if self.exitcode is None else f"exited with code {self.exitcode}"
         who = f"rank {self.rank}" if self.rank is not None else "the launching process"
         text = f"{who} {how}" + (f" {self.when}" if self.when else "")
         if self.message:
@@ -61,17 +62,26 @@ def reported_exits(logs: Logs) -> dict[int, int]:
     return found
 
 
+def echo(f: RankFailure) -> bool:
+    """Whether ``f`` only lost a peer, or was ended by SIGTERM with no error of its own."""
+    return bool(torch_words.PEER_LOST.search(f"{f.message}\n{f.traceback}")) \
+        or (f.signal == "SIGTERM" and not f.message)
+
+
+#: A rank's ``when`` where its peers only lost it and it said nothing (see ``results``).
+SILENT = ("without a word, its exit unreported (killed by a signal: SIGKILL, the OOM killer, "
+          "say); its peers failed because they lost it")
+
+
 def root_cause(failures: list[RankFailure],
                 exits: dict[int, tuple[int, float]]) -> RankFailure:
     """The first genuine failure; after it a lost peer or SIGTERM, an abort at exit, then the
     launching process (mp.spawn fails when a rank did). A rank ended by SIGTERM after an error
     of its own (a collective's timeout, say, still on its way out) failed genuinely."""
     def key(f: RankFailure) -> tuple[bool, bool, bool, float, int]:
-        echo = bool(torch_words.PEER_LOST.search(f"{f.message}\n{f.traceback}")) \
-            or (f.signal == "SIGTERM" and not f.message)
         if f.rank is None:
-            return echo, f.at_exit, True, 0.0, -1
-        return echo, f.at_exit, False, exits.get(f.rank, (0, 0.0))[1], f.rank
+            return echo(f), f.at_exit, True, 0.0, -1
+        return echo(f), f.at_exit, False, exits.get(f.rank, (0, 0.0))[1], f.rank
     return sorted(failures, key=key)[0]
 
 

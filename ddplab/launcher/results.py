@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
-from .causes import (NO_RANK_HINT, Logs, RankFailure, hint_for, reported_exits,
+from .causes import (NO_RANK_HINT, SILENT, Logs, RankFailure, echo, hint_for, reported_exits,
                      mark_exit_aborts, root_cause, short_message, signal_name, stderr_cause,
                      traceback_tail)
 
@@ -127,6 +127,11 @@ def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, why: s
             "interpreter); end worker scripts normally or with sys.exit"))
             for rank in ranks if rank not in job.said_exit
             and result.exit_codes.get(rank) in (0, None)]
+    # torch reports the first failure it saw: under load, a peer that lost a killed rank
+    silent = [rank for rank in ranks if result.exit_codes.get(rank) is None
+              and rank not in job.said_exit and not short_message(logs.get(rank, []))]
+    if failures and len(silent) == 1 and job.engine != "spawn" and all(map(echo, failures)):
+        failures.append(RankFailure(rank=silent[0], exitcode=None, when=SILENT))
     no_rank = job.engine == "spawn" and watched is not None and not ranks
     if not failures and (code or no_rank):  # the launching process itself failed
         message, tail = stderr_cause(stderr.get("launcher", []))
@@ -140,7 +145,7 @@ def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, why: s
         mark_exit_aborts(failures, logs, job.said_exit, stderr)
         cause = result.root_cause = root_cause(failures, exits)
         where: Union[int, str] = "launcher" if cause.rank is None else cause.rank
-        if not cause.message and not cause.traceback and cause.signal is None:
+        if not (cause.message or cause.traceback or cause.signal or cause.when):
             cause.message, cause.traceback = stderr_cause(stderr.get(where, [])[-50:])
         if not cause.hint:  # (advice where ddplab knows the fix)
             cause.hint = hint_for("\n".join([cause.message, cause.traceback,
