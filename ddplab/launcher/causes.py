@@ -68,9 +68,9 @@ def echo(f: RankFailure) -> bool:
         or (f.signal == "SIGTERM" and not f.message)
 
 
-#: A rank's ``when`` where its peers only lost it and it said nothing (see ``results``).
-SILENT = ("without a word, its exit unreported (killed by a signal: SIGKILL, the OOM killer, "
-          "say); its peers failed because they lost it")
+#: A rank's ``when`` where its peers only lost it and it raised nothing (see ``results``).
+SILENT = ("with its exit unreported and no error of its own (a signal: SIGKILL from the OOM "
+          "killer, say); its peers only lost it")
 
 
 def root_cause(failures: list[RankFailure],

@@ -128,7 +128,7 @@ def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, why: s
             for rank in ranks if rank not in job.said_exit
             and result.exit_codes.get(rank) in (0, None)]
     # torch reports the first failure it saw: under load, a peer that lost a killed rank
-    silent = [rank for rank in ranks if result.exit_codes.get(rank) is None
+    silent = [rank for rank in sorted(job.pids) if result.exit_codes.get(rank) is None
               and rank not in job.said_exit and not short_message(logs.get(rank, []))]
     if failures and len(silent) == 1 and job.engine != "spawn" and all(map(echo, failures)):
         failures.append(RankFailure(rank=silent[0], exitcode=None, when=SILENT))
@@ -145,7 +145,7 @@ def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, why: s
         mark_exit_aborts(failures, logs, job.said_exit, stderr)
         cause = result.root_cause = root_cause(failures, exits)
         where: Union[int, str] = "launcher" if cause.rank is None else cause.rank
-        if not (cause.message or cause.traceback or cause.signal or cause.when):
+        if not cause.message and not cause.traceback and cause.signal is None:
             cause.message, cause.traceback = stderr_cause(stderr.get(where, [])[-50:])
         if not cause.hint:  # (advice where ddplab knows the fix)
             cause.hint = hint_for("\n".join([cause.message, cause.traceback,
