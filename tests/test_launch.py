@@ -1017,3 +1017,31 @@ def test_the_jobs_pythonwarnings_filter_the_ranks_warnings_as_in_a_fresh_python(
         other = launch(str(script), 2, quiet=True, timeout=120, env={
             "PYTHONWARNINGS": "error::DeprecationWarning,error::UserWarning:elsewhere"})
         assert other.ok, other.error  # another category, another module: not this warning
+
+
+def test_a_stderr_connection_s_number_given_again_to_a_stdout_one_carries_stdout():
+    """A restart closes a rank's connections and accepts new ones; the operating system gives
+    a closed stderr connection's number to the next one, which may be a rank's stdout."""
+    import selectors
+    from types import SimpleNamespace
+
+    from ddplab.launcher.jobs import Job
+    from ddplab.launcher.output import Streams
+
+    job = Job(world_size=1, engine="torchrun", pgid=os.getpid(), sources={})
+    view = SimpleNamespace(quiet=True, line=lambda *a: None, event=lambda e: None)
+    streams = Streams([job], view)
+    numbers = []
+    for stream, text in (("err", b"boom\n"), ("out", b"attempt 1\n")):
+        read_end, write_end = os.pipe()
+        numbers.append(read_end)
+        os.set_blocking(read_end, False)
+        streams.sel.register(read_end, selectors.EVENT_READ, (0, job, "hello"))
+        os.write(write_end, b"rank 1 %s %d\n" % (stream.encode(), os.getpid()) + text)
+        os.close(write_end)
+        while read_end in streams.sel.get_map():
+            streams._read(read_end, *streams.sel.get_key(read_end).data)
+    streams.close()
+    assert numbers[0] == numbers[1], "the test needs the number given again"
+    assert streams.read[0]["stderr"] == {1: ["boom"]}
+    assert streams.read[0]["logs"] == {1: ["boom", "attempt 1"]}

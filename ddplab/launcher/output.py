@@ -164,20 +164,20 @@ class Streams:
                chunk: bytes) -> None:
         """Print and record the whole lines ``chunk`` completes (all at the end)."""
         data = self.partial.pop(fd, b"") + chunk
-        lines = data.split(b"\n")
+        lines, err = data.split(b"\n"), fd in job.err_fds
         if chunk:
             self.partial[fd] = lines.pop()
             if self.keep and len(self.partial[fd]) > LONGEST_PARTIAL:
                 lines.append(self.partial.pop(fd))
         else:
             self._close(fd)
+            job.err_fds.discard(fd)  # (its number may come back for another rank's stdout)
             if label == "launcher":
                 self.closing.add(index)
             if lines and not lines[-1]:
                 lines.pop()
         for raw in lines:
-            self._line(index, job, label, raw.decode("utf-8", "replace").rstrip("\r"),
-                       fd in job.err_fds)
+            self._line(index, job, label, raw.decode("utf-8", "replace").rstrip("\r"), err)
 
     def _close(self, fd: int) -> None:
         self.sel.unregister(fd)
