@@ -84,6 +84,13 @@ def test_stopped_at_reads_the_last_stack_of_a_rank_and_its_code(tmp_path):
     assert str(frame).startswith("job.py:31 in main: dist.all_reduce")
     assert postmortem.stopped_at(result, 1) is None
     assert postmortem.stopped_at(result, 0, "other.py") is None
+    # an abort while exiting, after the traceback: its dump shows only the exit's frames
+    exit_dump = ["terminate called without an active exception", "Fatal Python error: Aborted",
+                 "Thread 0x00007f00 (most recent call first):",
+                 '  File "/usr/lib/python3.11/threading.py", line 1590 in _shutdown']
+    result.logs[0] += exit_dump
+    assert postmortem.stopped_at(result, 0, "job.py").line == 31
+    assert postmortem.stopped_at(result, 0).line == 31
 
 
 def test_fingerprints_name_each_ranks_collective():

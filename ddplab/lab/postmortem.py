@@ -80,7 +80,9 @@ def user_frames(lines: Iterable[str]) -> list[Frame]:
 
 
 def stopped_at(result: Any, rank: int, script: str = "") -> Optional[Frame]:
-    """The innermost line of user code in ``rank``'s last traceback, or None (no traceback).
+    """The innermost line of user code in the last of ``rank``'s stacks (tracebacks,
+    ``faulthandler`` dumps) that shows one, or None. (A dump of an abort while the interpreter
+    exits, after the traceback, shows only the exit's frames: the traceback is read.)
 
     Args:
         result: a launch's ``RunResult``.
@@ -90,10 +92,11 @@ def stopped_at(result: Any, rank: int, script: str = "") -> Optional[Frame]:
     """
     lines = list(result.logs.get(rank, []))
     starts = [i for i, text in enumerate(lines) if "most recent call" in text]
-    if not starts:
-        return None
-    frames = [f for f in user_frames(lines[starts[-1]:]) if f.path.endswith(script)]
-    return frames[-1] if frames else None
+    for start, end in reversed(list(zip(starts, [*starts[1:], len(lines)]))):
+        frames = [f for f in user_frames(lines[start:end]) if f.path.endswith(script)]
+        if frames:
+            return frames[-1]
+    return None
 
 
 def error_lines(result: Any, rank: int, pattern: str) -> list[str]:
