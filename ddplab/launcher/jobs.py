@@ -93,10 +93,9 @@ class Job:
             if ppid == self.popen.pid and "multiprocessing.forkserver" in cmdline(pid):
                 parents.add(pid)
         for pid, (ppid, start) in table.items():
-            command = cmdline(pid)  # (empty mid-exec or exiting: looked at again next time)
-            if not command or ppid not in parents or pid in parents or pid in self.spawned \
-                    or pid in self._not_ranks:
-                continue
+            if ppid not in parents or pid in parents or pid in self.spawned \
+                    or pid in self._not_ranks or not (command := cmdline(pid)):
+                continue  # (a command line empty mid-exec or exiting: looked at again later)
             if "spawn_main" in command or ppid != self.popen.pid:
                 self.spawned[pid] = start
             elif command != script:
