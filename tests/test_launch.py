@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launch_path import needs_fork
+from launch_path import launch_timeout, needs_fork
 
 import ddplab
 from ddplab import LaunchError, launch
@@ -764,15 +764,15 @@ def test_a_pid_that_names_another_process_now_is_not_signalled():
         sleeper.wait()
 
 
-def test_socket_folders_go_at_exit_and_those_of_a_killed_owner_at_the_next_start(
+def test_private_folders_go_at_exit_and_those_of_a_killed_owner_at_the_next_start(
         request, monkeypatch):
     import shutil
     import tempfile
 
-    from ddplab.launcher.procs import socket_folder
+    from ddplab.launcher.procs import private_folder
 
-    code = ("import sys, time\nfrom ddplab.launcher.procs import socket_folder\n"
-            "print(socket_folder('ddplab-test-'), flush=True)\n"
+    code = ("import sys, time\nfrom ddplab.launcher.procs import private_folder\n"
+            "print(private_folder('ddplab-test-'), flush=True)\n"
             "if sys.argv[1:] == ['hold']:\n    time.sleep(120)\n")
     short = tempfile.mkdtemp(prefix="dd", dir="/tmp")  # (a long one would be left for /tmp)
     request.addfinalizer(lambda: shutil.rmtree(short, ignore_errors=True))
@@ -788,7 +788,7 @@ def test_socket_folders_go_at_exit_and_those_of_a_killed_owner_at_the_next_start
     killed.wait()
     assert os.path.isdir(left) and left.startswith(short)
     monkeypatch.setattr(tempfile, "tempdir", short)
-    mine = socket_folder("ddplab-test-")
+    mine = private_folder("ddplab-test-")
     assert not os.path.exists(left) and os.path.isdir(mine)  # reclaimed; a new one made
 
 
@@ -802,6 +802,24 @@ PATHS = ["fork", "subprocess"]
 def _on(path: str, monkeypatch) -> None:
     if path == "subprocess":  # the path macOS takes: a cold torchrun subprocess
         monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_ranks_use_their_job_s_tmpdir_and_a_launch_leaves_nothing_there(
+        monkeypatch, tmp_path, path):
+    """A forked rank's tempfile read the helper's TMPDIR, not its job's; torch's agent made a
+    log folder there every launch (torchelastic_*) and left it."""
+    if path == "fork":
+        needs_fork()
+    _on(path, monkeypatch)
+    script, job_tmp = tmp_path / "tmp.py", tmp_path / "job"
+    script.write_text("import tempfile\nprint('tmp', tempfile.gettempdir())\n")
+    job_tmp.mkdir()
+    result = launch(str(script), 2, quiet=True, timeout=launch_timeout(120),
+                    env={"TMPDIR": str(job_tmp)})
+    assert result.ok, result.error
+    assert [result.logs[rank] for rank in (0, 1)] == [[f"tmp {job_tmp}"]] * 2
+    assert sorted(os.listdir(job_tmp)) == []
 
 
 @pytest.mark.parametrize("mode,signal_name", [("kill", "SIGKILL"), ("segv", "SIGSEGV"),

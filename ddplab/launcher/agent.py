@@ -9,14 +9,16 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import traceback
 from typing import Any
 
 from ..events import MARKER
 from . import entry
-from .procs import connect_streams, set_parent_death_signal
+from .procs import connect_streams, private_folder, set_parent_death_signal
 
 RDZV_BACKEND = "ddplab"
 
@@ -28,11 +30,13 @@ def run_agent(req: dict[str, Any], helper: int) -> None:
     if os.getppid() != helper:  # the helper died before the line above: so must this launch
         os._exit(70)
     # The helper's directory, environment and path are the first launch's: this one's instead
-    # (its ranks put this job's PYTHONPATH and directory on the path, as a fresh python would).
+    # (its ranks put this job's PYTHONPATH and directory on the path, as a fresh python would;
+    # tempfile reads this job's TMPDIR again).
     first = {os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep)}
     sys.path[:] = [path for path in sys.path if path not in first]
     os.environ.clear()
     os.environ.update(req["env"])
+    tempfile.tempdir = None
     connect_streams("launcher")
     os.chdir(req["cwd"])
     report: dict[str, Any]
@@ -51,6 +55,7 @@ def _elastic_run(req: dict[str, Any]) -> dict[str, Any]:
     """Call PyTorch's elastic launcher as torchrun would, with forked workers."""
     import logging
 
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
     from torch.distributed.launcher.api import elastic_launch
@@ -58,16 +63,19 @@ def _elastic_run(req: dict[str, Any]) -> dict[str, Any]:
     # ddplab reports failures itself (the rank entry turns logging back on).
     logging.disable(logging.ERROR)
     rendezvous_handler_registry.register(RDZV_BACKEND, _one_node_handler())
+    logs = private_folder("ddplab-agent-")  # (torch's log folders; its own would stay in /tmp)
     config = launch_config(
         min_nodes=1, max_nodes=1, nproc_per_node=int(req["nproc_per_node"]),
         run_id=req["run_id"], rdzv_backend=RDZV_BACKEND, rdzv_endpoint=req["rdzv_endpoint"],
         max_restarts=int(req.get("max_restarts", 0)), monitor_interval=0.01,
-        start_method="fork", shutdown_timeout=5)
+        start_method="fork", shutdown_timeout=5, logs_specs=DefaultLogsSpecs(log_dir=logs))
     try:
         elastic_launch(config, entry.run_rank)(req["target"], req["args"], int(req["threads"]))
     except ChildFailedError as err:  # the rank torch saw fail first: its exit code or -signal
         return {"status": "failed", "exits": {rank: (failure.exitcode, failure.timestamp)
                                               for rank, failure in err.failures.items()}}
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
     return {"status": "ok"}
 
 

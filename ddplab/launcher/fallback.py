@@ -11,7 +11,7 @@ import sys
 from typing import Any, Optional
 
 from .jobs import Job
-from .procs import dies_with_parent, kill_marked, rank_channel
+from .procs import dies_with_parent, kill_marked, private_folder, rank_channel
 
 JOB_TOKEN = "DDPLAB_JOB"  # in a torchrun subprocess's environment: marks what its job started
 _NOTICE_SHOWN: set[str] = set()
@@ -71,12 +71,15 @@ def main() -> None:
     """``python -m ddplab.launcher.fallback ARGS``: torchrun, then what its job left ends
     (in sessions of their own too: torchrun ends its ranks, not what they started)."""
     import runpy
+    import shutil
 
-    sys.argv = ["torchrun", *sys.argv[1:]]
+    logs = private_folder("ddplab-agent-")  # (torch's log folders; its own would stay in /tmp)
+    sys.argv = ["torchrun", "--log-dir", logs, *sys.argv[1:]]
     try:
         runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
     finally:  # (also when the caller died: SIGTERM, which torchrun raises as an exception)
         kill_marked(JOB_TOKEN, os.environ.get(JOB_TOKEN, ""))
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 if __name__ == "__main__":

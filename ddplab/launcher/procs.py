@@ -126,9 +126,10 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def socket_folder(prefix: str) -> str:
-    """A private temporary folder for UNIX sockets (in /tmp where the usual one's path is too
-    long for a socket's: macOS), removed at exit; those of owners that died are removed here."""
+def private_folder(prefix: str) -> str:
+    """A private temporary folder (UNIX sockets, torch's log folders; in /tmp where the usual
+    one's path is too long for a socket's: macOS), removed at exit; those of owners that died
+    are removed here."""
     import atexit
     import shutil
     import tempfile
@@ -169,7 +170,7 @@ def rank_channel() -> tuple[socket.socket, str]:
         address = f"@ddplab-ranks-{os.getpid()}-{os.urandom(8).hex()}"
         channel.bind("\0" + address[1:])
     else:
-        address = os.path.join(socket_folder("ddplab-ranks-"), "ranks")
+        address = os.path.join(private_folder("ddplab-ranks-"), "ranks")
         channel.bind(address)
     channel.listen(socket.SOMAXCONN)
     return channel, address
