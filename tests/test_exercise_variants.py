@@ -495,7 +495,8 @@ def capstone_runs(variant: Variant, folder: Path) -> dict[str, object]:
     path = write(variant, folder)
     return capstone_judge.launch_runs(
         lambda nprocs, args: ddplab.launch(str(path), nprocs, quiet=True, live=False,
-                                           timeout=variant.timeout, args=[*args, *variant.args]),
+                                           timeout=variant.timeout, args=[*args, *variant.args],
+                                           env={"TMPDIR": str(folder)}),  # (its markers)
         path.parent, variant.runs)
 
 
@@ -508,7 +509,7 @@ def verdicts(tmp_path_factory, request) -> dict[str, object]:
 
     def launch(variant: Variant, path: Path, nprocs: int, args: list[str]):
         return ddplab.launch(str(path), nprocs, quiet=True, live=False,
-                             timeout=variant.timeout, args=args,
+                             timeout=variant.timeout, args=args, env={"TMPDIR": str(folder)},
                              on_event=end_once_said(*variant.hang, after=5.0)
                              if variant.hang else None)
 
