@@ -467,5 +467,9 @@ def test_a_killed_run_that_did_not_die_on_rank_1_says_what_it_did_instead():
                        events=fault, root_cause=lost)
     hint = judge._killed_hint(killed, killed)
     assert "did not die on rank 1 (rank 0 failed first: RuntimeError: the peer went away)" in hint
+    killed.root_cause = RankFailure(rank=0, exitcode=None)  # (its exit unknown: not "None")
+    assert "(rank 0 failed first: its exit unreported)" in judge._killed_hint(killed, killed)
+    killed.root_cause = RankFailure(rank=0, exitcode=3)
+    assert "(rank 0 failed first: exit code 3)" in judge._killed_hint(killed, killed)
     no_fault = RunResult(status="ok", returncode=0, wall_time=1.0, world_size=2)
     assert "(it reported no fault)" in judge._killed_hint(no_fault, no_fault)

@@ -505,9 +505,10 @@ def _killed_hint(killed: Any, ddp: Any) -> Optional[str]:
     step = _kill_step(killed)
     cause = killed.root_cause
     if step is None or killed.ok or cause is None or cause.rank != 1:
+        how = cause and (cause.message or cause.signal or (
+            "its exit unreported" if cause.exitcode is None else f"exit code {cause.exitcode}"))
         seen = ("it reported no fault" if step is None else "it ended ok" if killed.ok else
-                "no rank failed" if cause is None else f"rank {cause.rank} failed first: "
-                f"{cause.message or cause.signal or cause.exitcode}")
+                "no rank failed" if cause is None else f"rank {cause.rank} failed first: {how}")
         return (f"the killed run did not die on rank 1 ({seen}): launch it with --kill-rank 1 "
                 "--kill-at-step K (mid-epoch, after a checkpoint) and a --checkpoint-dir of "
                 "its own.")
