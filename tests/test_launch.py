@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launch_path import launch_timeout, needs_fork
+from launch_path import cold, launch_timeout, needs_fork
 
 import ddplab
 from ddplab import LaunchError, launch
@@ -360,6 +360,29 @@ def test_without_fork_the_launch_goes_through_torchrun_and_says_why_once(monkeyp
     torchruns = [argv for _pid, ppid, argv, _env in processes() if ppid == os.getpid()
                  and b"ddplab.launcher.fallback" in argv]
     assert torchruns == []  # ended with its job
+
+
+def test_a_variable_torch_reads_when_imported_reaches_the_ranks_and_says_how(
+        tmp_path, capsys, monkeypatch):
+    """TORCH_LOGS is read when torch is imported: a rank forked from the helper kept the
+    helper's, so a launch that sets another runs as a cold torchrun, and says why once."""
+    from ddplab.launcher import fallback
+
+    monkeypatch.setattr(fallback, "_NOTICE_SHOWN", set())
+    script = tmp_path / "logs.py"
+    script.write_text("import logging, os, torch\n"
+                      "print(logging.getLogger('torch._dynamo').getEffectiveLevel(),\n"
+                      "      b'ddplab.launcher.helper' in open(f'/proc/{os.getppid()}/cmdline',"
+                      " 'rb').read())\n")
+    logs = {"TORCH_LOGS": "+dynamo"}
+    first, second = (launch(str(script), 1, quiet=True, timeout=launch_timeout(120), env=logs)
+                     for _ in range(2))
+    assert first.logs[0][-1] == second.logs[0][-1] == "10 False", first.logs  # (DEBUG)
+    said = [line for line in capsys.readouterr().err.splitlines()
+            if "TORCH_LOGS differ from the launch helper's" in line]
+    assert len(said) == (0 if cold() else 1), said  # (off the fork path: the reason is another)
+    plain = launch(str(script), 1, quiet=True, timeout=launch_timeout(120))
+    assert plain.ok and plain.logs[0][-1].endswith(" False" if cold() else " True")
 
 
 def test_helper_with_cuda_initialised_raises_an_error_that_says_what_to_do():

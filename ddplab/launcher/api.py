@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 from .. import env as _env
 from ..flight_recorder import Reader
 from .fallback import start_subprocess, start_torchrun
-from .jobs import Job, child_env, end_jobs, start_forked
+from .jobs import Job, child_env, end_jobs, fork_changes, start_forked
 from .output import Streams
 from .results import RunResult, job_outcome, share_root_cause
 from .spec import LaunchError, LaunchSpec, check_timeout
@@ -121,7 +121,7 @@ def _start(spec: LaunchSpec) -> Job:
                                 spec.nprocs, "spawn")
     endpoint = f"{spec.host}:{spec.port if spec.port is not None else 0}"
     run_id = uuid.uuid4().hex if spec.nnodes == 1 else f"ddplab-{endpoint}"
-    why = _env.no_fork_reason()
+    why = _env.no_fork_reason() or fork_changes(job_env)
     if why is None and spec.nnodes == 1:
         return start_forked(spec, job_env, endpoint, run_id)
     return start_torchrun(why, spec, job_env, endpoint, run_id)

@@ -34,8 +34,8 @@ def torchrun_command(target: str, args: list[str], nprocs: int, nnodes: int, nod
 def start_torchrun(why: Optional[str], spec: Any, job_env: dict[str, str], endpoint: str,
                    run_id: str) -> Job:
     """Start a checked ``LaunchSpec`` as a cold torchrun; say ``why`` once (None: nothing)."""
-    if why and "subprocess" not in _NOTICE_SHOWN:
-        _NOTICE_SHOWN.add("subprocess")
+    if why and why not in _NOTICE_SHOWN:
+        _NOTICE_SHOWN.add(why)
         print(f"ddplab: launching through a torchrun subprocess (a few seconds a launch): "
               f"{why}.", file=sys.stderr)
     cmd = torchrun_command(spec.resolved, spec.argv, spec.nprocs, spec.nnodes, spec.node_rank,

@@ -31,7 +31,7 @@ class Helper:
 
     def __init__(self, env: dict[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.sock, self.next_id = ours, 0
+        self.sock, self.next_id, self.env = ours, 0, env
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ddplab.launcher.helper", str(theirs.fileno())],
             pass_fds=[theirs.fileno()], start_new_session=True, stdin=subprocess.DEVNULL,

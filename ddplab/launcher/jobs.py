@@ -175,6 +175,21 @@ def child_env(base: Any, extra: Optional[dict[str, str]] = None) -> dict[str, st
     return merged
 
 
+#: Read once, when Python starts or torch is imported: a rank forked from the helper keeps
+#: the helper's values, so a launch that sets others runs as a cold torchrun.
+READ_AT_IMPORT = ("PYTHONHASHSEED", "TORCH_LOGS", "TORCH_LOGS_OUT", "TORCH_LOGS_FORMAT",
+                  "TORCH_TRACE", "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES")
+
+
+def fork_changes(job_env: dict[str, str]) -> Optional[str]:
+    """Why ``job_env`` cannot reach a rank forked from the helper (None: it can)."""
+    helper = Helper._current  # (the one the launch would use, or the one it would start)
+    base = helper.env if helper and helper.proc.poll() is None else child_env(os.environ)
+    changed = [name for name in READ_AT_IMPORT if job_env.get(name) != base.get(name)]
+    return f"{', '.join(changed)} differ from the launch helper's, and are read when torch " \
+        f"is imported" if changed else None
+
+
 def start_forked(spec: Any, job_env: dict[str, str], endpoint: str, run_id: str) -> Job:
     """Start a checked one-node torchrun-engine ``LaunchSpec`` through the helper."""
     # DDPLAB_PRELOAD_TRAINING: 1 (default) the helper imports the training stack first, 0
