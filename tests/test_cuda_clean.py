@@ -64,7 +64,14 @@ def test_spawn_engine():
     assert_clean(probe_lines(text), 1)
 
 
-def test_launch_config_never_asks_the_accelerator(monkeypatch):
+def logs_in(folder):
+    """torch's log folder in ``folder`` (without one, LaunchConfig makes one in /tmp)."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    return DefaultLogsSpecs(log_dir=str(folder))
+
+
+def test_launch_config_never_asks_the_accelerator(monkeypatch, tmp_path):
     """The agent builds torch's LaunchConfig in the process that forks the workers."""
     asked: list[str] = []
 
@@ -80,12 +87,13 @@ def test_launch_config_never_asks_the_accelerator(monkeypatch):
         monkeypatch.setattr(torch.cuda, name, recorder(f"cuda.{name}"))
     config = agent.launch_config(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="x",
                                  rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",
-                                 start_method="fork")
+                                 start_method="fork", logs_specs=logs_in(tmp_path))
     assert asked == []
     assert getattr(config, "numa_options", None) is None  # no binding, as asked of nobody
 
 
-def test_launch_config_leaves_out_options_this_torch_does_not_know():
+def test_launch_config_leaves_out_options_this_torch_does_not_know(tmp_path):
     config = agent.launch_config(min_nodes=1, max_nodes=1, nproc_per_node=1, run_id="x",
-                                 rdzv_endpoint="127.0.0.1:0", no_such_option_in_any_torch=1)
+                                 rdzv_endpoint="127.0.0.1:0", no_such_option_in_any_torch=1,
+                                 logs_specs=logs_in(tmp_path))
     assert not hasattr(config, "no_such_option_in_any_torch") and config.nproc_per_node == 1
