@@ -379,7 +379,7 @@ def test_a_variable_torch_reads_when_imported_reaches_the_ranks_and_says_how(
                      for _ in range(2))
     assert first.logs[0][-1] == second.logs[0][-1] == "10 False", first.logs  # (DEBUG)
     said = [line for line in capsys.readouterr().err.splitlines()
-            if "TORCH_LOGS differ from the launch helper's" in line]
+            if "sets TORCH_LOGS otherwise than the launch helper" in line]
     assert len(said) == (0 if cold() else 1), said  # (off the fork path: the reason is another)
     plain = launch(str(script), 1, quiet=True, timeout=launch_timeout(120))
     assert plain.ok and plain.logs[0][-1].endswith(" False" if cold() else " True")

@@ -186,8 +186,8 @@ def fork_changes(job_env: dict[str, str]) -> Optional[str]:
     helper = Helper._current  # (the one the launch would use, or the one it would start)
     base = helper.env if helper and helper.proc.poll() is None else child_env(os.environ)
     changed = [name for name in READ_AT_IMPORT if job_env.get(name) != base.get(name)]
-    return f"{', '.join(changed)} differ from the launch helper's, and are read when torch " \
-        f"is imported" if changed else None
+    return f"this launch sets {', '.join(changed)} otherwise than the launch helper, whose " \
+        f"values a forked rank would keep (read once, at start)" if changed else None
 
 
 def start_forked(spec: Any, job_env: dict[str, str], endpoint: str, run_id: str) -> Job:
