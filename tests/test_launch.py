@@ -827,6 +827,19 @@ def _on(path: str, monkeypatch) -> None:
         monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
 
 
+def test_every_rank_of_every_launch_starts_with_generators_of_its_own(tmp_path):
+    """A fresh process seeds torch and numpy from the OS; a forked rank had the helper's state,
+    the same in every rank of every launch (unseeded scripts all drew the same numbers)."""
+    script = tmp_path / "draws.py"
+    script.write_text("import random, numpy, torch\n"
+                      "print(torch.initial_seed(), numpy.random.rand(), random.random())\n")
+    draws = [tuple(result.logs[rank][-1].split()) for result in
+             (launch(str(script), 2, quiet=True, timeout=launch_timeout(120)) for _ in range(2))
+             for rank in (0, 1)]
+    for kind in range(3):  # torch's seed, numpy's draw, random's draw: four of each
+        assert len({draw[kind] for draw in draws}) == 4, draws
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_ranks_use_their_job_s_tmpdir_and_a_launch_leaves_nothing_there(
         monkeypatch, tmp_path, path):

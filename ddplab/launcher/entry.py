@@ -132,6 +132,11 @@ def _like_a_fresh_process(threads: int) -> None:
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    # A fresh process seeds torch's and numpy's generators from the OS; a fork copies the
+    # helper's, the same in every rank of every launch (Python's random reseeds itself).
+    torch.default_generator.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
     if torch.cuda._is_in_bad_fork():  # the CPU-visible probe: no CUDA call is made
         print("ddplab: warning: this worker was forked after its launcher touched CUDA, so it "
               "cannot use the GPU. Relaunch with DDPLAB_LAUNCH_PATH=subprocess and report "
