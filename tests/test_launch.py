@@ -362,27 +362,32 @@ def test_without_fork_the_launch_goes_through_torchrun_and_says_why_once(monkeyp
     assert torchruns == []  # ended with its job
 
 
-def test_a_variable_torch_reads_when_imported_reaches_the_ranks_and_says_how(
+def test_a_variable_read_once_at_start_reaches_the_ranks_and_says_how(
         tmp_path, capsys, monkeypatch):
-    """TORCH_LOGS is read when torch is imported: a rank forked from the helper kept the
-    helper's, so a launch that sets another runs as a cold torchrun, and says why once."""
+    """TORCH_LOGS is read when torch is imported, PYTHONOPTIMIZE when Python starts: a rank
+    forked from the helper kept the helper's, so a launch that sets another runs as a cold
+    torchrun, and says why once."""
     from ddplab.launcher import fallback
 
     monkeypatch.setattr(fallback, "_NOTICE_SHOWN", set())
     script = tmp_path / "logs.py"
-    script.write_text("import logging, os, torch\n"
+    script.write_text("import logging, os, sys, torch\n"
                       "print(logging.getLogger('torch._dynamo').getEffectiveLevel(),\n"
+                      "      sys.flags.optimize,\n"
                       "      b'ddplab.launcher.helper' in open(f'/proc/{os.getppid()}/cmdline',"
                       " 'rb').read())\n")
     logs = {"TORCH_LOGS": "+dynamo"}
     first, second = (launch(str(script), 1, quiet=True, timeout=launch_timeout(120), env=logs)
                      for _ in range(2))
-    assert first.logs[0][-1] == second.logs[0][-1] == "10 False", first.logs  # (DEBUG)
+    assert first.logs[0][-1] == second.logs[0][-1] == "10 0 False", first.logs  # (DEBUG)
+    optimized = launch(str(script), 1, quiet=True, timeout=launch_timeout(120),
+                       env={"PYTHONOPTIMIZE": "1"})  # (Python reads it when it starts)
+    assert optimized.logs[0][-1] == "30 1 False", optimized.logs
     said = [line for line in capsys.readouterr().err.splitlines()
             if "sets TORCH_LOGS otherwise than the launch helper" in line]
     assert len(said) == (0 if cold() else 1), said  # (off the fork path: the reason is another)
     plain = launch(str(script), 1, quiet=True, timeout=launch_timeout(120))
-    assert plain.ok and plain.logs[0][-1].endswith(" False" if cold() else " True")
+    assert plain.ok and plain.logs[0][-1] == ("30 0 False" if cold() else "30 0 True")
 
 
 def test_helper_with_cuda_initialised_raises_an_error_that_says_what_to_do():

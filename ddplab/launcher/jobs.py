@@ -177,8 +177,9 @@ def child_env(base: Any, extra: Optional[dict[str, str]] = None) -> dict[str, st
 
 #: Read once, when Python starts or torch is imported: a rank forked from the helper keeps
 #: the helper's values, so a launch that sets others runs as a cold torchrun.
-READ_AT_IMPORT = ("PYTHONHASHSEED", "TORCH_LOGS", "TORCH_LOGS_OUT", "TORCH_LOGS_FORMAT",
-                  "TORCH_TRACE", "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES")
+READ_AT_IMPORT = ("PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONDEVMODE", "PYTHONUTF8",
+                  "TORCH_LOGS", "TORCH_LOGS_OUT", "TORCH_LOGS_FORMAT", "TORCH_TRACE",
+                  "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES")
 
 
 def fork_changes(job_env: dict[str, str]) -> Optional[str]:
