@@ -846,20 +846,21 @@ def test_every_rank_of_every_launch_starts_with_generators_of_its_own(tmp_path):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_ranks_use_their_job_s_tmpdir_and_a_launch_leaves_nothing_there(
+def test_ranks_use_their_job_s_tmpdir_and_tz_and_a_launch_leaves_nothing_there(
         monkeypatch, tmp_path, path):
-    """A forked rank's tempfile read the helper's TMPDIR, not its job's; torch's agent made a
-    log folder there every launch (torchelastic_*) and left it."""
+    """A forked rank's tempfile and time read the helper's TMPDIR and TZ, not its job's;
+    torch's agent made a log folder in TMPDIR every launch (torchelastic_*) and left it."""
     if path == "fork":
         needs_fork()
     _on(path, monkeypatch)
     script, job_tmp = tmp_path / "tmp.py", tmp_path / "job"
-    script.write_text("import tempfile\nprint('tmp', tempfile.gettempdir())\n")
+    script.write_text("import tempfile, time\n"
+                      "print('tmp', tempfile.gettempdir(), time.strftime('%Z'))\n")
     job_tmp.mkdir()
     result = launch(str(script), 2, quiet=True, timeout=launch_timeout(120),
-                    env={"TMPDIR": str(job_tmp)})
+                    env={"TMPDIR": str(job_tmp), "TZ": "XYZ-3"})  # (a zone 3 h east)
     assert result.ok, result.error
-    assert [result.logs[rank] for rank in (0, 1)] == [[f"tmp {job_tmp}"]] * 2
+    assert [result.logs[rank] for rank in (0, 1)] == [[f"tmp {job_tmp} XYZ"]] * 2
     assert sorted(os.listdir(job_tmp)) == []
 
 

@@ -13,6 +13,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 import traceback
 from typing import Any
 
@@ -31,12 +32,13 @@ def run_agent(req: dict[str, Any], helper: int) -> None:
         os._exit(70)
     # The helper's directory, environment and path are the first launch's: this one's instead
     # (its ranks put this job's PYTHONPATH and directory on the path, as a fresh python would;
-    # tempfile reads this job's TMPDIR again).
+    # tempfile and time read this job's TMPDIR and TZ again).
     first = {os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep)}
     sys.path[:] = [path for path in sys.path if path not in first]
     os.environ.clear()
     os.environ.update(req["env"])
     tempfile.tempdir = None
+    time.tzset()
     connect_streams("launcher")
     os.chdir(req["cwd"])
     report: dict[str, Any]
