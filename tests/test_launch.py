@@ -832,6 +832,20 @@ def _on(path: str, monkeypatch) -> None:
         monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
 
 
+def test_a_rank_may_choose_its_start_method_and_has_default_signal_handlers(tmp_path):
+    """A forked rank had its start method fixed to fork ("context has already been set" for a
+    script's own set_start_method) and torch's agent's SIGHUP and SIGQUIT handlers."""
+    script = tmp_path / "fresh.py"
+    script.write_text("import signal, torch.multiprocessing as mp\n"
+                      "print(mp.get_start_method(allow_none=True), [signal.getsignal(s) is "
+                      "signal.SIG_DFL for s in (signal.SIGHUP, signal.SIGQUIT)])\n"
+                      "mp.set_start_method('spawn')\nprint(mp.get_start_method())\n")
+    result = launch(str(script), 2, quiet=True, timeout=launch_timeout(120))
+    assert result.ok, result.error
+    assert all(result.logs[rank] == ["None [True, True]", "spawn"] for rank in (0, 1)), \
+        result.logs
+
+
 def test_every_rank_of_every_launch_starts_with_generators_of_its_own(tmp_path):
     """A fresh process seeds torch and numpy from the OS; a forked rank had the helper's state,
     the same in every rank of every launch (unseeded scripts all drew the same numbers)."""

@@ -122,12 +122,17 @@ def _announce() -> tuple[int, int]:
 def _like_a_fresh_process(threads: int) -> None:
     """Undo what the agent set up in this process, as if it had started afresh."""
     import logging
+    import multiprocessing
 
     logging.disable(logging.NOTSET)
-    # The agent's handlers (inherited through fork) would turn SIGTERM into an exception.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # The agent's handlers (inherited through fork) would turn SIGTERM, SIGHUP and SIGQUIT
+    # into an exception.
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    # multiprocessing fixed this process's start method when it forked it: a script's own
+    # set_start_method("spawn") would raise "context has already been set".
+    multiprocessing.set_start_method(None, force=True)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     import torch
 
