@@ -456,7 +456,7 @@ def test_ddplab_check_launches_a_job_that_kept_its_todo_once_when_that_run_fails
 
 
 def test_a_killed_run_that_did_not_die_on_rank_1_says_what_it_did_instead():
-    from ddplab.launcher.causes import RankFailure
+    from ddplab.failures import RankFailure
     from ddplab.launcher.results import RunResult
     from ddplab.lab.judges import capstone as judge
 

@@ -26,7 +26,7 @@ SIDES = {
     # kernel side: the notebook's and the CLI's process
     # the launcher, and lab/: what only notebooks call (widgets, plots, checks, judges, demos, ...)
     "__main__": "kernel", "cli": "kernel", "launcher": "kernel", "lab": "kernel",
-    "workspace": "kernel", "flight_recorder": "kernel",
+    "workspace": "kernel", "flight_recorder": "kernel", "failures": "kernel",
     # worker side: runs in each rank
     "workers": "worker", "train": "worker", "data": "worker", "models": "worker",
     "checkpoint": "worker", "dist": "worker", "amp": "worker", "schedule": "worker",

@@ -14,7 +14,7 @@ from test_launch import end_once_said
 
 from ddplab import env as ddenv
 from ddplab import launch, torch_words
-from ddplab.launcher.causes import EXIT_ABORT, hint_for
+from ddplab.failures import EXIT_ABORT, hint_for
 from ddplab.workers import spawn_ddp
 
 SCRIPTS = Path(__file__).parent / "scripts"

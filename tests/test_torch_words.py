@@ -22,7 +22,7 @@ import ddplab
 from ddplab import env as ddenv
 from ddplab import torch_words
 from ddplab.lab import postmortem
-from ddplab.launcher import causes
+from ddplab import failures as causes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -148,8 +148,7 @@ def test_a_rank_ended_by_sigterm_after_its_own_error_is_the_root_cause_not_the_p
     failed = causes.RankFailure(rank=1, exitcode=1, message="ValueError: the script's own")
     assert causes.root_cause([quiet, failed], exits) is failed
     # nor does the launching process's report (torchrun's) become the words of a rank it ended
-    from ddplab.launcher.results import _failed
-    found = _failed({0: -15, 1: 1}, {1: ["ValueError: rank 1 crashed"]},
+    found = causes.failures_of({0: -15, 1: 1}, {1: ["ValueError: rank 1 crashed"]},
                     ["SomeError: the launching process's report of rank 1"])
     assert causes.root_cause(found, {1: (1, 100.0)}).rank == 1  # (rank 0 said no exit)
 

@@ -2,7 +2,7 @@
 
 ::
 
-    caller (notebook kernel)            api, spec, jobs, output, results, causes
+    caller (notebook kernel)            api, spec, jobs, output, results
       |-- Linux, one node: helper --> agent per launch --> ranks
       |       helper.py (imported torch once)  agent.py (torch's elastic_launch, fork)
       |                                        entry.py (each rank's first frame)
@@ -11,5 +11,6 @@
 
 One output route on every path: each rank (and the agent) connects its stdout and stderr to
 the caller's socket for the job and says who it is. ``procs`` holds the process plumbing all of
-them share. Importing this package imports nothing.
+them share; why a failed job failed is ``ddplab.failures``'s. Importing this package imports
+nothing.
 """

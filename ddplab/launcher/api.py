@@ -9,11 +9,12 @@ import uuid
 from typing import Any, Callable, Optional, Sequence, Union
 
 from .. import env as _env
+from ..failures import share_root_cause
 from ..flight_recorder import Reader
 from .fallback import start_subprocess, start_torchrun
 from .jobs import Job, child_env, end_jobs, fork_changes, start_forked
 from .output import Streams
-from .results import RunResult, job_outcome, share_root_cause
+from .results import RunResult, job_outcome
 from .spec import LaunchError, LaunchSpec, check_timeout
 
 __all__ = ["launch", "launch_multinode", "LaunchError", "RunResult"]
@@ -164,7 +165,7 @@ def _run(jobs: list[Job], view: Any, timeout: float,
     wall = time.monotonic() - start
     results = [job_outcome(job, streams.read[i], status, wall, why, running[i], stacks[i],
                            timed_out_at) for i, job in enumerate(jobs)]
-    share_root_cause(results, jobs)
+    share_root_cause(results, {rank: ended for job in jobs for rank, ended in job.exits().items()})
     flight and flight.report(results[0])
     if interrupt is not None:
         again = KeyboardInterrupt(f"ddplab.launch: {results[0].error}")

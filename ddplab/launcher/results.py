@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
-from .causes import (NO_RANK_HINT, SILENT, Logs, RankFailure, echo, hint_for, reported_exits,
-                     mark_exit_aborts, root_cause, short_message, signal_name, stderr_cause,
-                     traceback_tail)
+from ..failures import (NO_RANK_HINT, SILENT, RankFailure, echo, explain, failures_of,
+                        reported_exits, root_cause, short_message, signal_name, stderr_cause)
 
 if TYPE_CHECKING:
     from .jobs import Job
 
-__all__ = ["RunResult", "RankFailure", "job_outcome", "share_root_cause"]
+__all__ = ["RunResult", "RankFailure", "job_outcome"]
 
 
 @dataclass
@@ -120,7 +119,8 @@ def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, why: s
     result.exit_codes = {rank: exits[rank][0] if rank in exits else
                          (0 if clean and rank in known else None) for rank in ranks}
     result.exit_codes.update(reported)
-    failures = _failed(result.exit_codes, logs, logs.get("launcher", []) if job.popen else [])
+    failures = failures_of(result.exit_codes, logs,
+                           logs.get("launcher", []) if job.popen else [])
     if job.stuck:
         failures += [RankFailure(rank=rank, exitcode=None, message=(
             "ended without returning to the launcher (os._exit or a crash of the "
@@ -142,16 +142,8 @@ def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, why: s
             cause.hint = "" if code else NO_RANK_HINT
         failures = [cause]
     if failures:
-        mark_exit_aborts(failures, logs, job.said_exit, stderr)
-        cause = result.root_cause = root_cause(failures, exits)
-        where: Union[int, str] = "launcher" if cause.rank is None else cause.rank
-        if not cause.message and not cause.traceback and cause.signal is None:
-            cause.message, cause.traceback = stderr_cause(stderr.get(where, [])[-50:])
-        if not cause.hint:  # (advice where ddplab knows the fix)
-            cause.hint = hint_for("\n".join([cause.message, cause.traceback,
-                                             *stderr.get(where, []), *logs.get(where, [])[-50:],
-                                             *stderr.get("launcher", [])[-50:]]), job.engine)
-        result.status, result.returncode, result.error = "failed", 1, str(cause)
+        result.root_cause = explain(failures, exits, logs, stderr, job.said_exit, job.engine)
+        result.status, result.returncode, result.error = "failed", 1, str(result.root_cause)
     return result
 
 
@@ -164,7 +156,7 @@ def _timed_out(result: RunResult, job: Job, why: str, running: list[int],
     result.exit_codes = {rank: None if rank in running else exits.get(rank, (None,))[0]
                          for rank in ranks}
     result.still_running, result.stacks = list(running), dict(stacks)
-    failures = _failed(result.exit_codes, result.logs)
+    failures = failures_of(result.exit_codes, result.logs)
     if failures:
         result.root_cause = root_cause(failures, exits)
     result.status, result.returncode = "timeout", 124
@@ -174,33 +166,3 @@ def _timed_out(result: RunResult, job: Job, why: str, running: list[int],
     if result.root_cause is not None:
         result.error += f"\nbefore that, {result.root_cause}"
     return result
-
-
-def _failed(codes: dict[int, Optional[int]], logs: Logs,
-            otherwise: Sequence[str] = ()) -> list[RankFailure]:
-    """A failure for every rank whose exit code is known and not 0, with its last error (else
-    the launching process's, unless SIGTERM only ended it)."""
-    found = []
-    for rank, code in codes.items():
-        if code not in (0, None):
-            ended = signal_name(code) == "SIGTERM"
-            lines = logs.get(rank) or ([] if ended else list(otherwise))
-            found.append(RankFailure(rank=rank, exitcode=code, signal=signal_name(code),
-                                     message=short_message(lines),
-                                     traceback=traceback_tail(lines)))
-    return found
-
-
-def share_root_cause(results: list[RunResult], jobs: list[Job]) -> None:
-    """Give every node's result the first genuine failure across all nodes of the job."""
-    causes = [r.root_cause for r in results if r.root_cause is not None]
-    if not causes:
-        return
-    exits = {rank: ended for job in jobs for rank, ended in job.exits().items()}
-    first = root_cause(causes, exits)
-    for result in results:
-        result.job_root_cause = first
-        if len(results) > 1 and result.root_cause is not first:
-            where = next(i for i, r in enumerate(results) if r.root_cause is first)
-            result.error = (f"{result.error}\n" if result.error else "") + \
-                f"first failure of the whole job, on node {where}: {first}"

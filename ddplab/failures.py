@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 import signal
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Optional, Sequence, Union
 
-from .. import torch_words
+from . import torch_words
 
 Logs = dict[Union[int, str], list[str]]
 
@@ -39,6 +39,21 @@ class RankFailure:
         if self.hint:
             text += "\nhint: " + self.hint
         return text
+
+
+def failures_of(codes: dict[int, Optional[int]], logs: Logs,
+            otherwise: Sequence[str] = ()) -> list[RankFailure]:
+    """A failure for every rank whose exit code is known and not 0, with its last error (else
+    the launching process's, ``otherwise``, unless SIGTERM only ended it)."""
+    found = []
+    for rank, code in codes.items():
+        if code not in (0, None):
+            ended = signal_name(code) == "SIGTERM"
+            lines = logs.get(rank) or ([] if ended else list(otherwise))
+            found.append(RankFailure(rank=rank, exitcode=code, signal=signal_name(code),
+                                     message=short_message(lines),
+                                     traceback=traceback_tail(lines)))
+    return found
 
 
 def signal_name(code: Optional[int]) -> Optional[str]:
@@ -73,6 +88,22 @@ SILENT = ("with its exit unreported and no error of its own (a signal: SIGKILL f
           "killer, say); its peers only lost it")
 
 
+def explain(failures: list[RankFailure], exits: dict[int, tuple[int, float]], logs: Logs,
+            stderr: Logs, said_exit: dict[int, tuple[int, float]], engine: str) -> RankFailure:
+    """The root cause among ``failures``, its error read from the logs where torch gave none,
+    with a hint where ddplab knows the fix (``said_exit``: the ranks' own ``exit`` events)."""
+    mark_exit_aborts(failures, logs, said_exit, stderr)
+    cause = root_cause(failures, exits)
+    where: Union[int, str] = "launcher" if cause.rank is None else cause.rank
+    if not cause.message and not cause.traceback and cause.signal is None:
+        cause.message, cause.traceback = stderr_cause(stderr.get(where, [])[-50:])
+    if not cause.hint:
+        cause.hint = hint_for("\n".join([cause.message, cause.traceback, *stderr.get(where, []),
+                                         *logs.get(where, [])[-50:],
+                                         *stderr.get("launcher", [])[-50:]]), engine)
+    return cause
+
+
 def root_cause(failures: list[RankFailure],
                 exits: dict[int, tuple[int, float]]) -> RankFailure:
     """The first genuine failure; after it a lost peer or SIGTERM, an abort at exit, then the
@@ -83,6 +114,21 @@ def root_cause(failures: list[RankFailure],
             return echo(f), f.at_exit, True, 0.0, -1
         return echo(f), f.at_exit, False, exits.get(f.rank, (0, 0.0))[1], f.rank
     return sorted(failures, key=key)[0]
+
+
+def share_root_cause(results: list[Any], exits: dict[int, tuple[int, float]]) -> None:
+    """Give every node's ``RunResult`` the first genuine failure across all nodes of the job
+    (``exits``: every rank's exit code and time)."""
+    causes = [r.root_cause for r in results if r.root_cause is not None]
+    if not causes:
+        return
+    first = root_cause(causes, exits)
+    for result in results:
+        result.job_root_cause = first
+        if len(results) > 1 and result.root_cause is not first:
+            where = next(i for i, r in enumerate(results) if r.root_cause is first)
+            result.error = (f"{result.error}\n" if result.error else "") + \
+                f"first failure of the whole job, on node {where}: {first}"
 
 
 def traceback_tail(lines: list[str], limit: int = 25) -> str:
