@@ -64,6 +64,21 @@ def test_a_plain_script_gets_no_arguments_and_the_count_in_the_environment():
     assert gone(result.pids.values())
 
 
+@pytest.mark.parametrize("start", ["fork", "forkserver"])
+def test_ranks_started_by_fork_or_a_forkserver_are_seen_and_a_program_is_not(start):
+    """``mp.start_processes(start_method="fork")``: the ranks run the script's own command line
+    (no ``spawn_main``); with ``"forkserver"`` they are the forkserver's children. (The ranks
+    are seen by looking at /proc every 0.2 s: they sleep 0.5 s, as a rank that trains would
+    run for a while; a fork-started rank gone within one look may go unseen.)"""
+    result = spawn(PLAIN_SPAWN, 2, args=["--sleep", "0.5"],
+                   env={"SPAWN_PLAIN_RUNS_A_PROGRAM": "1", "SPAWN_PLAIN_START": start})
+    assert result.ok, result.error
+    assert "".join(result.logs["launcher"]).count("a rank's sum: 3") == 2
+    assert result.world_size == 2 and sorted(result.pids) == [0, 1]
+    assert result.exit_codes == {0: 0, 1: 0}
+    assert gone(result.pids.values())
+
+
 def test_a_failed_rank_is_named_and_unknown_exit_codes_stay_none():
     result = spawn(PLAIN_SPAWN, args=["--fail-rank", "1"])
     assert result.status == "failed" and result.root_cause.rank == 1
@@ -214,3 +229,24 @@ def test_a_rank_seen_mid_exec_is_looked_at_again_not_taken_for_a_program(monkeyp
         seen.update(look)
         job.watch_spawned(every=0.0)
     assert job.spawned == {12: 6}  # (11 ran a program: no rank)
+
+
+def test_a_fork_seen_once_as_the_script_is_a_rank_unless_it_then_runs_a_program(monkeypatch):
+    """``start_method="fork"``: a rank runs the script's command line, and so, for a moment, does
+    a child that forks and then runs a program. A fork seen as the script counts as a rank
+    (a short rank may be seen only once before it ends) until it is seen running another."""
+    from ddplab.launcher import jobs
+
+    script = "python spawn_plain.py"
+    looks = iter([{11: script, 12: script}, {12: "sleep 0.6"}, {}])
+    seen: dict = {}
+    monkeypatch.setattr(jobs, "process_table",
+                        lambda pgid: {pid: (10, 5 + pid) for pid in seen})
+    monkeypatch.setattr(jobs, "cmdline", lambda pid: script if pid == 10 else seen[pid])
+    job = jobs.Job(world_size=2, engine="spawn", pgid=10, sources={},
+                   popen=SimpleNamespace(pid=10, returncode=None))
+    for look in looks:
+        seen.clear()
+        seen.update(look)
+        job.watch_spawned(every=0.0)
+    assert job.spawned_ranks() == {0: 11}  # (11 ended after one look; 12 ran a program)

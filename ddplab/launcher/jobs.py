@@ -42,7 +42,7 @@ class Job:
     # engine "spawn": the processes its script started (pid -> start time), seen in /proc
     spawned: dict[int, int] = field(default_factory=dict)
     _not_ranks: set[int] = field(default_factory=set)
-    _forks: set[int] = field(default_factory=set)
+    _forks: dict[int, int] = field(default_factory=dict)  # seen as the script: ranks so far
     _watched_at: float = 0.0
     on_reap: Optional[Callable[[], None]] = None  # (a torchrun subprocess: end what it left)
 
@@ -81,7 +81,7 @@ class Job:
 
     def watch_spawned(self, every: float = 0.2) -> None:
         """Note an ``mp.spawn`` script's ranks: children of it (or its forkserver) running
-        ``spawn_main``, or forks still the script two looks apart."""
+        ``spawn_main``, or forks of it never seen running another program."""
         now = time.monotonic()
         if self.popen is None or self.engine != "spawn" or now - self._watched_at < every:
             return
@@ -100,17 +100,16 @@ class Job:
                 self.spawned[pid] = start
             elif command != script:
                 self._not_ranks.add(pid)
-            elif pid in self._forks:
-                self.spawned[pid] = start
+                self._forks.pop(pid, None)
             else:
-                self._forks.add(pid)  # a rank if it still runs as the script next time
+                self._forks[pid] = start
 
     def spawned_ranks(self) -> Optional[dict[int, int]]:
         """The spawned processes seen, rank -> pid (None without ``/proc``)."""
         if not os.path.isdir("/proc"):
             return None
-        order = sorted(self.spawned, key=lambda pid: (self.spawned[pid], pid))
-        return dict(enumerate(order))
+        seen = {**self._forks, **self.spawned}
+        return dict(enumerate(sorted(seen, key=lambda pid: (seen[pid], pid))))
 
     def __post_init__(self) -> None:
         self.started[self.pgid] = start_time(self.pgid)

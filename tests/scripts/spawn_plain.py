@@ -12,6 +12,8 @@ active exception").
 ``--sleep S``: every rank sleeps S seconds after joining the group (a job to time out).
 With ``SPAWN_PLAIN_RUNS_A_PROGRAM=1`` in its environment the parent first runs a short program
 of its own (``sleep 0.6``), as ``import torch`` runs ``ldconfig -p``: a child that is no rank.
+``SPAWN_PLAIN_START=fork`` (or ``forkserver``) starts the ranks with
+``mp.start_processes(..., start_method=...)`` instead.
 """
 import argparse
 import atexit
@@ -56,5 +58,6 @@ if __name__ == "__main__":
     nprocs = int(os.environ.get("DDPLAB_NPROCS", "2"))
     if os.environ.get("SPAWN_PLAIN_RUNS_A_PROGRAM") == "1":
         subprocess.run(["sleep", "0.6"], check=True)
-    mp.spawn(worker, args=(nprocs, args.fail_rank, args.backend, args.abort_at_exit,
-                           args.sleep), nprocs=nprocs)
+    mp.start_processes(worker, args=(nprocs, args.fail_rank, args.backend, args.abort_at_exit,
+                                     args.sleep), nprocs=nprocs,
+                       start_method=os.environ.get("SPAWN_PLAIN_START", "spawn"))
