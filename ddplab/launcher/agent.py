@@ -27,9 +27,7 @@ RDZV_BACKEND = "ddplab"
 def run_agent(req: dict[str, Any], helper: int) -> None:
     """Run one elastic launch, report on stdout, exit."""
     os.setsid()
-    set_parent_death_signal()
-    if os.getppid() != helper:  # the helper died before the line above: so must this launch
-        os._exit(70)
+    set_parent_death_signal(parent=helper)
     # The helper's directory, environment and path are the first launch's: this one's instead
     # (its ranks put this job's PYTHONPATH and directory on the path, as a fresh python would;
     # tempfile and time read this job's TMPDIR and TZ again).
@@ -144,9 +142,7 @@ def serve_store(host: str, port: int) -> tuple[int, int]:
     parent, pid = os.getpid(), os.fork()
     if pid == 0:
         try:
-            set_parent_death_signal()
-            if os.getppid() != parent:
-                os._exit(1)
+            set_parent_death_signal(parent=parent)
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)

@@ -54,7 +54,6 @@ def run_target(target: str, args: list[str]) -> None:
 def _warning_filter(option: str) -> None:
     """Apply one ``PYTHONWARNINGS`` option (``action:message:category:module:lineno``) as
     Python does."""
-    import builtins
     import importlib
     import re
     import warnings
@@ -64,12 +63,9 @@ def _warning_filter(option: str) -> None:
     try:
         action = next(a for a in ("default", "always", "ignore", "module", "once", "error")
                       if a.startswith(action or "default"))
-        kind: Any = builtins
-        if "." in category:
-            kind, category = importlib.import_module(category.rpartition(".")[0]), \
-                category.rpartition(".")[2]
-        warnings.filterwarnings(action, re.escape(message),
-                                getattr(kind, category) if category else Warning,
+        where, _, name = category.rpartition(".")
+        kind = getattr(importlib.import_module(where or "builtins"), name) if name else Warning
+        warnings.filterwarnings(action, re.escape(message), kind,
                                 re.escape(module) + r"\Z" if module else "", int(lineno or 0))
     except (StopIteration, AttributeError, ImportError, ValueError, TypeError) as exc:
         print(f"ddplab: invalid PYTHONWARNINGS option ignored: {option!r} ({exc})",

@@ -10,13 +10,16 @@ import sys
 from typing import Optional, Union
 
 
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
-    """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere)."""
+def set_parent_death_signal(sig: int = signal.SIGKILL, parent: Optional[int] = None) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere); exit
+    at once if the parent (pid ``parent``) died already."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
+    if parent is not None and os.getppid() != parent:
+        os._exit(70)
 
 
 def close_on_exec_above_stdio() -> None:
@@ -140,7 +143,7 @@ def private_folder(prefix: str) -> str:
     for name in os.listdir(base):
         owner = name[len(prefix):].split("-")[0] if name.startswith(prefix) else ""
         pid, _, started = owner.partition(".")
-        if pid.isdigit() and not _owner_alive(int(pid), started):
+        if pid.isdigit() and not _alive(int(pid), started):
             path = os.path.join(base, name)
             if os.path.isdir(path) and os.stat(path).st_uid == os.getuid():
                 shutil.rmtree(path, ignore_errors=True)
@@ -150,16 +153,15 @@ def private_folder(prefix: str) -> str:
     return folder
 
 
-def _owner_alive(pid: int, started: str) -> bool:
-    if os.path.isdir("/proc"):
-        return str(start_time(pid)) == started
+def _alive(pid: int, started: str) -> bool:
+    """Whether ``pid`` still names the process that started at ``started`` (where /proc says)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:
         pass
-    return True
+    return not os.path.isdir("/proc") or str(start_time(pid)) == started
 
 
 def rank_channel() -> tuple[socket.socket, str]:
