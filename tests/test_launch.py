@@ -952,6 +952,7 @@ def test_a_rank_sees_the_jobs_environment_directory_and_arguments(monkeypatch, p
         assert seen["argv"] == [ENDINGS, "report", "--flag"] and seen["name"] == "__main__"
         assert seen["path0"] == str(SCRIPTS)  # as `python rank_endings.py` puts it
         assert seen["stdin"] == ""  # not the caller's
+        assert seen["inherited"] == []  # no descriptor of the launcher's reaches its programs
         assert seen["pid"] == result.pids[rank]
 
 

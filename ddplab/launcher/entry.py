@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from ..events import MARKER
 from ..flight_recorder import start_in_rank
-from .procs import close_on_exec_above_stdio, connect_streams, set_parent_death_signal
+from .procs import connect_streams, set_parent_death_signal
 
 #: ``local_rank_arg`` values: the option ``torch.distributed.launch`` passed before torch 2.0
 #: (``--local_rank=N``) and since (``--local-rank=N``).
@@ -108,7 +108,6 @@ def run_rank(target: str, args: list[str], threads: int = 0) -> None:
 def _announce() -> tuple[int, int]:
     """Output to the caller's socket, the stack on SIGUSR1 and a fatal signal; what fd 1 is."""
     connect_streams(f"rank {os.environ['RANK']}")
-    close_on_exec_above_stdio()
     faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
     stat = os.fstat(1)

@@ -22,16 +22,6 @@ def set_parent_death_signal(sig: int = signal.SIGKILL, parent: Optional[int] = N
         os._exit(70)
 
 
-def close_on_exec_above_stdio() -> None:
-    """Mark every descriptor but 0, 1, 2 close-on-exec."""
-    for fd in map(int, os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []):
-        if fd > 2:
-            try:
-                os.set_inheritable(fd, False)
-            except OSError:
-                pass
-
-
 def _stat(pid: Union[int, str]) -> list[bytes]:
     """The fields of ``/proc/PID/stat`` after the command (state, ppid, pgid, ...), or []."""
     try:

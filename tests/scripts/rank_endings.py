@@ -2,7 +2,7 @@
 rank 1 ends.
 
 report: print one JSON line of what the rank sees (environment, directory, argv, stdin,
-torch's threads). hold: write its pid to held-RANK in the working directory, then sleep.
+torch's threads, descriptors above 2 that a program it ran would inherit). hold: write its pid to held-RANK in the working directory, then sleep.
 raise | kill | segv | interrupt | minus1 (sys.exit(-1)): rank 1 ends that way, rank 0 exits 0
 (no process group). after0 [WAY]: rank 0 writes its pid to pid-0 in the working directory and
 exits 0; rank 1 waits until that process is gone, then ends by WAY (one of the above; raise when
@@ -17,6 +17,8 @@ import time
 mode = sys.argv[1]
 rank = int(os.environ["RANK"])
 if mode == "report":
+    inherited = [fd for fd in map(int, os.listdir("/proc/self/fd"))
+                 if fd > 2 and os.path.exists(f"/proc/self/fd/{fd}") and os.get_inheritable(fd)]
     import torch
 
     print(json.dumps({
@@ -25,6 +27,7 @@ if mode == "report":
             "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", "PYTHONWARNINGS")},
         "cwd": os.getcwd(), "argv": sys.argv, "name": __name__, "path0": sys.path[0],
         "stdin": sys.stdin.read(), "threads": torch.get_num_threads(), "pid": os.getpid(),
+        "inherited": inherited,
     }), flush=True)
 elif mode == "hold":
     with open(f"held-{rank}.tmp", "w") as out:
