@@ -56,6 +56,20 @@ def failures_of(codes: dict[int, Optional[int]], logs: Logs,
     return found
 
 
+#: What faulthandler (on in every rank) prints first when a signal kills the process.
+_FATAL = {"Fatal Python error: " + name: sig for name, sig in (
+    ("Aborted", signal.SIGABRT), ("Segmentation fault", signal.SIGSEGV),
+    ("Bus error", signal.SIGBUS), ("Illegal instruction", signal.SIGILL),
+    ("Floating-point exception", signal.SIGFPE))}
+
+
+def fatal_signal(lines: list[str]) -> Optional[int]:
+    """-N when a process's stderr ``lines`` say that signal N killed it (faulthandler's report),
+    else None: its exit code where torch reported only a peer's."""
+    sig = next((_FATAL[line.strip()] for line in reversed(lines) if line.strip() in _FATAL), None)
+    return -int(sig) if sig is not None else None
+
+
 def signal_name(code: Optional[int]) -> Optional[str]:
     if code is None or code >= 0:
         return None

@@ -180,6 +180,28 @@ def test_a_killed_rank_torch_did_not_report_is_the_root_cause_not_the_peer_that_
     assert own.root_cause.rank == 0 and own.root_cause.message == "ValueError: rank 0's own"
 
 
+def test_a_rank_a_signal_killed_is_named_with_it_though_torch_reported_only_a_peer():
+    """Rank 1 aborts (SIGABRT, inside gloo say) and rank 0 loses it; torch reports rank 0 only.
+    Rank 1's faulthandler report on its stderr says which signal: its exit code, the root cause
+    (notebook 10 asserts SIGABRT)."""
+    from ddplab.launcher.jobs import Job
+    from ddplab.launcher.results import job_outcome
+
+    lost = torch_words.PEER_LOST.seen[0][1]
+    dump = ["Fatal Python error: Aborted", "", "Current thread 0x00007f00 (most recent call first):",
+            '  File "/work/desync.py", line 40 in main']
+    for world_size in (2, 3):  # (with 3, two ranks said nothing: one of them said how it died)
+        job = Job(world_size=world_size, engine="torchrun", pgid=0, sources={},
+                  pids={rank: 100 + rank for rank in range(world_size)},
+                  report={"status": "failed", "exits": {"0": (1, 10.0)}}, said_exit={0: (1, 9.5)})
+        read = {"logs": {0: [lost], 1: ["step 3", *dump]}, "stderr": {1: dump}, "events": {}}
+        failed = job_outcome(job, read, "done", 1.0, "", [], {})
+        assert failed.exit_codes[1] == -6 and failed.exit_codes.get(2) is None
+        assert failed.root_cause.rank == 1 and failed.root_cause.signal == "SIGABRT", failed.error
+    assert causes.fatal_signal(["Fatal Python error: Segmentation fault", "..."]) == -11
+    assert causes.fatal_signal(["RuntimeError: Fatal Python error: Aborted"]) is None
+
+
 def test_fingerprints_read_every_field_and_the_barrier_form():
     first, barrier = (line for _, line in torch_words.DETAIL_MISMATCH.seen)
     assert torch_words.fingerprints(first) == {

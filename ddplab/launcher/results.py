@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ..failures import (NO_RANK_HINT, SILENT, RankFailure, echo, explain, failures_of,
-                        reported_exits, root_cause, short_message, signal_name, stderr_cause)
+                        fatal_signal, reported_exits, root_cause, short_message, signal_name,
+                        stderr_cause)
 
 if TYPE_CHECKING:
     from .jobs import Job
@@ -119,6 +120,8 @@ def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, why: s
     result.exit_codes = {rank: exits[rank][0] if rank in exits else
                          (0 if clean and rank in known else None) for rank in ranks}
     result.exit_codes.update(reported)
+    for rank in [rank for rank, code in result.exit_codes.items() if code is None]:
+        result.exit_codes[rank] = fatal_signal(stderr.get(rank, []))  # (faulthandler said)
     failures = failures_of(result.exit_codes, logs,
                            logs.get("launcher", []) if job.popen else [])
     if job.stuck:
