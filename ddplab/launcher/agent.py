@@ -62,7 +62,8 @@ def _elastic_run(req: dict[str, Any]) -> dict[str, Any]:
 
     # ddplab reports failures itself (the rank entry turns logging back on).
     logging.disable(logging.ERROR)
-    rendezvous_handler_registry.register(RDZV_BACKEND, _one_node_handler())
+    handler = _one_node_handler()
+    rendezvous_handler_registry.register(RDZV_BACKEND, handler)
     logs = private_folder("ddplab-agent-")  # (torch's log folders; its own would stay in /tmp)
     config = launch_config(
         min_nodes=1, max_nodes=1, nproc_per_node=int(req["nproc_per_node"]),
@@ -75,6 +76,8 @@ def _elastic_run(req: dict[str, Any]) -> dict[str, Any]:
         return {"status": "failed", "exits": {rank: (failure.exitcode, failure.timestamp)
                                               for rank, failure in err.failures.items()}}
     finally:
+        if handler.server:  # (its exit, some ms for a fork this size, overlaps the agent's)
+            os.kill(handler.server, signal.SIGKILL)
         shutil.rmtree(logs, ignore_errors=True)
     return {"status": "ok"}
 
@@ -87,20 +90,21 @@ def _one_node_handler() -> Any:
                                                       RendezvousStoreInfo)
 
     class OneNode(RendezvousHandler):
+        server = 0  # the process serving this round's store (one handler in an agent)
+
         def __init__(self, params: RendezvousParameters) -> None:
             host, _, port = params.endpoint.rpartition(":")
             self.host, self.port, self.run_id = host or "127.0.0.1", int(port or 0), params.run_id
-            self.server = 0
 
         def next_rendezvous(self) -> Any:
             # Each round a fresh store: a restarted round must not read the failed one's
             # addresses (pytorch/pytorch#135712). A port given is the first round's.
-            port = 0 if self.server else self.port
-            if self.server:  # (a child of this agent, not reaped until now: still its pid)
-                os.kill(self.server, signal.SIGKILL)
-                os.waitpid(self.server, 0)  # gone, its port closed, before the next round
+            port = 0 if OneNode.server else self.port
+            if OneNode.server:  # (a child of this agent, not reaped until now: still its pid)
+                os.kill(OneNode.server, signal.SIGKILL)
+                os.waitpid(OneNode.server, 0)  # gone, its port closed, before the next round
                 print(MARKER + json.dumps({"kind": "round"}), flush=True)  # (output.Streams)
-            self.server, port = serve_store(self.host, port)
+            OneNode.server, port = serve_store(self.host, port)
             return RendezvousInfo(PrefixStore(self.run_id, HashStore()), 0, 1,
                                   RendezvousStoreInfo(self.host, port))
 

@@ -54,7 +54,7 @@ class Streams:
             if remaining <= 0:
                 return "timeout"
             # An agent that closed its output is exiting: look again soon, not a tick later.
-            tick = 0.01 if self.closing & open_jobs else self.tick
+            tick = 0.002 if self.closing & open_jobs else self.tick
             for key, _mask in self.sel.select(timeout=min(remaining, tick)):
                 self._read(key.fd, *key.data)
             self._watch()
