@@ -198,6 +198,10 @@ def test_a_rank_a_signal_killed_is_named_with_it_though_torch_reported_only_a_pe
         failed = job_outcome(job, read, "done", 1.0, "", [], {})
         assert failed.exit_codes[1] == -6 and failed.exit_codes.get(2) is None
         assert failed.root_cause.rank == 1 and failed.root_cause.signal == "SIGABRT", failed.error
+    # a peer's error of its own, reported with its time, came first: the abort may be later
+    read = {"logs": {0: ["ValueError: rank 0's own"], 1: dump}, "stderr": {1: dump}, "events": {}}
+    failed = job_outcome(job, read, "done", 1.0, "", [], {})
+    assert failed.root_cause.rank == 0 and failed.exit_codes[1] == -6, failed.error
     assert causes.fatal_signal(["Fatal Python error: Segmentation fault", "..."]) == -11
     assert causes.fatal_signal(["RuntimeError: Fatal Python error: Aborted"]) is None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Union
 
@@ -121,7 +122,8 @@ def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, why: s
                          (0 if clean and rank in known else None) for rank in ranks}
     result.exit_codes.update(reported)
     for rank in [rank for rank, code in result.exit_codes.items() if code is None]:
-        result.exit_codes[rank] = fatal_signal(stderr.get(rank, []))  # (faulthandler said)
+        if (died := fatal_signal(stderr.get(rank, []))) is not None:  # (faulthandler said)
+            result.exit_codes[rank], exits[rank] = died, (died, math.inf)  # (when: unknown)
     failures = failures_of(result.exit_codes, logs,
                            logs.get("launcher", []) if job.popen else [])
     if job.stuck:
