@@ -42,7 +42,7 @@ class RankFailure:
 
 
 def failures_of(codes: dict[int, Optional[int]], logs: Logs,
-            otherwise: Sequence[str] = ()) -> list[RankFailure]:
+                otherwise: Sequence[str] = ()) -> list[RankFailure]:
     """A failure for every rank whose exit code is known and not 0, with its last error (else
     the launching process's, ``otherwise``, unless SIGTERM only ended it)."""
     found = []
