@@ -98,8 +98,8 @@ def echo(f: RankFailure) -> bool:
 
 
 #: A rank's ``when`` where its peers only lost it and it raised nothing (see ``results``).
-SILENT = ("with its exit unreported and no error of its own (a signal: SIGKILL from the OOM "
-          "killer, say); its peers only lost it")
+SILENT = ("with its exit unreported and no error of its own (os._exit, or a signal: SIGKILL "
+          "from the OOM killer, say); its peers only lost it")
 
 
 def explain(failures: list[RankFailure], exits: dict[int, tuple[int, float]], logs: Logs,

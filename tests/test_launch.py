@@ -203,8 +203,8 @@ def test_timeout_ends_the_whole_group():
     result = launch(FAULTY, 2, args=["hang"], timeout=20, quiet=True)
     assert result.status == "timeout" and not result.ok
     assert "timed out after 20 s" in result.error and result.still_running == [0, 1]
-    assert 'faulty.py", line 47' in result.stacks[0], result.stacks  # dist.all_reduce(value)
-    assert 'faulty.py", line 40' in result.stacks[1], result.stacks  # time.sleep(600)
+    assert 'faulty.py", line 50' in result.stacks[0], result.stacks  # dist.all_reduce(value)
+    assert 'faulty.py", line 43' in result.stacks[1], result.stacks  # time.sleep(600)
     pids = printed_pids(result.log(0) + "\n" + result.log(1))
     assert len(pids) == 2
     assert not wait_gone(pids, 5)

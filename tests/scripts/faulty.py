@@ -21,6 +21,9 @@ if backend == "auto":
 device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
 if device.type == "cuda":
     torch.cuda.set_device(device)
+# Every rank returns from init once all have made their connections (a store barrier): a rank
+# that leaves at once (osexit0) must not cut a slower peer's while it still makes them.
+os.environ.setdefault("TORCH_DIST_INIT_BARRIER", "1")
 dist.init_process_group(backend)
 rank = dist.get_rank()
 print(f"pid {os.getpid()}", flush=True)
