@@ -5,6 +5,7 @@ target run as ``python`` would, and how it ended said (an ``exit`` event)."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import gc
 import json
@@ -172,23 +173,19 @@ def _finish_like_an_interpreter() -> None:
 
 def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a script may close its own stdout
             stream.flush()
-        except (OSError, ValueError):  # a script may close its own stdout
-            pass
 
 
 def _say_exit(code: int, pipe: tuple[int, int]) -> None:
     """Tell the caller how the script ended, if fd 1 is still ``pipe`` (a script may close
     its stdout, and fd 1 then name another file)."""
     event = {"kind": "exit", "rank": int(os.environ["RANK"]), "code": code, "time": time.time()}
-    try:
+    with contextlib.suppress(OSError):
         stat = os.fstat(1)
         if (stat.st_dev, stat.st_ino) == pipe:
             _flush()
             os.write(1, (MARKER + json.dumps(event) + "\n").encode())
-    except OSError:
-        pass
 
 
 def _print_user_traceback(exc: BaseException) -> None:

@@ -42,7 +42,6 @@ class Job:
     # engine "spawn": the processes its script started (pid -> start time), seen in /proc
     spawned: dict[int, int] = field(default_factory=dict)
     _not_ranks: set[int] = field(default_factory=set)
-    _forks: dict[int, int] = field(default_factory=dict)  # seen as the script: ranks so far
     _watched_at: float = 0.0
     on_reap: Optional[Callable[[], None]] = None  # (a torchrun subprocess: end what it left)
 
@@ -93,23 +92,21 @@ class Job:
             if ppid == self.popen.pid and "multiprocessing.forkserver" in cmdline(pid):
                 parents.add(pid)
         for pid, (ppid, start) in table.items():
-            if ppid not in parents or pid in parents or pid in self.spawned \
-                    or pid in self._not_ranks or not (command := cmdline(pid)):
+            if ppid not in parents or pid in parents or pid in self._not_ranks \
+                    or not (command := cmdline(pid)):
                 continue  # (a command line empty mid-exec or exiting: looked at again later)
-            if "spawn_main" in command or ppid != self.popen.pid:
-                self.spawned[pid] = start
-            elif command != script:
-                self._not_ranks.add(pid)
-                self._forks.pop(pid, None)
+            if "spawn_main" in command or ppid != self.popen.pid or command == script:
+                self.spawned[pid] = start  # (a fork of the script: until it runs another)
             else:
-                self._forks[pid] = start
+                self._not_ranks.add(pid)
+                self.spawned.pop(pid, None)
 
     def spawned_ranks(self) -> Optional[dict[int, int]]:
         """The spawned processes seen, rank -> pid (None without ``/proc``)."""
         if not os.path.isdir("/proc"):
             return None
-        seen = {**self._forks, **self.spawned}
-        return dict(enumerate(sorted(seen, key=lambda pid: (seen[pid], pid))))
+        order = sorted(self.spawned, key=lambda pid: (self.spawned[pid], pid))
+        return dict(enumerate(order))
 
     def __post_init__(self) -> None:
         self.started[self.pgid] = start_time(self.pgid)

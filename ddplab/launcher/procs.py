@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -14,10 +15,8 @@ def set_parent_death_signal(sig: int = signal.SIGKILL, parent: Optional[int] = N
     """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere); exit
     at once if the parent (pid ``parent``) died already."""
     if sys.platform.startswith("linux"):
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
     if parent is not None and os.getppid() != parent:
         os._exit(70)
 
@@ -46,20 +45,16 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL, started: Optional[int] = No
     """Signal process group ``pgid`` unless its leader's pid now names another process."""
     if pgid <= 1 or (started is not None and start_time(pgid) not in (None, started)):
         return
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def signal_process(pid: int, sig: int, started: Optional[int]) -> None:
     """Signal ``pid`` only while it is the process that started at ``started``."""
     if os.path.isdir("/proc") and (started is None or start_time(pid) != started):
         return
-    try:
+    with contextlib.suppress(OSError):
         os.kill(pid, sig)
-    except OSError:
-        pass
 
 
 def dies_with_parent(cmd: list[str], sig: int = signal.SIGKILL) -> list[str]:
@@ -83,12 +78,9 @@ def kill_marked(name: str, value: str) -> None:
         return
     mark = f"{name}={value}".encode()
     for pid in process_table():
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as environ:
-                if pid != os.getpid() and mark in environ.read().split(b"\0"):
-                    os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/environ", "rb") as environ:
+            if pid != os.getpid() and mark in environ.read().split(b"\0"):
+                os.kill(pid, signal.SIGKILL)
 
 
 def process_table(pgid: int = 0) -> dict[int, tuple[int, int]]:
@@ -149,7 +141,7 @@ def _alive(pid: int, started: str) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:
+    except PermissionError:  # (another user's: still there)
         pass
     return not os.path.isdir("/proc") or str(start_time(pid)) == started
 
