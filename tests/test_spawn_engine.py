@@ -250,3 +250,29 @@ def test_a_fork_seen_once_as_the_script_is_a_rank_unless_it_then_runs_a_program(
         seen.update(look)
         job.watch_spawned(every=0.0)
     assert job.spawned_ranks() == {0: 11}  # (11 ended after one look; 12 ran a program)
+
+
+def test_a_young_copy_of_the_script_or_its_forkserver_is_no_rank(monkeypatch):
+    """A child that is about to run a program (``import torch`` runs ``ldconfig -p``; the
+    forkserver starts so) shows the script's command line for a moment. Seen so while younger
+    than 0.1 s and gone by the next look, it is no rank; nor is one seen so, older, that then
+    runs the forkserver, whose children are the ranks."""
+    from ddplab.launcher import jobs
+
+    script, server = "python spawn_plain.py", "python -c from multiprocessing.forkserver ..."
+    now = 100_000  # (clock ticks since boot: 100 a second)
+    looks = iter([{11: (10, now, script), 12: (10, now - 50, script)},
+                  {12: (10, now - 50, server), 13: (12, now, server)}, {}])
+    seen: dict = {}
+    monkeypatch.setattr(jobs, "process_table",
+                        lambda pgid: {pid: (ppid, start) for pid, (ppid, start, _) in seen.items()})
+    monkeypatch.setattr(jobs, "cmdline", lambda pid: script if pid == 10 else seen[pid][2])
+    monkeypatch.setattr(jobs, "age", lambda start: (now - start) / 100)
+    job = jobs.Job(world_size=1, engine="spawn", pgid=10, sources={},
+                   popen=SimpleNamespace(pid=10, returncode=None))
+    for look in looks:
+        seen.clear()
+        seen.update(look)
+        job.watch_spawned(every=0.0)
+    assert job.spawned_ranks() == {0: 13}
+

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from .helper import HELPER_TOKEN, Helper
-from .procs import (cmdline, group_running, kill_group, process_table, rank_channel, running,
-                    start_time)
+from .procs import (age, cmdline, group_running, kill_group, process_table, rank_channel,
+                    running, start_time)
 
 # Imported once by the helper, so that no forked worker pays seconds for them (DDP: dynamo).
 PRELOAD_TRAINING = ("torch._dynamo", "torchvision", "ddplab.data", "ddplab.models",
@@ -78,26 +78,25 @@ class Job:
             return True
         return group_running(self.pgid)
 
-    def watch_spawned(self, every: float = 0.2) -> None:
-        """Note an ``mp.spawn`` script's ranks: children of it (or its forkserver) running
-        ``spawn_main``, or forks of it never seen running another program."""
+    def watch_spawned(self, every: float = 0.2, young: float = 0.1) -> None:
+        """Note an ``mp.spawn`` script's ranks: children of it running ``spawn_main`` or of its
+        forkserver, or forks of it older than ``young`` seconds still running the script and
+        never seen running another program (a child about to run one is a copy for a moment)."""
         now = time.monotonic()
         if self.popen is None or self.engine != "spawn" or now - self._watched_at < every:
             return
         self._watched_at = now
-        script = cmdline(self.popen.pid)
-        parents = {self.popen.pid}
-        table = process_table(self.pgid)
-        for pid, (ppid, _start) in table.items():
-            if ppid == self.popen.pid and "multiprocessing.forkserver" in cmdline(pid):
-                parents.add(pid)
+        script, table = cmdline(self.popen.pid), process_table(self.pgid)
+        servers = {pid for pid, (ppid, _start) in table.items() if ppid == self.popen.pid
+                   and "multiprocessing.forkserver" in cmdline(pid)}
         for pid, (ppid, start) in table.items():
-            if ppid not in parents or pid in parents or pid in self._not_ranks \
+            if ppid not in servers | {self.popen.pid} or pid in self._not_ranks \
                     or not (command := cmdline(pid)):
                 continue  # (a command line empty mid-exec or exiting: looked at again later)
-            if "spawn_main" in command or ppid != self.popen.pid or command == script:
-                self.spawned[pid] = start  # (a fork of the script: until it runs another)
-            else:
+            if ppid in servers or "spawn_main" in command \
+                    or command == script and age(start) >= young:
+                self.spawned[pid] = start
+            elif command != script:  # (a program, or the forkserver, seen as the script once)
                 self._not_ranks.add(pid)
                 self.spawned.pop(pid, None)
 

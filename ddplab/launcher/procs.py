@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from typing import Optional, Union
 
 
@@ -34,6 +35,11 @@ def start_time(pid: int) -> Optional[int]:
     """When ``pid`` started (clock ticks since boot: tells a reused pid); None if unknown."""
     fields = _stat(pid)
     return int(fields[19]) if len(fields) > 19 else None
+
+
+def age(start: int) -> float:
+    """Seconds since a process began at ``start`` (a ``start_time``; Linux)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - start / os.sysconf("SC_CLK_TCK")
 
 
 def running(pid: int) -> bool:
