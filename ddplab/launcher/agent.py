@@ -39,7 +39,6 @@ def run_agent(req: dict[str, Any], helper: int) -> None:
     time.tzset()
     connect_streams("launcher")
     os.chdir(req["cwd"])
-    report: dict[str, Any]
     try:
         report = _elastic_run(req)
     except BaseException as exc:  # the report must always be written

@@ -21,29 +21,15 @@ __all__ = ["launch", "launch_multinode", "LaunchError", "RunResult"]
 DEFAULT_TIMEOUT = float(os.environ.get("DDPLAB_TIMEOUT", "3600"))
 
 
-def launch(
-    target: Union[str, os.PathLike],
-    nprocs: int = 2,
-    *,
-    args: Sequence[Any] = (),
-    engine: str = "torchrun",
-    timeout: Optional[float] = None,
-    env: Optional[dict[str, str]] = None,
-    quiet: bool = False,
-    backend: Optional[str] = None,
-    threads: int = 1,
-    cwd: Optional[Union[str, os.PathLike]] = None,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    rdzv_endpoint: Optional[str] = None,
-    master_addr: Optional[str] = None,
-    master_port: Optional[int] = None,
-    live: bool = True,
-    max_restarts: int = 0,
-    local_rank_arg: Union[bool, str] = False,
-    on_event: Optional[Callable[[dict[str, Any]], Optional[float]]] = None,
-    flight_recorder: bool = False,
-) -> RunResult:
+def launch(target: Union[str, os.PathLike], nprocs: int = 2, *, args: Sequence[Any] = (),
+           engine: str = "torchrun", timeout: Optional[float] = None,
+           env: Optional[dict[str, str]] = None, quiet: bool = False, backend: Optional[str] = None,
+           threads: int = 1, cwd: Optional[Union[str, os.PathLike]] = None, nnodes: int = 1,
+           node_rank: int = 0, rdzv_endpoint: Optional[str] = None,
+           master_addr: Optional[str] = None, master_port: Optional[int] = None,
+           live: bool = True, max_restarts: int = 0, local_rank_arg: Union[bool, str] = False,
+           on_event: Optional[Callable[[dict[str, Any]], Optional[float]]] = None,
+           flight_recorder: bool = False) -> RunResult:
     """Run ``target`` (a script path or a module name) on ``nprocs`` processes; what happened.
 
     PyTorch's engines run it: torchrun's elastic agent (``engine="torchrun"``) or the script's
@@ -70,18 +56,10 @@ def launch(
     return _run(jobs, view, seconds, on_event, flight)[0]
 
 
-def launch_multinode(
-    target: Union[str, os.PathLike],
-    nnodes: int = 2,
-    nproc_per_node: int = 1,
-    *,
-    args: Sequence[Any] = (),
-    timeout: Optional[float] = None,
-    env: Optional[dict[str, str]] = None,
-    quiet: bool = False,
-    live: bool = False,
-    port: Optional[int] = None,
-) -> list[RunResult]:
+def launch_multinode(target: Union[str, os.PathLike], nnodes: int = 2, nproc_per_node: int = 1,
+                     *, args: Sequence[Any] = (), timeout: Optional[float] = None,
+                     env: Optional[dict[str, str]] = None, quiet: bool = False,
+                     live: bool = False, port: Optional[int] = None) -> list[RunResult]:
     """Pretend this machine is ``nnodes`` machines (one torchrun each, one rendezvous on
     127.0.0.1); one ``RunResult`` per node, in node order. Lesson 07b."""
     seconds = check_timeout(timeout, DEFAULT_TIMEOUT)

@@ -1,4 +1,4 @@
-"""A rank's first frame (forked by the agent, or ``main`` in a torchrun subprocess): output to
+"""A rank's first frame (forked by the agent, or ``__main__`` in a torchrun subprocess): output to
 the caller's socket, every thread's stack at SIGUSR1 (a timeout names each rank's line), the
 target run as ``python`` would, and how it ended said (an ``exit`` event)."""
 
@@ -82,8 +82,7 @@ def run_rank(target: str, args: list[str], threads: int = 0) -> None:
     pipe = _announce()
     if threads:
         _like_a_fresh_process(threads)
-    code: Any = 0
-    interrupted = False
+    code, interrupted = 0, False
     try:
         run_target(target, args)
     except KeyboardInterrupt as exc:  # python then ends the process by SIGINT
@@ -197,10 +196,5 @@ def _print_user_traceback(exc: BaseException) -> None:
     traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
 
 
-def main() -> None:
-    """``python -m ddplab.launcher.entry TARGET [ARGS...]``: a torchrun subprocess's rank."""
+if __name__ == "__main__":  # ``python -m ddplab.launcher.entry TARGET [ARGS...]``: torchrun's
     run_rank(sys.argv[1], sys.argv[2:])
-
-
-if __name__ == "__main__":
-    main()

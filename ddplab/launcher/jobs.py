@@ -79,9 +79,9 @@ class Job:
         return group_running(self.pgid)
 
     def watch_spawned(self, every: float = 0.2, young: float = 0.1) -> None:
-        """Note an ``mp.spawn`` script's ranks: children of it running ``spawn_main`` or of its
-        forkserver, or forks of it older than ``young`` seconds still running the script and
-        never seen running another program (a child about to run one is a copy for a moment)."""
+        """Note an ``mp.spawn`` script's ranks: its children running ``spawn_main``, its
+        forkserver's, and its forks still the script at ``young`` s old (one about to run a
+        program is a copy of it for a moment) and never seen running another."""
         now = time.monotonic()
         if self.popen is None or self.engine != "spawn" or now - self._watched_at < every:
             return
@@ -104,8 +104,7 @@ class Job:
         """The spawned processes seen, rank -> pid (None without ``/proc``)."""
         if not os.path.isdir("/proc"):
             return None
-        order = sorted(self.spawned, key=lambda pid: (self.spawned[pid], pid))
-        return dict(enumerate(order))
+        return dict(enumerate(sorted(self.spawned, key=lambda pid: (self.spawned[pid], pid))))
 
     def __post_init__(self) -> None:
         self.started[self.pgid] = start_time(self.pgid)

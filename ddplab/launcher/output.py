@@ -28,9 +28,7 @@ class Streams:
 
     def __init__(self, jobs: list[Job], view: Any,
                  on_event: Optional[Callable[[dict[str, Any]], Optional[float]]] = None) -> None:
-        self.view = view
-        self.on_event = on_event
-        self.jobs = jobs
+        self.view, self.on_event, self.jobs = view, on_event, jobs
         self.sel = selectors.DefaultSelector()
         self.partial: dict[int, bytes] = {}
         # What each job's RunResult is built from: logs, stderr lines and events, by rank.

@@ -161,8 +161,7 @@ def _timed_out(result: RunResult, job: Job, why: str, running: list[int],
     result.exit_codes = {rank: None if rank in running else exits.get(rank, (None,))[0]
                          for rank in ranks}
     result.still_running, result.stacks = list(running), dict(stacks)
-    failures = failures_of(result.exit_codes, result.logs)
-    if failures:
+    if failures := failures_of(result.exit_codes, result.logs):
         result.root_cause = root_cause(failures, exits)
     result.status, result.returncode = "timeout", 124
     where = f"; still running: {', '.join(f'rank {r}' for r in running)}" if running else ""

@@ -114,8 +114,7 @@ class LaunchSpec:
 
 def check_timeout(timeout: Any, default: float) -> float:
     """The timeout in seconds (``math.inf``: none, None: ``default``); else LaunchError."""
-    if timeout is None:
-        timeout = default
+    timeout = default if timeout is None else timeout
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
             or math.isnan(timeout) or timeout <= 0:
         raise LaunchError(f"timeout must be a number of seconds > 0 (math.inf for no limit, "
