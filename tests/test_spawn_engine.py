@@ -213,21 +213,34 @@ def test_where_processes_cannot_be_watched_nothing_is_claimed_about_ranks(monkey
     assert failed.error == "the launching process exited with code 2: boom"
 
 
-def test_a_rank_seen_mid_exec_is_looked_at_again_not_taken_for_a_program(monkeypatch):
-    """While a child execs, /proc shows its command line empty for a moment (a loaded machine
-    catches that moment): it is a rank if it then runs ``spawn_main``."""
+SCRIPT = "python spawn_plain.py"  # (the command line of pid 10, the script, below)
+
+
+def watched(monkeypatch, looks, now=100_000):
+    """A spawn-engine job whose script is pid 10 after ``looks`` at /proc, each one
+    pid -> (ppid, start time, command line); times are clock ticks (100 a second), ``now``
+    the clock at every look."""
     from ddplab.launcher import jobs
 
-    script = "python spawn_plain.py"
-    looks = iter([{11: "sleep 0.6", 12: ""}, {11: "sleep 0.6", 12: "python -c spawn_main(...)"}])
     seen: dict = {}
-    monkeypatch.setattr(jobs, "process_table", lambda pgid: {11: (10, 5), 12: (10, 6)})
-    monkeypatch.setattr(jobs, "cmdline", lambda pid: script if pid == 10 else seen[pid])
+    monkeypatch.setattr(jobs, "process_table",
+                        lambda pgid: {pid: (ppid, start) for pid, (ppid, start, _) in seen.items()})
+    monkeypatch.setattr(jobs, "cmdline", lambda pid: SCRIPT if pid == 10 else seen[pid][2])
+    monkeypatch.setattr(jobs, "age", lambda start: (now - start) / 100)
     job = jobs.Job(world_size=2, engine="spawn", pgid=10, sources={},
                    popen=SimpleNamespace(pid=10, returncode=None))
     for look in looks:
+        seen.clear()
         seen.update(look)
         job.watch_spawned(every=0.0)
+    return job
+
+
+def test_a_rank_seen_mid_exec_is_looked_at_again_not_taken_for_a_program(monkeypatch):
+    """While a child execs, /proc shows its command line empty for a moment (a loaded machine
+    catches that moment): it is a rank if it then runs ``spawn_main``."""
+    job = watched(monkeypatch, [{11: (10, 5, "sleep 0.6"), 12: (10, 6, "")},
+                                {11: (10, 5, "sleep 0.6"), 12: (10, 6, "python -c spawn_main()")}])
     assert job.spawned == {12: 6}  # (11 ran a program: no rank)
 
 
@@ -235,20 +248,8 @@ def test_a_fork_seen_once_as_the_script_is_a_rank_unless_it_then_runs_a_program(
     """``start_method="fork"``: a rank runs the script's command line, and so, for a moment, does
     a child that forks and then runs a program. A fork seen as the script counts as a rank
     (a short rank may be seen only once before it ends) until it is seen running another."""
-    from ddplab.launcher import jobs
-
-    script = "python spawn_plain.py"
-    looks = iter([{11: script, 12: script}, {12: "sleep 0.6"}, {}])
-    seen: dict = {}
-    monkeypatch.setattr(jobs, "process_table",
-                        lambda pgid: {pid: (10, 5 + pid) for pid in seen})
-    monkeypatch.setattr(jobs, "cmdline", lambda pid: script if pid == 10 else seen[pid])
-    job = jobs.Job(world_size=2, engine="spawn", pgid=10, sources={},
-                   popen=SimpleNamespace(pid=10, returncode=None))
-    for look in looks:
-        seen.clear()
-        seen.update(look)
-        job.watch_spawned(every=0.0)
+    job = watched(monkeypatch, [{11: (10, 16, SCRIPT), 12: (10, 17, SCRIPT)},
+                                {12: (10, 17, "sleep 0.6")}, {}])
     assert job.spawned_ranks() == {0: 11}  # (11 ended after one look; 12 ran a program)
 
 
@@ -257,22 +258,7 @@ def test_a_young_copy_of_the_script_or_its_forkserver_is_no_rank(monkeypatch):
     forkserver starts so) shows the script's command line for a moment. Seen so while younger
     than 0.1 s and gone by the next look, it is no rank; nor is one seen so, older, that then
     runs the forkserver, whose children are the ranks."""
-    from ddplab.launcher import jobs
-
-    script, server = "python spawn_plain.py", "python -c from multiprocessing.forkserver ..."
-    now = 100_000  # (clock ticks since boot: 100 a second)
-    looks = iter([{11: (10, now, script), 12: (10, now - 50, script)},
-                  {12: (10, now - 50, server), 13: (12, now, server)}, {}])
-    seen: dict = {}
-    monkeypatch.setattr(jobs, "process_table",
-                        lambda pgid: {pid: (ppid, start) for pid, (ppid, start, _) in seen.items()})
-    monkeypatch.setattr(jobs, "cmdline", lambda pid: script if pid == 10 else seen[pid][2])
-    monkeypatch.setattr(jobs, "age", lambda start: (now - start) / 100)
-    job = jobs.Job(world_size=1, engine="spawn", pgid=10, sources={},
-                   popen=SimpleNamespace(pid=10, returncode=None))
-    for look in looks:
-        seen.clear()
-        seen.update(look)
-        job.watch_spawned(every=0.0)
+    now, server = 100_000, "python -c from multiprocessing.forkserver import main; main(...)"
+    job = watched(monkeypatch, [{11: (10, now, SCRIPT), 12: (10, now - 50, SCRIPT)},
+                                {12: (10, now - 50, server), 13: (12, now, server)}, {}], now)
     assert job.spawned_ranks() == {0: 13}
-
