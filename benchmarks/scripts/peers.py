@@ -1,9 +1,9 @@
 """The trivial gloo job of bench_launch.py as a function, for launchers that fork the caller.
 
-accelerate's ``notebook_launcher`` and a bare ``torch.multiprocessing.start_processes(...,
-start_method="fork")`` run a function, not a file: both fork the calling process, which has
-torch imported already. ddplab's warm launch runs the same job from a file
-(``trivial_gloo.py``) with forked workers too.
+accelerate's ``notebook_launcher``, torch's ``elastic_launch`` and a bare
+``torch.multiprocessing.start_processes(..., start_method="fork")`` run a function, not a file:
+each forks the calling process, which has torch imported already. ddplab's warm launch runs the
+same job from a file (``trivial_gloo.py``) with forked workers too.
 """
 
 from __future__ import annotations
@@ -41,6 +41,29 @@ def bare_fork(nprocs: int = 2) -> None:
         trivial_job()
 
     mp.start_processes(rank_job, nprocs=nprocs, start_method="fork")
+
+
+def elastic_agent(nprocs: int = 2) -> None:
+    """torch's ``elastic_launch`` run in the caller, forking the workers and looking at them
+    every 10 ms as ddplab's agent does: the cost of torch's agent alone, without ddplab's
+    processes around it (notebook_launcher's agent looks every 100 ms)."""
+    import logging
+    import tempfile
+
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    logging.disable(logging.ERROR)  # (as ddplab's agent: torch's own log lines, silenced)
+    try:
+        with tempfile.TemporaryDirectory() as logs:
+            config = LaunchConfig(
+                min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id="bench",
+                rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+                rdzv_configs={"rank": 0}, monitor_interval=0.01, start_method="fork",
+                logs_specs=DefaultLogsSpecs(log_dir=logs))
+            elastic_launch(config, trivial_job)()
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def notebook_launcher(nprocs: int = 2) -> None:
