@@ -51,12 +51,14 @@ def elastic_agent(nprocs: int = 2) -> None:
     import tempfile
 
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
+
+    from ddplab.launcher.agent import launch_config  # (LaunchConfig, asking CUDA nothing)
 
     logging.disable(logging.ERROR)  # (as ddplab's agent: torch's own log lines, silenced)
     try:
         with tempfile.TemporaryDirectory() as logs:
-            config = LaunchConfig(
+            config = launch_config(
                 min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id="bench",
                 rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{_free_port()}",
                 rdzv_configs={"rank": 0}, monitor_interval=0.01, start_method="fork",
