@@ -36,10 +36,11 @@ lock:
 		--python-version 3.10 -c requirements/pins.txt --generate-hashes \
 		--custom-compile-command 'make lock' --quiet -o $(LOCK)
 
-# The course's own JupyterLab settings (jupyter/labconfig: no news pop-up, no update check).
+# The course's own JupyterLab settings (ddplab/lab/jupyter/labconfig: no news pop-up, no update
+# check), shipped with the package, so `ddplab lab` applies them too.
 lab: setup
 	MPLBACKEND=module://matplotlib_inline.backend_inline \
-	JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
+	JUPYTER_CONFIG_PATH="$(CURDIR)/ddplab/lab/jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
 	$(BIN)/jupyter lab --notebook-dir=notebooks --ip=127.0.0.1 $(ROOT_FLAG)
 
 # pytest-xdist spreads whole files over XDIST workers (a file's tests run in order, in one

@@ -29,6 +29,11 @@ from typing import Optional, Sequence
 PACKAGE = Path(__file__).resolve().parent
 #: The learner's course folder when none is given: ``./ddplab-course``.
 DEFAULT_DIR = "ddplab-course"
+#: The course's JupyterLab settings (``labconfig/default_setting_overrides.json``: no "official
+#: Jupyter news?" pop-up, no update check), shipped with the package. JupyterLab reads
+#: ``<folder>/labconfig/`` of every folder on ``JUPYTER_CONFIG_PATH``; ``ddplab lab`` and
+#: ``make lab`` put this one first.
+LAB_CONFIG = PACKAGE / "lab" / "jupyter"
 #: What ``init`` copies: folder -> file pattern.
 #: The course's notebooks: a lesson's number, a letter for a lesson's second notebook
 #: (``03_ddp_spawn``, then ``03b_ddp_internals``); sorted by name, they are in teaching order.
@@ -211,6 +216,19 @@ def lab_command(folder: os.PathLike, is_root: Optional[bool] = None) -> list[str
             "--ip=127.0.0.1", *(["--allow-root"] if is_root else [])]
 
 
+def lab_environment(environ: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """The environment ``ddplab lab`` starts JupyterLab with (default: this process's own).
+
+    Plots inline, and ``LAB_CONFIG`` first on ``JUPYTER_CONFIG_PATH`` (the learner's own
+    folders there stay, after it), as ``make lab`` does.
+    """
+    env = dict(os.environ if environ is None else environ)
+    env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    theirs = [p for p in env.get("JUPYTER_CONFIG_PATH", "").split(os.pathsep) if p]
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join([str(LAB_CONFIG), *theirs])
+    return env
+
+
 def lab(folder: Optional[os.PathLike] = None, extra: Sequence[str] = ()) -> int:
     """Open JupyterLab in the course folder (default: the one here, else ``./ddplab-course``).
 
@@ -228,5 +246,4 @@ def lab(folder: Optional[os.PathLike] = None, extra: Sequence[str] = ()) -> int:
     if importlib.util.find_spec("jupyterlab") is None:
         raise ModuleNotFoundError("JupyterLab is not installed in this Python: "
                                   "pip install 'ddplab[lab]' (or pip install jupyterlab)")
-    env = {**os.environ, "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
-    return subprocess.call([*lab_command(root), *extra], env=env)
+    return subprocess.call([*lab_command(root), *extra], env=lab_environment())

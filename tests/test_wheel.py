@@ -81,7 +81,11 @@ def installed(tmp_path_factory):
 def test_the_installed_wheel_runs_the_course_from_ddplab_init(installed):
     python, package, env, tmp = installed
     before = _files(package)
-    assert {"_course/exercises/ddp_wrap.py", "_course/notebooks/03_ddp_spawn.ipynb"} <= before
+    assert {"_course/exercises/ddp_wrap.py", "_course/notebooks/03_ddp_spawn.ipynb",
+            "lab/jupyter/labconfig/default_setting_overrides.json"} <= before
+    config = _run([str(python), "-c", "from ddplab import workspace; "
+                   "print(workspace.lab_environment({})['JUPYTER_CONFIG_PATH'])"], tmp, env)
+    assert config.stdout.strip() == str(package / "lab" / "jupyter")  # ddplab lab's settings
 
     out = _run([str(python.parent / "ddplab"), "init"], tmp, env).stdout
     course = tmp / "ddplab-course"
