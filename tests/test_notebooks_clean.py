@@ -82,3 +82,27 @@ def test_strip_removes_outputs_and_counts():
     clean = strip(nb)
     assert clean["cells"][0]["outputs"] == [] and clean["cells"][0]["execution_count"] is None
     assert "widgets" not in clean["metadata"] and is_stripped(clean)
+
+
+def test_strip_keeps_a_collapsed_proof_cell_collapsed():
+    """A cell that only asserts the course's own claims is committed collapsed
+    (``jupyter.source_hidden``: JupyterLab hides it, nbval still runs it); strip keeps that."""
+    hidden = {"jupyter": {"source_hidden": True}, "tags": ["x"]}
+    nb = {"cells": [{"cell_type": "code", "source": "assert 1", "outputs": [],
+                     "execution_count": 3, "metadata": {**hidden, "execution": {"t": 1}}}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    assert strip(nb)["cells"][0]["metadata"] == hidden
+
+
+def collapsed_cells(nb: dict) -> list[dict]:
+    return [c for c in nb["cells"] if c.get("metadata", {}).get("jupyter", {}).get("source_hidden")]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_collapsed_cell_is_a_proof_that_says_what_it_verified(path):
+    """Collapsed, a proof must still be seen to have run: it asserts, and prints one line."""
+    for cell in collapsed_cells(json.loads(path.read_text())):
+        source = "".join(cell["source"])
+        assert cell["cell_type"] == "code", f"{path.name}: only proof cells are collapsed"
+        assert re.search(r"^\s*assert\b", source, re.M), f"{path.name}: a collapsed cell asserts:\n{source}"
+        assert "print(" in source, f"{path.name}: a collapsed cell prints what it verified:\n{source}"

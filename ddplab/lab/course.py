@@ -23,6 +23,9 @@ from ..workspace import NOTEBOOK_GLOB, find_course
 # Only the kernel to start: language_info (the Python version of the last run) is rewritten by
 # every run, so keeping it would make a run and a strip differ from the committed file.
 KEEP_METADATA = {"kernelspec"}
+# A cell keeps its tags (nbval's) and its ``jupyter`` view state: ``source_hidden`` collapses a
+# cell that only asserts the course's own claims (JupyterLab hides it, nbval still runs it).
+KEEP_CELL_METADATA = {"tags", "jupyter"}
 
 
 def strip(nb: dict[str, Any]) -> dict[str, Any]:
@@ -31,7 +34,8 @@ def strip(nb: dict[str, Any]) -> dict[str, Any]:
     nb["metadata"]["kernelspec"] = {"display_name": "Python 3", "language": "python",
                                     "name": "python3"}
     for cell in nb.get("cells", []):
-        cell["metadata"] = {k: v for k, v in cell.get("metadata", {}).items() if k == "tags"}
+        cell["metadata"] = {k: v for k, v in cell.get("metadata", {}).items()
+                            if k in KEEP_CELL_METADATA}
         if cell.get("cell_type") == "code":
             cell["outputs"] = []
             cell["execution_count"] = None
