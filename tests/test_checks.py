@@ -60,7 +60,9 @@ def test_hints_name_the_mistake(capsys):
     check("03", (64, 0.16))
     assert "64 x 8" in capsys.readouterr().out
     check("07b", 3)                               # one per machine: LOCAL_RANK, not RANK
-    assert "multiples of 4" in capsys.readouterr().out
+    hint = capsys.readouterr().out
+    assert "local_rank == 0" in hint and "every process of the job" in hint
+    assert "multiple" not in hint and "23" not in hint   # a hint, not the way to the answer
     check("12", 3 * 4096 * 14336 * 4 / 8 / 1e6)   # fp32 instead of bf16
     assert "2 bytes" in capsys.readouterr().out
     check("09", 14.0 / 2.0)                       # the speed-up, not the efficiency

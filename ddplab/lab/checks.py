@@ -176,16 +176,21 @@ def _compare_05(answer: Any, expected: Any) -> Optional[str]:
     if epochs == expected:
         return None
     if epochs and epochs[0] < expected[0]:
-        return ("the checkpoint is written after every finished epoch, and the crash came "
-                "after epoch 3 was saved: resuming starts after it.")
+        return ("the checkpoint is written after every finished epoch: the epochs it already "
+                "held before the power went out are not trained again.")
+    if epochs and epochs[0] > expected[0]:
+        return ("the power went out before epoch 4's checkpoint replaced the file (it is written "
+                "to a temporary file, then renamed): which epoch does the file on disk hold?")
     return "the second launch trains every epoch that is not yet in the checkpoint, up to --epochs."
 
 
-@exercise("05", "A job started with `--epochs 5 --checkpoint-dir ckpt --stop-after-epoch 3` "
-          "crashes after its third epoch; you launch it again with `--resume`. Which epochs "
-          "(numbered from 1) does the second launch train? answer = [...]", _compare_05)
+@exercise("05", "A job started with `--epochs 5 --checkpoint-dir ckpt` saves atomically after "
+          "every epoch. The machine loses power while rank 0 is writing the checkpoint of epoch "
+          "4; you launch the job again with `--resume`. Which epochs (numbered from 1) does the "
+          "second launch train? answer = [...]", _compare_05)
 def _exercise_05() -> list[int]:
-    epochs, saved = 5, 3  # the checkpoint holds epochs 1..3 (saved after each epoch)
+    # The atomic write never replaced the file: it still holds epochs 1..3, so 4 is trained again.
+    epochs, saved = 5, 3
     return list(range(saved + 1, epochs + 1))
 
 
@@ -256,11 +261,12 @@ def _compare_07b(answer: Any, expected: Any) -> Optional[str]:
     if writers == 1:
         return "`rank % 4 == 0` holds for more than rank 0: RANK runs from 0 to 23 over the job."
     if writers == 3:
-        return ("one writer per machine is what `local_rank == 0` gives; RANK does not start "
-                "again on every machine: count the multiples of 4 from 0 to 23.")
+        return ("one writer per machine is what `local_rank == 0` would give; RANK does not "
+                "start again on every machine: it numbers every process of the job.")
     if writers == 24:
-        return "only the processes whose RANK is a multiple of 4 write, not every process."
-    return "RANK runs from 0 to 23 over the whole job: count the multiples of 4."
+        return "the test `rank % 4 == 0` lets only some processes through, not every process."
+    return ("RANK numbers every process of the job, across the machines: how many processes "
+            "does the job have, and which of their numbers pass `rank % 4 == 0`?")
 
 
 @exercise("07b", "A job runs `torchrun --nnodes 3 --nproc-per-node 8 train.py` on three machines, "

@@ -2,8 +2,9 @@
 
 Exercise 03: the DDP training loop, written from its spec. One function to write: train().
 
-Run it from notebook 03 (about 5 s; a hang is ended after 60 s, and the judge says where each
-rank waited), or from the repository root::
+Run it from notebook 04, its last exercise (it needs lesson 03's DDP and lesson 04's sampler;
+about 5 s; a hang is ended after 60 s, and the judge says where each rank waited), or from the
+repository root::
 
     python -m ddplab launch --nproc-per-node 2 --timeout 60 exercises/ddp_wrap.py
     torchrun --standalone --nproc-per-node 2 exercises/ddp_wrap.py
@@ -12,7 +13,7 @@ and hand the launch's result to the judge: ``ddplab.check("03", result)``.
 
 Every rank builds its model from a seed of its own, so the ranks start from different weights,
 and reads its own share of the digits. Your ``train`` turns these N separate processes into one
-data-parallel training: write it from its docstring, with what notebook 03 taught (look up
+data-parallel training: write it from its docstring, with what notebooks 03 and 04 taught (look up
 ``torch.nn.parallel.DistributedDataParallel``: its ``device_ids`` argument, and what it does
 when it wraps a model and during ``backward()``).
 
@@ -56,7 +57,7 @@ def train(model: nn.Module, loader: DataLoader, sampler: DistributedSampler,
       start from the same weights and take the same step after every batch (DDP wants the
       device's index in ``device_ids`` on a GPU, and no ``device_ids`` on a CPU).
     - Train for ``epochs`` epochs over ``loader`` (batches moved to ``device``), starting each
-      epoch with ``sampler.set_epoch(epoch)`` (notebook 04 says why), with cross-entropy and
+      epoch with ``sampler.set_epoch(epoch)`` (notebook 04, section 4), with cross-entropy and
       ``torch.optim.SGD`` at ``lr=0.05, momentum=0.9``.
     """
     model = model.to(device)  # first to the device, then wrap
