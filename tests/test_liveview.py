@@ -1,6 +1,6 @@
 """What a launch shows while it runs: prefixed lines, the progress bar, the loss points."""
 
-from ddplab.lab.widgets import LiveView, loss_png
+from ddplab.liveview import LiveView, loss_png
 
 
 def progress(step, epoch=1, loss=1.0, rank=0):
@@ -46,7 +46,7 @@ def test_loss_png_is_a_png():
 
 def test_a_notebooks_first_launch_prints_the_doctors_plan_once(monkeypatch, capsys):
     from ddplab import env
-    from ddplab.lab import widgets
+    from ddplab import liveview as widgets
 
     monkeypatch.setattr(widgets, "_PLAN_SHOWN", [])
     LiveView()                                           # outside Jupyter: nothing
