@@ -21,6 +21,7 @@ Lessons: 01 (hardware cell of every notebook), 07 (ports and backends).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import importlib.metadata
@@ -28,12 +29,14 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from . import versions
 
@@ -60,6 +63,130 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
     return True
+
+
+# ------------------------------------------------------------------------- platform choices
+# Every choice that depends on the platform, for the launcher and the doctor alike, lives in
+# this section and is unit-tested with ``sys.platform`` patched to linux, darwin and win32
+# (tests/test_platform.py): the code a Mac or Windows runs is code a test ran.
+
+
+def is_linux() -> bool:
+    """Linux: ``prctl`` (death signals, subreapers), ``/proc``, abstract UNIX sockets."""
+    return sys.platform.startswith("linux")
+
+
+def loopback_interface() -> Optional[str]:
+    """The interface gloo should use for a 127.0.0.1 job (``GLOO_SOCKET_IFNAME``): Linux's
+    ``lo`` or macOS's ``lo0``, whichever this machine lists; None on Windows, which names no
+    loopback interface (gloo then finds the address by the hostname, as torch documents)."""
+    if sys.platform == "win32" or not hasattr(socket, "if_nameindex"):
+        return None
+    names = {name for _index, name in socket.if_nameindex()}
+    return next((name for name in ("lo", "lo0") if name in names), None)
+
+
+def _prctl(option: int, value: int) -> bool:
+    if not is_linux():
+        return False
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL,
+                            parent: Optional[int] = None) -> None:
+    """Ask Linux to send ``sig`` to this process when the thread that started it ends (no-op
+    elsewhere; so only for a process whose parent's starting thread lives as long as it is
+    wanted); exit at once if the parent (pid ``parent``) died already."""
+    _prctl(1, int(sig))  # PR_SET_PDEATHSIG
+    if parent is not None and os.getppid() != parent:
+        os._exit(70)
+
+
+def become_subreaper() -> bool:
+    """Make this process the parent of every orphan among its descendants (Linux), so that a
+    process a rank left in a session of its own still comes back to it to be ended and reaped.
+    """
+    return _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+
+
+def children(pid: int) -> list[int]:
+    """The children of ``pid``, zombies too: from ``/proc/PID/task/*/children`` where the
+    kernel keeps them, else from every process's parent in ``/proc`` ([] without ``/proc``)."""
+    found: list[int] = []
+    lists = glob.glob(f"/proc/{pid}/task/*/children")
+    for name in lists:
+        with contextlib.suppress(OSError), open(name) as text:
+            found += [int(child) for child in text.read().split()]
+    for name in [] if lists or not os.path.isdir("/proc") else os.listdir("/proc"):
+        if name.isdigit() and _stat(name)[1:2] == [str(pid).encode()]:
+            found.append(int(name))
+    return found
+
+
+# ``/proc`` (Linux): the facts the launcher reads of its processes; nothing elsewhere.
+
+
+def _stat(pid: Union[int, str]) -> list[bytes]:
+    """The fields of ``/proc/PID/stat`` after the command (state, ppid, pgid, ...), or []."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def start_time(pid: int) -> Optional[int]:
+    """When ``pid`` started (clock ticks since boot: tells a reused pid); None if unknown."""
+    fields = _stat(pid)
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def age(start: int) -> float:
+    """Seconds since a process began at ``start`` (a ``start_time``; Linux)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - start / os.sysconf("SC_CLK_TCK")
+
+
+def running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    return _stat(pid)[:1] not in ([], [b"Z"])
+
+
+def process_table(pgid: int = 0) -> dict[int, tuple[int, int]]:
+    """Running (non-zombie) processes, of group ``pgid`` if given: pid -> (ppid, start time)."""
+    found: dict[int, tuple[int, int]] = {}
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        fields = _stat(name) if name.isdigit() else []
+        if len(fields) > 19 and (not pgid or int(fields[2]) == pgid) and fields[0] != b"Z":
+            found[int(name)] = (int(fields[1]), int(fields[19]))
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as text:
+            return text.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def dies_with_parent(cmd: list[str], sig: int = signal.SIGKILL) -> list[str]:
+    """``cmd`` behind a tiny Python that asks for ``sig`` at this process's death, then runs
+    it (Linux; no ``preexec_fn``: code between fork and exec can deadlock with threads)."""
+    if not is_linux():
+        return cmd
+    return [sys.executable, "-I", "-S", "-c", _WITH_PARENT, str(int(sig)), str(os.getpid()),
+            *cmd]
+
+
+_WITH_PARENT = ("import ctypes, os, sys\n"
+                "ctypes.CDLL(None).prctl(1, int(sys.argv[1]), 0, 0, 0)\n"
+                "if os.getppid() != int(sys.argv[2]):\n    os._exit(1)\n"
+                "os.execv(sys.argv[3], sys.argv[3:])\n")
 
 
 def shm_bytes() -> Optional[int]:
@@ -246,7 +373,7 @@ def no_fork_reason() -> Optional[str]:
     """Why launches cannot fork their workers from a preloaded helper here (None: they can)."""
     if os.environ.get("DDPLAB_LAUNCH_PATH", "") == "subprocess":
         return "DDPLAB_LAUNCH_PATH=subprocess asks for it"
-    if not sys.platform.startswith("linux") or not hasattr(os, "waitid"):
+    if not is_linux() or not hasattr(os, "waitid"):
         return (f"fast launches fork workers from a helper process, which needs Linux "
                 f"(this is {sys.platform})")
     return None

@@ -32,6 +32,12 @@ import sys
 from typing import Any
 
 MARKER = "@ddplab "
+#: Kinds only ddplab's launcher writes, with the fields each must hold: a rank's entry says how
+#: its script ended (``exit``), the agent how the launch ended (``report``) and that it starts
+#: the ranks again (``round``). The launcher takes each only from where it writes it: a line a
+#: worker prints that looks like one stays an ordinary line.
+RESERVED: dict[str, dict[str, Any]] = {"exit": {"rank": int, "code": int, "time": (int, float)},
+                                       "report": {"status": str}, "round": {}}
 
 
 def emit(kind: str, **fields: Any) -> dict[str, Any]:
@@ -55,8 +61,9 @@ def emit(kind: str, **fields: Any) -> dict[str, Any]:
 def parse(line: str) -> dict[str, Any] | None:
     """Return the event carried by ``line``, or None for an ordinary output line.
 
-    A line that starts with the marker but does not hold a JSON object is treated as ordinary
-    output, so a worker can never crash the launcher by printing something odd.
+    A line that starts with the marker but does not hold a JSON object with a ``kind``, a
+    whole-number ``rank`` where it gives one and every field of a ``RESERVED`` kind, is treated
+    as ordinary output, so a worker can never crash the launcher by printing something odd.
     """
     if not line.startswith(MARKER):
         return None
@@ -64,7 +71,12 @@ def parse(line: str) -> dict[str, Any] | None:
         event = json.loads(line[len(MARKER):])
     except ValueError:
         return None
-    if not isinstance(event, dict) or "kind" not in event:
+    if not isinstance(event, dict) or not isinstance(event.get("kind"), str):
+        return None
+    needs = {"rank": int, **RESERVED.get(event["kind"], {})}
+    given = {"rank": 0, **event}  # (rank may be left out, but from an ``exit``)
+    if any(not isinstance(given.get(name), kind) or isinstance(given.get(name), bool)
+           for name, kind in needs.items()) or (event["kind"] == "exit" and "rank" not in event):
         return None
     return event
 

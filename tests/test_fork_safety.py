@@ -22,7 +22,7 @@ from launch_path import needs_fork
 
 import ddplab
 from ddplab import env, launch
-from ddplab.launcher.procs import process_table
+from ddplab.env import process_table
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

@@ -776,7 +776,8 @@ def test_nothing_is_run_between_fork_and_exec():
 
 
 def test_a_pid_that_names_another_process_now_is_not_signalled():
-    from ddplab.launcher.procs import kill_group, signal_process, start_time
+    from ddplab.env import start_time
+    from ddplab.launcher.procs import kill_group, signal_process
 
     sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:

@@ -27,6 +27,7 @@ SIDES = {
     # the launcher, and lab/: what only notebooks call (widgets, plots, checks, judges, demos, ...)
     "__main__": "kernel", "cli": "kernel", "launcher": "kernel", "lab": "kernel",
     "workspace": "kernel", "flight_recorder": "kernel", "failures": "kernel",
+    "liveview": "kernel",
     # worker side: runs in each rank
     "workers": "worker", "train": "worker", "data": "worker", "models": "worker",
     "checkpoint": "worker", "dist": "worker", "amp": "worker", "schedule": "worker",
@@ -172,3 +173,13 @@ def test_torch_words_is_stdlib_only() -> None:
               if isinstance(n, ast.ImportFrom) and n.module and not n.level}
     assert names and names <= set(sys.stdlib_module_names), names - set(sys.stdlib_module_names)
     assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree))
+
+
+def test_the_launcher_imports_nothing_of_the_course_helpers() -> None:
+    """``ddplab.launcher`` stands below ``ddplab.lab``: a launch shows itself through
+    ``ddplab.liveview``, and no launcher module reaches up into the notebooks' helpers."""
+    launcher = [name for name in MODULES if name == "launcher" or name.startswith("launcher.")]
+    assert len(launcher) > 5
+    for name in launcher:
+        assert not {m for m in imported(name) if m == "lab" or m.startswith("lab.")}, name
+    assert "liveview" in imported("launcher.api")

@@ -75,8 +75,9 @@ def test_a_launch_ends_when_its_ranks_end_whatever_they_left_running(mode, path,
         "rank 0 done", "rank 1 done"]  # everything the ranks wrote was read
     children = children_of(result, mode)
     assert len(children) == 2
-    if mode != "session":  # in the ranks' process group: ended with it, as torchrun does
-        assert not wait_gone(children, 10)
+    # in the ranks' process group, ended with it as torchrun does; in a session of their own,
+    # found by the job's mark (a subprocess) or come back to the agent, a subreaper (fork)
+    assert not wait_gone(children, 2)
 
 
 def test_a_rank_that_closes_its_stdout_is_no_failure():

@@ -17,9 +17,10 @@ import time
 import traceback
 from typing import Any
 
+from ..env import become_subreaper, set_parent_death_signal
 from ..events import MARKER
 from . import entry
-from .procs import connect_streams, private_folder, set_parent_death_signal
+from .procs import connect_streams, end_children, private_folder
 
 RDZV_BACKEND = "ddplab"
 
@@ -28,6 +29,7 @@ def run_agent(req: dict[str, Any], helper: int) -> None:
     """Run one elastic launch, report on stdout, exit."""
     os.setsid()
     set_parent_death_signal(parent=helper)
+    become_subreaper()  # (what a rank leaves in a session of its own comes back to be ended)
     # The helper's directory, environment and path are the first launch's: this one's instead
     # (its ranks put this job's PYTHONPATH and directory on the path, as a fresh python would;
     # tempfile and time read this job's TMPDIR and TZ again).
@@ -75,8 +77,9 @@ def _elastic_run(req: dict[str, Any]) -> dict[str, Any]:
         return {"status": "failed", "exits": {rank: (failure.exitcode, failure.timestamp)
                                               for rank, failure in err.failures.items()}}
     finally:
-        if handler.server:  # (its exit, some ms for a fork this size, overlaps the agent's)
-            os.kill(handler.server, signal.SIGKILL)
+        if handler.server:  # (its exit, some ms for a fork this size, overlaps the agent's;
+            os.kill(handler.server, signal.SIGKILL)  # the helper adopts and reaps it)
+        end_children(frozenset({handler.server}))
         shutil.rmtree(logs, ignore_errors=True)
     return {"status": "ok"}
 

@@ -73,7 +73,7 @@ def launch_multinode(target: Union[str, os.PathLike], nnodes: int = 2, nproc_per
 def _start_jobs(specs: list[LaunchSpec], quiet: bool, live: bool) -> tuple[list[Job], Any]:
     """Check every spec, then start them all; on any error end what already started."""
     checked = [spec.check() for spec in specs]
-    from ..lab.widgets import LiveView
+    from ..liveview import LiveView
 
     view = LiveView(quiet=quiet, live=live)
     jobs: list[Job] = []
@@ -84,6 +84,8 @@ def _start_jobs(specs: list[LaunchSpec], quiet: bool, live: bool) -> tuple[list[
     except BaseException:
         end_jobs(jobs)
         view.close()
+        for fd in [fd for job in jobs for fd in job.sources]:  # (Streams would have closed them)
+            os.close(fd)
         raise
     return jobs, view
 

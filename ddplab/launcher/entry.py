@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 from ..events import MARKER
 from ..flight_recorder import start_in_rank
-from .procs import connect_streams, set_parent_death_signal
+from ..env import set_parent_death_signal
+from .procs import connect_streams
 
 #: ``local_rank_arg`` values: the option ``torch.distributed.launch`` passed before torch 2.0
 #: (``--local_rank=N``) and since (``--local-rank=N``).

@@ -11,9 +11,10 @@ import sys
 from typing import Any, Optional
 
 from .jobs import Job
-from .procs import dies_with_parent, kill_marked, private_folder, rank_channel
+from ..env import dies_with_parent
+from .procs import kill_marked, private_folder, rank_channel
 
-JOB_TOKEN = "DDPLAB_JOB"  # in a torchrun subprocess's environment: marks what its job started
+JOB_TOKEN = "DDPLAB_JOB"  # in a subprocess's environment: marks what its job started
 _NOTICE_SHOWN: set[str] = set()
 
 
@@ -40,21 +41,19 @@ def start_torchrun(why: Optional[str], spec: Any, job_env: dict[str, str], endpo
               f"{why}.", file=sys.stderr)
     cmd = torchrun_command(spec.resolved, spec.argv, spec.nprocs, spec.nnodes, spec.node_rank,
                            endpoint, run_id, spec.max_restarts)
-    token = os.urandom(8).hex()
-    job = start_subprocess(cmd, {**job_env, JOB_TOKEN: token}, spec.cwd,
-                           spec.nprocs * spec.nnodes, "torchrun")
-    job.on_reap = lambda: kill_marked(JOB_TOKEN, token)  # (its ranks' own sessions too)
-    return job
+    return start_subprocess(cmd, job_env, spec.cwd, spec.nprocs * spec.nnodes, "torchrun")
 
 
 def start_subprocess(cmd: list[str], job_env: dict[str, str], cwd: str, world_size: int,
                      engine: str) -> Job:
-    """Start ``cmd`` in a session of its own, its stdout and stderr read apart."""
-    channel, address = rank_channel()
+    """Start ``cmd`` in a session of its own, its stdout and stderr read apart; what it leaves
+    (in sessions of their own too) is marked, and ends with the job."""
+    channel, address, token = *rank_channel(), os.urandom(8).hex()
     # torchrun, told by SIGTERM, ends its workers first
     cmd = dies_with_parent(cmd, signal.SIGTERM if engine == "torchrun" else signal.SIGKILL)
     try:
-        proc = subprocess.Popen(cmd, cwd=cwd, env={**job_env, "DDPLAB_RANK_SOCKET": address},
+        proc = subprocess.Popen(cmd, cwd=cwd, env={**job_env, "DDPLAB_RANK_SOCKET": address,
+                                                   JOB_TOKEN: token},
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
     except BaseException:
@@ -64,7 +63,8 @@ def start_subprocess(cmd: list[str], job_env: dict[str, str], cwd: str, world_si
     proc.stdout.close()
     proc.stderr.close()
     return Job(world_size=world_size, engine=engine, pgid=proc.pid, popen=proc, err_fds={err},
-               sources={out: "launcher", err: "launcher", channel.detach(): "accept"})
+               sources={out: "launcher", err: "launcher", channel.detach(): "accept"},
+               on_reap=lambda: kill_marked(JOB_TOKEN, token))
 
 
 def main() -> None:

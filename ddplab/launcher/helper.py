@@ -17,7 +17,8 @@ import threading
 import uuid
 from typing import Any, Optional
 
-from .procs import kill_group, kill_marked, set_parent_death_signal
+from ..env import become_subreaper
+from .procs import end_children, kill_group, kill_marked
 
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn", "torch.optim")
 HELPER_TOKEN = "DDPLAB_HELPER"  # environment variable marking every process of one helper
@@ -49,7 +50,9 @@ class Helper:
 
     @classmethod
     def get(cls, env: dict[str, str]) -> "Helper":
-        if cls._current is None or cls._current.proc.poll() is not None:
+        if cls._current is not None and cls._current.proc.poll() is not None:
+            cls._current.end()  # (it died: killed, or the OOM killer; its socket closes)
+        if cls._current is None:
             cls._current = cls(env)
         return cls._current
 
@@ -60,11 +63,18 @@ class Helper:
         req = {**req, "id": self.next_id}
         try:
             self.sock.sendall(json.dumps(req).encode())
+            self.sock.settimeout(300)  # (a helper stuck in an import: its preload)
             reply = json.loads(self.sock.recv(1 << 16).decode() or "{}")
+            self.sock.settimeout(None)
             if reply.get("id") != req["id"] or "error" in reply:
                 raise RuntimeError(reply.get("error") or f"the ddplab launch helper answered "
                                    f"{reply!r} to request {req['id']}")
             return dict(reply)
+        except TimeoutError as exc:
+            self.end()
+            raise RuntimeError("the ddplab launch helper did not answer in 300 s (stuck in an "
+                               "import of DDPLAB_PRELOAD?) and was ended; the next launch "
+                               "starts a fresh one.") from exc
         except BaseException:
             self.end()
             raise
@@ -92,6 +102,7 @@ def serve(sock: socket.socket, agents: set[int]) -> None:
     signal.signal(signal.SIGCHLD, lambda _sig, _frame: _reap(agents))
     while True:
         _reap(agents)
+        end_children(frozenset(agents))  # (orphans of agents that died, adopted by it)
         if not select.select([sock], [], [], 0.2)[0]:
             continue
         try:
@@ -148,7 +159,8 @@ def _reap(agents: set[int], block: bool = False) -> None:
 def main() -> None:
     """``python -m ddplab.launcher.helper FD``: serve the caller on the inherited socket FD."""
     signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(0))
-    set_parent_death_signal(signal.SIGTERM)
+    become_subreaper()  # (no death signal: it would follow the caller's thread that started
+    # the helper, not the caller; the socket's end tells the caller's death)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=int(sys.argv[1]))
     agents: set[int] = set()
@@ -157,7 +169,7 @@ def main() -> None:
         sock.sendall(b'{"ready": true}')
         serve(sock, agents)
     finally:  # the caller is gone: end every launch it started, and what they left anywhere
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (its death signal may come meanwhile)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (the caller's SIGTERM may come meanwhile)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for pid in list(agents):
             kill_group(pid, signal.SIGKILL)

@@ -3,6 +3,7 @@ subprocess's (``fallback``); where its output comes from, how it ends."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -13,8 +14,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from .helper import HELPER_TOKEN, Helper
-from .procs import (age, cmdline, group_running, kill_group, process_table, rank_channel,
-                    running, start_time)
+from ..env import age, cmdline, process_table, running, start_time
+from .procs import group_running, kill_group, rank_channel
 
 # Imported once by the helper, so that no forked worker pays seconds for them (DDP: dynamo).
 PRELOAD_TRAINING = ("torch._dynamo", "torchvision", "ddplab.data", "ddplab.models",
@@ -32,6 +33,7 @@ class Job:
     node: str = ""
     err_fds: set[int] = field(default_factory=set)  # the sources that carry stderr
     popen: Optional[subprocess.Popen] = None
+    helper: Optional[subprocess.Popen] = None  # (the fork path's helper, its agent's parent)
     report: dict[str, Any] = field(default_factory=dict)  # the agent's last word
     pids: dict[int, int] = field(default_factory=dict)  # rank -> pid (it said so; stacks)
     started: dict[int, Optional[int]] = field(default_factory=dict)  # pid -> its start time
@@ -49,7 +51,7 @@ class Job:
         """True once the agent (after every rank) or the subprocess has exited."""
         if self.popen is not None:
             return self.popen.poll() is not None
-        return not running(self.pgid)
+        return not running(self.pgid) or start_time(self.pgid) != self.started[self.pgid]
 
     def exits(self, before: float = math.inf) -> dict[int, tuple[int, float]]:
         """rank -> (exit code, time): each rank's ``exit`` event, then the code of the rank
@@ -174,6 +176,10 @@ def child_env(base: Any, extra: Optional[dict[str, str]] = None) -> dict[str, st
 READ_AT_IMPORT = ("PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONDEVMODE", "PYTHONUTF8",
                   "TORCH_LOGS", "TORCH_LOGS_OUT", "TORCH_LOGS_FORMAT", "TORCH_TRACE",
                   "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES")
+#: Set, these make torch's agent start a thread before it forks the ranks (a watchdog, a
+#: health-check server): a rank forked beside a thread may hang, so such a launch runs cold.
+THREAD_STARTERS = ("TORCHELASTIC_ENABLE_FILE_TIMER", "TORCHELASTIC_HEALTH_CHECK_PORT")
+REQUEST_BYTES = 150_000  # the most a launch's request may take (one socket message: ~212 KB)
 
 
 def fork_changes(job_env: dict[str, str]) -> Optional[str]:
@@ -181,6 +187,10 @@ def fork_changes(job_env: dict[str, str]) -> Optional[str]:
     helper = Helper._current  # (the one the launch would use, or the one it would start)
     base = helper.env if helper and helper.proc.poll() is None else child_env(os.environ)
     changed = [name for name in READ_AT_IMPORT if job_env.get(name) != base.get(name)]
+    if threads := [name for name in THREAD_STARTERS if job_env.get(name)]:
+        return f"this launch sets {', '.join(threads)}, which starts a thread in torch's agent"
+    if (size := len(json.dumps(job_env))) > REQUEST_BYTES:
+        return f"this launch's environment ({size // 1000} KB) is too large for the helper"
     return f"this launch sets {', '.join(changed)} otherwise than the launch helper, whose " \
         f"values a forked rank would keep (read once, at start)" if changed else None
 
@@ -198,9 +208,9 @@ def start_forked(spec: Any, job_env: dict[str, str], endpoint: str, run_id: str)
            "max_restarts": spec.max_restarts, "preload": PRELOAD_TRAINING if preload else ()}
     try:
         with Helper.lock:
-            reply = Helper.get(child_env(os.environ)).request(req)
+            reply = (helper := Helper.get(child_env(os.environ))).request(req)
     except BaseException:  # (the helper, and what it started for this request, has ended)
         channel.close()
         raise
     return Job(world_size=spec.nprocs, engine="torchrun", pgid=int(reply["pid"]),
-               sources={channel.detach(): "accept"})
+               sources={channel.detach(): "accept"}, helper=helper.proc)

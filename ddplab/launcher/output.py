@@ -14,13 +14,16 @@ import time
 from typing import Any, Callable, Optional, Union
 
 from .. import events as _events
+from ..env import start_time
 from .entry import STACK_SIGNAL
 from .jobs import Job, end_jobs
-from .procs import signal_process, start_time
+from .procs import signal_process
 
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:? ?")
-#: ``DDPLAB_KEEP_LINES=N`` (``ddplab check``): keep about N lines a rank, cut to these lengths.
-LONGEST_LINE, LONGEST_PARTIAL = 8192, 1 << 22
+_NOT_KEPT = re.compile(r"^\[ddplab: (\d+) earlier lines not kept\]$")
+#: A result keeps about KEEP_LINES lines a rank (the newest), each cut to LONGEST_PARTIAL
+#: characters; ``DDPLAB_KEEP_LINES=N`` (``ddplab check``): about N, cut to LONGEST_LINE.
+KEEP_LINES, LONGEST_LINE, LONGEST_PARTIAL = 100_000, 8192, 1 << 22
 
 
 class Streams:
@@ -34,7 +37,8 @@ class Streams:
         # What each job's RunResult is built from: logs, stderr lines and events, by rank.
         self.read: list[dict[str, dict[Any, list[Any]]]] = [
             {"logs": {}, "stderr": {}, "events": {}} for _ in jobs]
-        self.keep = int(os.environ.get("DDPLAB_KEEP_LINES") or 0)
+        self.keep = int(os.environ.get("DDPLAB_KEEP_LINES") or 0) or KEEP_LINES
+        self.longest = LONGEST_LINE if self.keep != KEEP_LINES else LONGEST_PARTIAL
         self.dumps: dict[tuple[int, Union[int, str]], list[str]] = {}  # (job, rank) -> stderr
         for index, job in enumerate(jobs):
             for fd, label in job.sources.items():
@@ -63,15 +67,20 @@ class Streams:
         return "done"
 
     def _finish(self, index: int) -> None:
-        """Read an ended job's connections (first accepting those waiting) to their end, then
-        close them, whoever else holds them (a process the ranks left)."""
+        """Read what an ended job's connections hold (first accepting those waiting), in turns
+        (a flood on one starves none), then close them, whoever else holds them (a process the
+        ranks left): 2 s at most."""
+        def mine(accepting: bool) -> list[int]:
+            return [k.fd for k in list(self.sel.get_map().values())
+                    if k.data[0] == index and (k.data[2] == "accept") == accepting]
+        end = time.monotonic() + 2.0
         for accepting in (True, False):
-            for key in [k for k in list(self.sel.get_map().values())
-                        if k.data[0] == index and (k.data[2] == "accept") == accepting]:
-                while key.fd in self.sel.get_map() and self._read(key.fd, *key.data):
-                    key = self.sel.get_key(key.fd)  # (a hello names its connection's rank)
-                if key.fd in self.sel.get_map():
-                    self._lines(key.fd, *key.data, b"")  # (takes its last line, closes it)
+            fds = mine(accepting)
+            while fds and time.monotonic() < end:  # (a hello names its connection's rank)
+                fds = [fd for fd in fds if fd in self.sel.get_map()
+                       and self._read(fd, *self.sel.get_key(fd).data)]
+            for fd in mine(accepting):
+                self._lines(fd, *self.sel.get_key(fd).data, b"")  # (its last line; closed)
 
     def stacks(self, running: list[list[int]], why: str) -> list[dict[int, str]]:
         """Ask each rank still running that said its pid for its Python stack; the dumps."""
@@ -165,7 +174,7 @@ class Streams:
         lines, err = data.split(b"\n"), fd in job.err_fds
         if chunk:
             self.partial[fd] = lines.pop()
-            if self.keep and len(self.partial[fd]) > LONGEST_PARTIAL:
+            if len(self.partial[fd]) > LONGEST_PARTIAL:
                 lines.append(self.partial.pop(fd))
         else:
             self._close(fd)
@@ -196,7 +205,11 @@ class Streams:
             again = _RANK_PREFIX.match(text)  # torch's own "[rankN]:" on an error's lines
             if again and int(again.group(1)) == rank:
                 text = text[again.end():]
-        text, event = _events.split(text)
+        text, event = _events.split(line := text)
+        if event and event["kind"] in _events.RESERVED and not (
+                event["rank"] == label if event["kind"] == "exit" else
+                label == "launcher" and job.popen is None):  # (a rank's own line, not ours)
+            text, event = line, None
         if text:  # a line, or a last line without its newline that an event line followed
             self._keep(self.read[index]["logs"].setdefault(rank, []), text)
             if err:
@@ -206,25 +219,27 @@ class Streams:
                            f"{job.node}{rank}", text, err)
         if event is None:
             return
-        if event["kind"] == "report" and label == "launcher" and job.popen is None:
+        if event["kind"] == "report":
             job.report = event  # the agent's last line
             return
-        if event["kind"] == "round" and label == "launcher" and job.popen is None:
+        if event["kind"] == "round":
             job.stale = set(job.pids.values())  # a restart: these ranks are gone, for now
             return
         if event["kind"] == "exit":
-            job.said_exit[int(event["rank"])] = (int(event["code"]), float(event["time"]))
+            job.said_exit[event["rank"]] = (event["code"], float(event["time"]))
             return
         self.read[index]["events"].setdefault(int(event.get(
             "rank", rank if isinstance(rank, int) else 0)), []).append(event)
         self.view.event(event)
         answer = self.on_event(event) if self.on_event is not None else None
-        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        if isinstance(answer, (int, float)) and not isinstance(answer, bool) and answer == answer:
             self.stop_at = min(self.stop_at, time.monotonic() + max(0.0, answer))
 
     def _keep(self, lines: list[str], text: str) -> None:
-        """Append ``text``; past twice ``keep`` lines, let the oldest go."""
-        cut = self.keep and len(text) > LONGEST_LINE
-        lines.append(f"{text[:LONGEST_LINE]} [cut]" if cut else text)
-        if self.keep and len(lines) > 2 * self.keep:
-            del lines[:len(lines) - self.keep]
+        """Append ``text``; past twice ``keep`` lines, the oldest go, and the first line says
+        how many went."""
+        lines.append(f"{text[:self.longest]} [cut]" if len(text) > self.longest else text)
+        if len(lines) > 2 * self.keep:
+            said = _NOT_KEPT.match(lines[0])
+            gone = len(lines) - self.keep + (int(said[1]) if said else 1)
+            lines[:len(lines) - self.keep + 1] = [f"[ddplab: {gone} earlier lines not kept]"]

@@ -1,50 +1,16 @@
-"""Process plumbing: death signals, process groups, ``/proc``, the output channel's sockets."""
+"""Process plumbing: process groups, ending and reaping, private folders, the output channel's
+sockets (what ``/proc`` and the platform say: ``ddplab.env``)."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
 import sys
-import time
-from typing import Optional, Union
+from typing import Optional
 
-
-def set_parent_death_signal(sig: int = signal.SIGKILL, parent: Optional[int] = None) -> None:
-    """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere); exit
-    at once if the parent (pid ``parent``) died already."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
-    if parent is not None and os.getppid() != parent:
-        os._exit(70)
-
-
-def _stat(pid: Union[int, str]) -> list[bytes]:
-    """The fields of ``/proc/PID/stat`` after the command (state, ppid, pgid, ...), or []."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
-def start_time(pid: int) -> Optional[int]:
-    """When ``pid`` started (clock ticks since boot: tells a reused pid); None if unknown."""
-    fields = _stat(pid)
-    return int(fields[19]) if len(fields) > 19 else None
-
-
-def age(start: int) -> float:
-    """Seconds since a process began at ``start`` (a ``start_time``; Linux)."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME) - start / os.sysconf("SC_CLK_TCK")
-
-
-def running(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    return _stat(pid)[:1] not in ([], [b"Z"])
+from ..env import children, is_linux, process_table, start_time
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL, started: Optional[int] = None) -> None:
@@ -63,19 +29,16 @@ def signal_process(pid: int, sig: int, started: Optional[int]) -> None:
         os.kill(pid, sig)
 
 
-def dies_with_parent(cmd: list[str], sig: int = signal.SIGKILL) -> list[str]:
-    """``cmd`` behind a tiny Python that asks for ``sig`` at this process's death, then runs
-    it (no ``preexec_fn``: code between fork and exec can deadlock with threads)."""
-    if not sys.platform.startswith("linux"):
-        return cmd
-    return [sys.executable, "-I", "-S", "-c", _WITH_PARENT, str(int(sig)), str(os.getpid()),
-            *cmd]
-
-
-_WITH_PARENT = ("import ctypes, os, sys\n"
-                "ctypes.CDLL(None).prctl(1, int(sys.argv[1]), 0, 0, 0)\n"
-                "if os.getppid() != int(sys.argv[2]):\n    os._exit(1)\n"
-                "os.execv(sys.argv[3], sys.argv[3:])\n")
+def end_children(keep: frozenset[int] = frozenset()) -> None:
+    """SIGKILL and reap this process's children but ``keep`` until none is left (a subreaper
+    adopts the orphans of those it ends: they go next)."""
+    for _round in range(64):
+        if not (pids := set(children(os.getpid())) - keep):
+            return
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
 
 
 def kill_marked(name: str, value: str) -> None:
@@ -89,16 +52,6 @@ def kill_marked(name: str, value: str) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def process_table(pgid: int = 0) -> dict[int, tuple[int, int]]:
-    """Running (non-zombie) processes, of group ``pgid`` if given: pid -> (ppid, start time)."""
-    found: dict[int, tuple[int, int]] = {}
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        fields = _stat(name) if name.isdigit() else []
-        if len(fields) > 19 and (not pgid or int(fields[2]) == pgid) and fields[0] != b"Z":
-            found[int(name)] = (int(fields[1]), int(fields[19]))
-    return found
-
-
 def group_running(pgid: int) -> bool:
     """True while a process of group ``pgid`` runs (an orphan's zombie, which PID 1 may never
     reap in a container, does not)."""
@@ -107,14 +60,6 @@ def group_running(pgid: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return not os.path.isdir("/proc") or bool(process_table(pgid))
-
-
-def cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as text:
-            return text.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def private_folder(prefix: str) -> str:
@@ -156,7 +101,7 @@ def rank_channel() -> tuple[socket.socket, str]:
     """A listening UNIX socket for a job's output and its ``DDPLAB_RANK_SOCKET`` address:
     ``@name`` in Linux's abstract namespace, elsewhere a path in a private folder."""
     channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    if sys.platform.startswith("linux"):
+    if is_linux():
         address = f"@ddplab-ranks-{os.getpid()}-{os.urandom(8).hex()}"
         channel.bind("\0" + address[1:])
     else:

@@ -102,9 +102,19 @@ def job_outcome(job: Job, read: dict[str, Any], status: str, wall: float, why: s
     report = job.report.get("status")
     if job.popen is None and report not in ("ok", "failed") and not job.stuck:
         result.status, result.returncode = "error", 1
-        result.error = "the launcher failed:\n" + "\n".join(logs.get("launcher", [])[-30:])
+        said = logs.get("launcher", [])[-30:]
+        died = job.helper.poll() if job.helper is not None else None
         if job.report.get("error"):
-            result.error += f"\n{job.report.get('traceback') or job.report['error']}"
+            said.append(job.report.get("traceback") or job.report["error"])
+        elif died is not None:  # (its agent and ranks die with it)
+            how = f"by {signal_name(died)}" if died < 0 else f"with status {died}"
+            said.append(f"the ddplab launch helper (pid {job.helper.pid}) ended {how} during "
+                        f"the launch, and the launch with it (a kill, or the OOM killer: see "
+                        f"dmesg); the next launch starts a fresh helper.")
+        elif not said:
+            said.append(f"its agent (pid {job.pgid}) ended without a report (a kill, or the "
+                        f"OOM killer: see dmesg).")
+        result.error = "the launcher failed:\n" + "\n".join(said)
         return result
     code = job.popen.returncode if job.popen is not None else None
     reported = reported_exits(logs) if code else {}  # torchrun's or mp.spawn's error report

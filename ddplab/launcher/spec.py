@@ -77,8 +77,8 @@ class LaunchSpec:
             # A torchrun's workers would share its c10d rendezvous's store (torch >= 2.5), and
             # a restarted attempt read the failed one's addresses there (pytorch#135712).
             inherited["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-        if self.host.startswith("127."):
-            inherited["GLOO_SOCKET_IFNAME"] = "lo"
+        if self.host.startswith("127.") and (loopback := _env.loopback_interface()):
+            inherited["GLOO_SOCKET_IFNAME"] = loopback
         for name, value in inherited.items():
             extra.setdefault(name, os.environ.get(name, value))
         return extra
