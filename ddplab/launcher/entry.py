@@ -17,9 +17,9 @@ import traceback
 import zipfile
 from typing import Any, Callable
 
+from ..env import set_parent_death_signal
 from ..events import MARKER
 from ..flight_recorder import start_in_rank
-from ..env import set_parent_death_signal
 from .procs import connect_streams
 
 #: ``local_rank_arg`` values: the option ``torch.distributed.launch`` passed before torch 2.0

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from typing import Any, Optional
 
-from .jobs import Job
 from ..env import dies_with_parent
+from .jobs import Job
 from .procs import kill_marked, private_folder, rank_channel
 
 JOB_TOKEN = "DDPLAB_JOB"  # in a subprocess's environment: marks what its job started

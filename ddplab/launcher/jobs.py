@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from .helper import HELPER_TOKEN, Helper
 from ..env import age, cmdline, process_table, running, start_time
+from .helper import HELPER_TOKEN, Helper
 from .procs import group_running, kill_group, rank_channel
 
 # Imported once by the helper, so that no forked worker pays seconds for them (DDP: dynamo).
@@ -187,7 +187,7 @@ def fork_changes(job_env: dict[str, str]) -> Optional[str]:
     helper = Helper._current  # (the one the launch would use, or the one it would start)
     base = helper.env if helper and helper.proc.poll() is None else child_env(os.environ)
     changed = [name for name in READ_AT_IMPORT if job_env.get(name) != base.get(name)]
-    if threads := [name for name in THREAD_STARTERS if job_env.get(name)]:
+    if threads := [name for name in THREAD_STARTERS if job_env.get(name, "0") not in ("", "0")]:
         return f"this launch sets {', '.join(threads)}, which starts a thread in torch's agent"
     if (size := len(json.dumps(job_env))) > REQUEST_BYTES:
         return f"this launch's environment ({size // 1000} KB) is too large for the helper"
