@@ -17,8 +17,10 @@ global hooks), and Python's audit hook sees the files opened under ``--checkpoin
 the previous one: a fingerprint of every training sample, autocast's dtype, the LR and the
 summed squares of the local gradients at the optimizer step, the sum of the optimizer's state,
 the state of the ``GradScaler`` that stepped the optimizer (None without an enabled one), the
-files written, the bytes this process wrote, and the ``map_location`` of every
-``torch.load`` of a file in the folder. At exit every rank reports its (local) weights.
+files it opened for writing under ``--checkpoint-dir``, the bytes its thread wrote (output
+included), the files other than DCP's that changed in the folder (and their sizes), and the
+``map_location`` of every ``torch.load`` of a file in the folder. At exit every rank reports
+its (local) weights and the model's size in bytes.
 
 ``--kill-rank R --kill-at-step N`` kills rank R with ``SIGKILL`` in the forward pass of step N
 (fault injection, here so that the learner does not write it). Rank 0 then starts the save it
@@ -168,15 +170,22 @@ def _is_fsdp(module: nn.Module) -> bool:
 
 
 def _bytes_written() -> Optional[int]:
-    """Bytes this process has written so far (``/proc/self/io`` wchar), None where unknown."""
-    try:
-        with open("/proc/self/io") as file:
-            for line in file:
-                if line.startswith("wchar:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
+    """Bytes the calling thread has written so far (Linux's ``/proc/thread-self/io`` wchar: a
+    save another thread writes, as ``async_save``'s, is not counted), None where unknown."""
+    for source in ("/proc/thread-self/io", "/proc/self/io"):
+        try:
+            with open(source) as file:
+                for line in file:
+                    if line.startswith("wchar:"):
+                        return int(line.split()[1])
+        except OSError:
+            continue
     return None
+
+
+def _dcp_file(name: str) -> bool:
+    """A file torch.distributed.checkpoint writes: a rank's part, or the metadata."""
+    return name.endswith(".distcp") or os.path.basename(name).startswith(".metadata")
 
 
 class _Watch:
@@ -191,6 +200,8 @@ class _Watch:
         self.saving: Any = None
         self.sharded_units: set[int] = set()  # modules fully_shard made units of, seen training
         self.scaler: Any = None  # the GradScaler that last stepped an optimizer
+        self.folder: Optional[str] = None  # --checkpoint-dir, once started
+        self.files: dict[str, tuple[int, int]] = {}  # its files: (size, mtime), as last seen
         self.reset()
 
     def reset(self) -> None:
@@ -207,6 +218,7 @@ class _Watch:
             return
         self.args = args
         self.folder = os.path.abspath(args.checkpoint_dir)
+        self.changed()  # what the folder held before this launch (a resume's) is not new
         register_optimizer_step_pre_hook(self.optimizer_step)
         register_module_forward_pre_hook(self.any_forward)
         sys.addaudithook(self.audit)
@@ -347,6 +359,24 @@ class _Watch:
                 return
             frame = frame.f_back
 
+    def changed(self) -> dict[str, int]:
+        """The files under the folder, DCP's aside, that appeared or changed since this rank
+        last looked, with their sizes: ``torch.save`` writes from C++, which Python's audit
+        hook does not see."""
+        found: dict[str, int] = {}
+        for top, _, names in os.walk(self.folder) if self.folder else ():
+            for name in names:
+                path = os.path.join(top, name)
+                try:
+                    stat = os.stat(path)
+                except OSError:
+                    continue
+                rel = os.path.relpath(path, self.folder)
+                if not _dcp_file(rel) and self.files.get(rel) != (stat.st_size, stat.st_mtime_ns):
+                    found[rel] = stat.st_size
+                self.files[rel] = (stat.st_size, stat.st_mtime_ns)
+        return found
+
     def log_step(self, step: int, loss: float) -> None:
         before, now = self.bytes, _bytes_written()
         last = self.optimizer_steps[-1] if self.optimizer_steps else {}
@@ -354,7 +384,8 @@ class _Watch:
             "step": step, "loss": loss, "time": time.perf_counter(), "samples": self.samples,
             "autocast": sorted(self.autocast, key=str), "optimizer_steps":
             len(self.optimizer_steps), "lr": last.get("lr"), "grad": last.get("grad"),
-            "state": last.get("state"), "scaler": self.scaler_state(), "written": self.written, "loads": self.loads,
+            "state": last.get("state"), "scaler": self.scaler_state(), "written": self.written,
+            "loads": self.loads, "changed": self.changed(),
             "bytes": None if before is None or now is None else now - before,
             "wrapper_evals": self.wrapper_evals, "eval_samples": self.eval_samples})
         self.last_step = step
@@ -377,9 +408,11 @@ class _Watch:
         events.emit("metric", name="weights", value={
             "sums": [_sum([p]) for p in params], "squares": [_sum([p], True) for p in params],
             "wrapper_evals": self.wrapper_evals, "eval_samples": self.eval_samples,
-            "sharded_units": len(self.sharded_units),
+            "sharded_units": len(self.sharded_units), "model_bytes": sum(
+                p.numel() * p.element_size() for p in params),
             "files": sorted(os.path.relpath(os.path.join(top, name), self.folder)
-                            for top, _, names in os.walk(self.folder) for name in names)})
+                            for top, _, names in (os.walk(self.folder) if self.folder else ())
+                            for name in names)})
 
 
 _WATCH = _Watch()

@@ -206,7 +206,7 @@ def _step(rank: int, step: int, scaler) -> dict:
             "autocast": ["float16"], "optimizer_steps": 1, "lr": 0.04 * min(1, (step + 1) / 10),
             "grad": 0.5 + step, "state": 0.1 * step, "scaler": scaler,
             "written": [f"step-{step}/__{rank}_0.distcp"] if step and step % 8 == 0 else [],
-            "loads": [], "bytes": None, "wrapper_evals": 0, "eval_samples": 0}
+            "loads": [], "bytes": None, "changed": {}, "wrapper_evals": 0, "eval_samples": 0}
 
 
 SKIPPED = {"optimizer_steps": 0, "lr": None, "grad": None, "state": None}  # by the GradScaler

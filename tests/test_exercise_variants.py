@@ -356,6 +356,22 @@ VARIANTS += [
     *CAPSTONE_REFERENCES.values(),
     Variant("13 a Stateful app state, a skipping sampler, LambdaLR", "13", "capstone.py", (),
             right=True, runs=FIVE),
+    Variant("13 every rank prints a line per epoch", "13", CAPSTONE, (
+        ("        sampler.set_epoch(epoch)  # a new order every epoch, the same after a resume\n",
+         "        sampler.set_epoch(epoch)\n"
+         "        print(f\"rank {rank}: epoch {epoch} starts at step {step}\", flush=True)\n"),
+    ), right=True),
+    Variant("13 dcp.async_save on a group of its own, waited for", "13", CAPSTONE, (
+        ("    model_state, optimizer_state = get_state_dict(model, optimizer)\n    dcp.save(",
+         "    global PENDING, GROUP\n"
+         "    if PENDING is not None:\n"
+         "        PENDING.result()   # the previous save is whole before the next begins\n"
+         "    GROUP = GROUP or dist.new_group(backend=\"gloo\")   # not the training's group\n"
+         "    model_state, optimizer_state = get_state_dict(model, optimizer)\n"
+         "    PENDING = dcp.async_save(process_group=GROUP, state_dict="),
+        ("def resume(folder", "PENDING = GROUP = None\n\n\ndef resume(folder"),
+        ("    # [/loop]\n", "    # [/loop]\n    if PENDING is not None:\n        PENDING.result()\n"),
+    ), right=True),
     Variant("13 a sampler seeded with seed + rank", "13", CAPSTONE, (
         ("seed=args.seed)", "seed=args.seed + rank)"),
     ), right=False, words=("same seed", "seed + rank")),

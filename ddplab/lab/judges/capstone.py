@@ -405,16 +405,19 @@ def _loss_hint(mine: dict, ref: dict, world: int) -> Optional[str]:
 
 
 def _save_hint(result: Any, mine: dict) -> Optional[str]:
-    if not any(w.get("files") for w in metric(result, "weights").values()):
+    weights = metric(result, "weights")
+    if not any(w.get("files") for w in weights.values()):
         return ("no checkpoint was written under --checkpoint-dir: save one every "
                 "--save-every steps.")
+    # a whole checkpoint: half the model's bytes at least, in a file that is not DCP's part
+    floor = max(1, (weights.get(0) or {}).get("model_bytes", 0) // 2)
     for step in sorted(mine[0]):
-        extra = {r: _extra_bytes(mine[r], step) for r in mine}
+        reports = {r: mine[r].get(step) or {} for r in mine}
+        whole = any(size >= floor for report in reports.values()
+                    for size in (report.get("changed") or {}).values())
+        wrote = {r: report.get("bytes") or 0 for r, report in reports.items()}
         for rank in sorted(mine):
-            if rank == 0 or extra[rank] is None or extra[0] is None:
-                continue
-            dcp = any(name.endswith(".distcp") for name in mine[rank][step]["written"])
-            if not dcp and extra[0] > 0 and extra[rank] >= extra[0] // 2:
+            if rank != 0 and whole and wrote[0] >= floor and wrote[rank] >= floor:
                 return (f"step {step}: rank {rank} wrote a checkpoint as big as rank 0's: "
                         "with torch.save only rank 0 writes (every rank holds the same "
                         "weights); with torch.distributed.checkpoint every rank calls "
@@ -425,14 +428,6 @@ def _save_hint(result: Any, mine: dict) -> Optional[str]:
                     "torch.distributed.checkpoint, where every rank calls dcp.save and writes "
                     "its own part (a checkpoint that then loads onto any world size).")
     return None
-
-
-def _extra_bytes(steps: dict[int, Any], step: int) -> Optional[int]:
-    """Bytes a rank wrote in ``step`` beyond its usual (the median step's)."""
-    counts = sorted(s["bytes"] for s in steps.values() if s.get("bytes") is not None)
-    if not counts or steps[step].get("bytes") is None:
-        return None
-    return steps[step]["bytes"] - counts[len(counts) // 2]
 
 
 def _eval_hint(result: Any, reference: Any) -> Optional[str]:
