@@ -45,7 +45,8 @@ def workload_names(notebook: str, workload: str = "digits") -> dict[str, object]
     they are under ``workload``."""
     names: dict[str, object] = {}
     for kind, text in cells(ROOT / "notebooks" / f"{notebook}.ipynb"):
-        for node in ast.parse(text).body if kind == "code" else ():
+        python = kind == "code" and not text.startswith("%%")   # a cell magic (%%writefile): not Python
+        for node in ast.parse(text).body if python else ():
             value = getattr(node, "value", None)
             if isinstance(node, ast.Assign) and isinstance(value, ast.Subscript) and \
                     isinstance(value.value, ast.Dict) and getattr(value.slice, "id", "") == \
