@@ -309,7 +309,15 @@ def _grade_class(root: Any, selected: list[str], ns: argparse.Namespace) -> int:
     if ns.jobs > (os.cpu_count() or 1):
         print(f"ddplab check: --jobs {ns.jobs} is more than the {os.cpu_count()} cores here: "
               f"{os.cpu_count()} at once", file=sys.stderr)
-    results = grading.grade_all(root, selected, ns.jobs, ns.timeout, progress=sys.stderr)
+    try:   # the reports are written as each submission finishes, kept after a Ctrl-C
+        results = grading.grade_all(root, selected, ns.jobs, ns.timeout, progress=sys.stderr,
+                                    on_done=lambda done: _reports(done, selected, ns))
+    except KeyboardInterrupt as stop:
+        done = getattr(stop, "results", [])
+        print(grading.table(done, selected))
+        print(f"ddplab check: interrupted; every process it started is ended; the "
+              f"{len(done)} submission(s) graded before are in the reports", file=sys.stderr)
+        return 130
     print(grading.table(results, selected))
     return _reports(results, selected, ns)
 
@@ -318,12 +326,16 @@ def _reports(results: list[Any], selected: list[str], ns: argparse.Namespace) ->
     """Write ``--json`` and ``--junit``; the exit status: 0 only when every exercise passed."""
     from .lab import grading
 
-    if ns.json:
-        with open(ns.json, "w") as out:
+    import os
+
+    if ns.json:   # each written whole, then renamed: a kill never leaves half a file
+        with open(f"{ns.json}.part", "w") as out:
             json.dump(grading.to_json(results, selected), out, indent=1)
             out.write("\n")
+        os.replace(f"{ns.json}.part", ns.json)
     if ns.junit:
-        grading.junit(results).write(ns.junit, encoding="utf-8", xml_declaration=True)
+        grading.junit(results).write(f"{ns.junit}.part", encoding="utf-8", xml_declaration=True)
+        os.replace(f"{ns.junit}.part", ns.junit)
     return 0 if all(r.passed == len(r.outcomes) for r in results) else 1
 
 

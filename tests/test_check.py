@@ -35,12 +35,21 @@ def ddplab(*args, env=None, cwd=None, timeout=600):
 
 
 def variant(*edits: tuple[str, str]) -> str:
-    """The reference solution of 08 with ``edits`` (old -> new, each found exactly once)."""
-    text = (SOLUTIONS / "collective.py").read_text()
+    """The reference solution of 08 with ``edits`` (old -> new, each found exactly once), and
+    the skeleton's docstring: a learner's answer (the reference's own docstring marks a copy)."""
+    text = mine((SOLUTIONS / "collective.py").read_text())
     for old, new in edits:
         assert text.count(old) == 1, old
         text = text.replace(old, new)
     return text
+
+
+def mine(text: str) -> str:
+    """A solution with the skeleton's docstring in place of the reference's first paragraph."""
+    first = ('"""Reference solution of exercise 08 (the tests run it; the notebook never '
+             'shows it).\n\n')
+    assert text.startswith(first)
+    return '"""' + text[len(first):]
 
 
 def at_start_of_average(code: str) -> tuple[str, str]:
@@ -73,7 +82,7 @@ def graded(tmp_path_factory):
                          "        torch_dist.all_reduce(tensor)\n")),
         "prints": variant(at_start_of_average(
             "    while torch_dist.get_rank() == 1:\n        print('spam ' * 2000)\n")),
-        "right": (SOLUTIONS / "collective.py").read_text(),
+        "right": variant(),
         "sum": variant((MEAN, "    return tensor")),
         "two-ranks": variant((MEAN, "    return tensor / 2")),
         "z-reads": variant(at_start_of_average(

@@ -370,7 +370,8 @@ VARIANTS += [
          "    model_state, optimizer_state = get_state_dict(model, optimizer)\n"
          "    PENDING = dcp.async_save(process_group=GROUP, state_dict="),
         ("def resume(folder", "PENDING = GROUP = None\n\n\ndef resume(folder"),
-        ("    # [/loop]\n", "    # [/loop]\n    if PENDING is not None:\n        PENDING.result()\n"),
+        ("    # [/loop]\n",
+         "    # [/loop]\n    if PENDING is not None:\n        PENDING.result()\n"),
     ), right=True),
     Variant("13 a sampler seeded with seed + rank", "13", CAPSTONE, (
         ("seed=args.seed)", "seed=args.seed + rank)"),

@@ -9,8 +9,11 @@ A teacher runs ``ddplab check --submissions ROOT``: each folder (or ``.zip``) in
 submission, a course folder or just its exercise files. Each is graded in a fresh working copy
 (the shipped exercises with the submission's files over them) with a ``TMPDIR`` of its own,
 and each exercise in a process of its own, in a session of its own, under a hard wall-clock
-limit; afterwards every process it left is ended (found by a mark in its environment). The
-results: a table, ``--json`` and ``--junit`` (one test case per exercise).
+limit that process keeps itself (it also ends when its caller is gone); afterwards every process
+it left is ended (found by a mark in its environment). A Ctrl-C ends them all and keeps the
+verdicts reached. An exercise that is a shipped reference (``ddplab.lab.copies``) is not
+launched: its verdict is :data:`COPIED`. The results: a table, ``--json`` and ``--junit`` (one
+test case per exercise), written as each submission finishes.
 
 Submissions are code run as the calling user: this isolates folders, processes and time, not
 the machine (a file written to a hard-coded path such as ``/tmp/x`` is not caught); grade code
@@ -35,17 +38,23 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 from xml.etree import ElementTree
 
 #: Marks every process of one graded exercise (its environment), to end what it leaves.
 MARK = "DDPLAB_CHECK_MARK"
+#: The grading process's hard limit (seconds) and the process it dies with (environment).
+LIMIT, PARENT = "DDPLAB_CHECK_LIMIT", "DDPLAB_CHECK_PARENT"
+#: Seconds the caller waits beyond the hard limit before it ends a grading process itself
+#: (which ends its exercise at the limit on its own).
+BACKSTOP = 30.0
 #: Lines of each rank's output the launcher keeps in memory while grading (the tail).
 KEEP_LINES = 2000
 #: Seconds a launch may take beyond its own timeout (starting the launcher, the stack dump,
@@ -125,9 +134,14 @@ def changed(course: Path) -> list[str]:
 # ------------------------------------------------------------------ one exercise, in its process
 
 
+#: An exercise's verdict, beyond right and wrong: a copy of a shipped reference (not launched).
+COPIED = "copied from the reference"
+
+
 @dataclass
 class Outcome:
-    """The verdict on one exercise of one submission."""
+    """The verdict on one exercise of one submission: ``verdict`` is "correct", "wrong",
+    :data:`COPIED`, "not handed in" or "not attempted"."""
 
     key: str
     file: str
@@ -135,6 +149,23 @@ class Outcome:
     message: str
     seconds: float = 0.0
     sizes: list[int] = field(default_factory=list)
+    verdict: str = ""
+
+    def __post_init__(self) -> None:
+        self.verdict = self.verdict or ("correct" if self.correct else "wrong")
+
+
+def copy_outcome(key: str, mine: Path) -> Optional[Outcome]:
+    """The verdict :data:`COPIED` when the file ``mine`` of exercise ``key`` is a shipped
+    reference, imports it or runs it (``ddplab.lab.copies``), else None: launch it."""
+    from .copies import copied
+
+    spec = LAUNCHES[key]
+    what = copied(key, mine, shipped_exercise(spec.skeleton))
+    if what is None:
+        return None
+    return Outcome(key, spec.skeleton, False, f"{COPIED}: {what}. A copy is not graded; "
+                   "write the exercise yourself.", verdict=COPIED)
 
 
 def judge_here(key: str, timeout: Optional[float] = None) -> Outcome:
@@ -245,6 +276,11 @@ def end_all(proc: subprocess.Popen, mark: str) -> None:
     except OSError:
         pass
     proc.wait()
+    end_marked(mark)
+
+
+def end_marked(mark: str) -> None:
+    """End every process marked ``mark`` but this one."""
     for _ in range(50):  # a process may start another while the first is ended
         pids = _tree_of(mark)
         if not pids:
@@ -273,27 +309,34 @@ def run_exercise(key: str, course: Path, work: Path, timeout: Optional[float] = 
     cmd = [sys.executable, "-m", "ddplab.lab.grading", key, str(verdict)]
     if timeout:
         cmd.append(str(timeout))
-    child_env = {**os.environ, **(env or {}), MARK: mark,
+    child_env = {**os.environ, **(env or {}), MARK: mark, LIMIT: repr(limit),
+                 PARENT: str(os.getpid()),
                  "DDPLAB_KEEP_LINES": str(KEEP_LINES),
                  "DDPLAB_PRELOAD_TRAINING": "1" if spec.training else "0",
                  "DDPLAB_RESULTS": str(course / "results")}
     start = time.monotonic()
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=course / "notebooks", env=child_env,
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        with _RUNNING_LOCK:
+            if _STOPPING.is_set():
+                return Outcome(key, spec.skeleton, False, INTERRUPTED, verdict="interrupted")
+            proc = subprocess.Popen(cmd, cwd=course / "notebooks", env=child_env,
+                                    stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            _RUNNING[proc.pid] = (proc, mark)
         try:
-            proc.wait(limit)
+            proc.wait(limit + BACKSTOP)   # the grading process keeps the limit itself
             killed = False
         except subprocess.TimeoutExpired:
             killed = True
         finally:
             end_all(proc, mark)
+            with _RUNNING_LOCK:
+                _RUNNING.pop(proc.pid, None)
     seconds = time.monotonic() - start
+    if _STOPPING.is_set() and not verdict.exists():
+        return Outcome(key, spec.skeleton, False, INTERRUPTED, seconds, verdict="interrupted")
     if killed:
-        return Outcome(key, spec.skeleton, False, f"not yet: still running after {limit:g} s "
-                       "(the launches' timeouts and a margin): ended. Look for a loop that "
-                       "never ends, or a rank that never exits.", seconds)
+        return Outcome(key, spec.skeleton, False, _too_long(limit), seconds)
     try:
         outcome = Outcome(**json.loads(verdict.read_text()))
     except (OSError, ValueError, TypeError):
@@ -303,6 +346,45 @@ def run_exercise(key: str, course: Path, work: Path, timeout: Optional[float] = 
     outcome.seconds = seconds
     outcome.message = outcome.message.replace(f"{course.resolve()}{os.sep}", "")
     return outcome
+
+
+def _too_long(limit: float) -> str:
+    return (f"not yet: still running after {limit:g} s (the launches' timeouts and a margin): "
+            "ended. Look for a loop that never ends, or a rank that never exits.")
+
+
+#: The grading processes running now (pid -> process, mark), for :func:`stop_all`.
+_RUNNING: dict[int, tuple[subprocess.Popen, str]] = {}
+_RUNNING_LOCK = threading.Lock()
+_STOPPING = threading.Event()
+INTERRUPTED = "not graded: the grading was interrupted"
+
+
+def stop_all() -> None:
+    """End every exercise being graded, and start no other (a Ctrl-C in ``ddplab check``)."""
+    _STOPPING.set()
+    with _RUNNING_LOCK:
+        running = list(_RUNNING.values())
+    for proc, mark in running:
+        end_all(proc, mark)
+
+
+def _watch(limit: float, parent: int, verdict: Path, key: str) -> None:
+    """The grading process's own guard (a thread): at ``limit`` seconds it ends every process
+    of its exercise and writes that verdict; when its caller ``parent`` is gone (killed, its
+    terminal closed) it ends them too. Either way it then exits, so that no part of a
+    submission outlives its grading."""
+    deadline = time.monotonic() + limit
+    while os.getppid() == parent and time.monotonic() < deadline:
+        time.sleep(0.2)
+    mark = os.environ.get(MARK)
+    if mark:
+        end_marked(mark)
+    if os.getppid() == parent:
+        spec = LAUNCHES[key]
+        verdict.write_text(json.dumps(asdict(Outcome(key, spec.skeleton, False,
+                                                     _too_long(limit), limit))))
+    os._exit(3)
 
 
 def _tail(path: Path, size: int = 2000) -> str:
@@ -325,7 +407,8 @@ def check_course(course: Path, selected: Sequence[str], timeout: Optional[float]
             sizes = " and ".join(map(str, spec.sizes))
             print(f"checking {key} (exercises/{spec.skeleton}) at {sizes} rank(s)...",
                   file=sys.stderr, flush=True)
-            outcome = run_exercise(key, course, work, timeout)
+            outcome = (copy_outcome(key, course / "exercises" / spec.skeleton) or
+                       run_exercise(key, course, work, timeout))
             print(f"Exercise {key} ({spec.skeleton}): {outcome.message}", file=out, flush=True)
             outcomes.append(outcome)
     finally:
@@ -435,14 +518,16 @@ def grade(path: Path, selected: Sequence[str], base: Path,
             mine = course / "exercises" / spec.skeleton
             if result.error or spec.skeleton not in files:
                 why = result.error or f"exercises/{spec.skeleton} is not in the submission"
-                result.outcomes.append(Outcome(key, spec.skeleton, False, f"not handed in: {why}"))
+                result.outcomes.append(Outcome(key, spec.skeleton, False, f"not handed in: {why}",
+                                               verdict="not handed in"))
             elif mine.read_bytes() == shipped_exercise(spec.skeleton).read_bytes():
                 result.outcomes.append(Outcome(key, spec.skeleton, False,
-                                               "not attempted: the file is the shipped skeleton"))
+                                               "not attempted: the file is the shipped skeleton",
+                                               verdict="not attempted"))
             else:
-                result.outcomes.append(run_exercise(key, course, work, timeout,
-                                                    {"TMPDIR": str(tmp), "TEMP": str(tmp),
-                                                     "TMP": str(tmp)}))
+                result.outcomes.append(copy_outcome(key, mine) or run_exercise(
+                    key, course, work, timeout, {"TMPDIR": str(tmp), "TEMP": str(tmp),
+                                                 "TMP": str(tmp)}))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result.seconds = time.monotonic() - start
@@ -450,20 +535,49 @@ def grade(path: Path, selected: Sequence[str], base: Path,
 
 
 def grade_all(root: Path, selected: Sequence[str], jobs: int = 1,
-              timeout: Optional[float] = None, progress: Any = None) -> list[Submission]:
-    """Grade every submission of ``root``, ``jobs`` at a time (at most one per core)."""
+              timeout: Optional[float] = None, progress: Any = None,
+              on_done: Optional[Callable[[list[Submission]], None]] = None) -> list[Submission]:
+    """Grade every submission of ``root``, ``jobs`` at a time (at most one per core).
+
+    ``on_done(finished)`` is called as each submission finishes, with every one finished so
+    far in ``root``'s order (``ddplab check`` writes its reports then). A ``KeyboardInterrupt``
+    ends every exercise being graded and is raised again, carrying ``.results``: the
+    submissions finished before it."""
     jobs = max(1, min(jobs, os.cpu_count() or 1))
     base = Path(tempfile.mkdtemp(prefix="ddplab-grading-"))
+    order = submissions(root)
+    finished: dict[Path, Submission] = {}
+    lock = threading.Lock()
+    _STOPPING.clear()
     try:
         def one(path: Path) -> Submission:
             done = grade(path, selected, base, timeout)
-            if progress is not None:
-                print(f"graded {done.name}: {done.passed}/{len(selected)}", file=progress,
-                      flush=True)
+            if _STOPPING.is_set():
+                return done
+            with lock:
+                finished[path] = done
+                so_far = [finished[p] for p in order if p in finished]
+                if progress is not None:
+                    print(f"graded {done.name}: {done.passed}/{len(selected)}", file=progress,
+                          flush=True)
+                if on_done is not None:
+                    on_done(so_far)
             return done
 
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            return list(pool.map(one, submissions(root)))
+        pool = ThreadPoolExecutor(max_workers=jobs)
+        try:
+            futures = [pool.submit(one, path) for path in order]
+            return [future.result() for future in futures]
+        except KeyboardInterrupt as stop:
+            stop_all()
+            for future in futures:
+                future.cancel()
+            pool.shutdown(wait=True)
+            with lock:
+                stop.results = [finished[p] for p in order if p in finished]  # type: ignore
+            raise
+        finally:
+            pool.shutdown(wait=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -477,13 +591,17 @@ def table(results: Sequence[Submission], selected: Sequence[str]) -> str:
     head = f"{'submission':<{width}}  " + "  ".join(f"{k:>4}" for k in selected) + "  passed"
     rows = [head]
     for r in results:
-        marks = "  ".join(f"{'pass' if o.correct else 'FAIL':>4}" for o in r.outcomes)
+        marks = "  ".join(f"{_mark(o):>4}" for o in r.outcomes)
         rows.append(f"{r.name:<{width}}  {marks}  {r.passed}/{len(selected)}")
     for r in results:
         for o in r.outcomes:
             if not o.correct:
                 rows.append(f"{r.name} {o.key} ({o.file}): {o.message.splitlines()[0]}")
     return "\n".join(rows)
+
+
+def _mark(outcome: Outcome) -> str:
+    return "pass" if outcome.correct else "COPY" if outcome.verdict == COPIED else "FAIL"
 
 
 def to_json(results: Sequence[Submission], selected: Sequence[str]) -> dict[str, Any]:
@@ -514,7 +632,7 @@ def junit(results: Sequence[Submission]) -> ElementTree.ElementTree:
             case = ElementTree.SubElement(suite, "testcase", name=f"{o.key} {o.file}",
                                           classname=f"{r.name}.exercises", time=f"{o.seconds:.3f}")
             if not o.correct:
-                failure = ElementTree.SubElement(case, "failure", type="wrong",
+                failure = ElementTree.SubElement(case, "failure", type=o.verdict,
                                                  message=o.message.splitlines()[0])
                 failure.text = o.message
         ElementTree.SubElement(suite, "system-out")
@@ -529,6 +647,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     key, verdict = argv[0], Path(argv[1])
     timeout = float(argv[2]) if len(argv) > 2 else None
+    if os.environ.get(LIMIT) and os.environ.get(PARENT):
+        threading.Thread(target=_watch, args=(float(os.environ[LIMIT]), int(os.environ[PARENT]),
+                                              verdict, key), daemon=True).start()
     outcome = judge_here(key, timeout)
     verdict.write_text(json.dumps(asdict(outcome)))
     return 0

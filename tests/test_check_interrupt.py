@@ -1,0 +1,96 @@
+"""``ddplab check --submissions`` stopped by its caller: a Ctrl-C, or a ``kill -9`` (a CI job's
+time limit, a closed terminal). A class of two: one right answer to 08, graded first, then one
+whose ranks sleep an hour. Once the sleepers run, the grader is stopped; nothing of the class
+may be left running, and the first verdict must be in the reports already. The hard limit is
+far away (10 minutes a launch), so only the stop itself can end the sleepers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_check import at_start_of_average, variant
+from test_launch import processes, until, wait_gone
+
+#: Generous safety nets for a busy 2-core machine (the grader stops in seconds).
+SAFETY = 120.0
+
+
+def _start(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
+    root, out = tmp_path / "class", tmp_path / "out"
+    pids = out / "sleepers.txt"
+    out.mkdir()
+    sleeper = variant(at_start_of_average(
+        f"    open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        "    import time\n    time.sleep(3600)\n"))
+    for name, text in (("a-right", variant()), ("b-sleeps", sleeper)):
+        (root / name / "exercises").mkdir(parents=True)
+        text = text.replace("import torch\n", "import os\n\nimport torch\n", 1)
+        (root / name / "exercises" / "collective.py").write_text(text)
+    # a child of a non-interactive shell may inherit SIGINT ignored: give it Python's handler
+    grader = subprocess.Popen(
+        [sys.executable, "-m", "ddplab", "check", "--submissions", str(root), "--timeout", "600",
+         "--json", str(out / "grades.json"), "--junit", str(out / "grades.xml")],
+        cwd=out, env={**os.environ, "TMPDIR": str(tmp_path)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return grader, out, pids
+
+
+def _class_processes(tmp_path: Path) -> list[int]:
+    marker = f"TMPDIR={tmp_path}".encode()
+    return [pid for pid, _ppid, _argv, environ in processes()
+            if any(item.startswith(marker) for item in environ)]
+
+
+def _sleepers_run(grader: subprocess.Popen, out: Path, pids: Path) -> list[int]:
+    """Wait until the first verdict is written and both sleeping ranks run; their pids."""
+    def ready() -> bool:
+        assert grader.poll() is None, grader.communicate()
+        return (out / "grades.json").exists() and pids.exists() and \
+            len(pids.read_text().split()) >= 2
+    until(ready, "the sleepers never started", SAFETY)
+    return [int(p) for p in pids.read_text().split()]
+
+
+def _first_verdict_kept(out: Path) -> None:
+    graded = json.loads((out / "grades.json").read_text())["submissions"]
+    assert [(s["name"], s["passed"]) for s in graded] == [("a-right", 1)]
+    assert "a-right" in (out / "grades.xml").read_text()
+
+
+@pytest.mark.timeout(600)
+def test_a_ctrl_c_ends_the_class_and_keeps_its_verdicts(tmp_path):
+    grader, out, pids = _start(tmp_path)
+    try:
+        sleepers = _sleepers_run(grader, out, pids)
+        grader.send_signal(signal.SIGINT)
+        stdout, stderr = grader.communicate(timeout=SAFETY)
+    finally:
+        if grader.poll() is None:
+            grader.kill()
+    assert grader.returncode == 130, stderr
+    assert "interrupted" in stderr and "a-right" in stdout, (stdout, stderr)
+    assert wait_gone(sleepers, 5.0) == []
+    assert wait_gone(_class_processes(tmp_path), 5.0) == []
+    _first_verdict_kept(out)
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_grader_leaves_no_submission_running(tmp_path):
+    grader, out, pids = _start(tmp_path)
+    try:
+        sleepers = _sleepers_run(grader, out, pids)
+        grader.kill()   # kill -9: it cleans nothing up; its grading process does
+        grader.communicate(timeout=SAFETY)
+        assert wait_gone(sleepers, SAFETY) == []
+        assert wait_gone(_class_processes(tmp_path), SAFETY) == []
+    finally:
+        if grader.poll() is None:
+            grader.kill()
+    _first_verdict_kept(out)
