@@ -55,7 +55,7 @@ def test_the_judges_launches_are_the_notebooks():
 def test_ddplab_check_launches_the_five_runs(tmp_path, monkeypatch):
     launched = []
 
-    def launch(target, size, spec, timeout, args=()):
+    def launch(target, size, spec, timeout, args=(), on_event=None):
         launched.append((size, list(args)))
         Path(args[1]).mkdir(parents=True, exist_ok=True)   # the checkpoint folder
         return RunResult(status="failed", returncode=1, wall_time=0.0, world_size=size)
@@ -423,7 +423,7 @@ def test_a_job_written_under_the_todo_line_is_the_learners(tmp_path):
 def test_ddplab_check_launches_the_five_runs_of_a_job_that_kept_its_todo(tmp_path, monkeypatch):
     launched = []
 
-    def launch(target, size, spec, timeout, args=()):
+    def launch(target, size, spec, timeout, args=(), on_event=None):
         launched.append(Path(args[1]).name)
         Path(args[1]).mkdir(parents=True, exist_ok=True)
         if launched == ["first"]:
@@ -444,7 +444,7 @@ def test_ddplab_check_launches_a_job_that_kept_its_todo_once_when_that_run_fails
     launches would fail, or hang to their timeouts, as it did."""
     launched = []
 
-    def launch(target, size, spec, timeout, args=()):
+    def launch(target, size, spec, timeout, args=(), on_event=None):
         launched.append(Path(args[1]).name)
         return _run(range(3), status="failed")
 
@@ -473,3 +473,32 @@ def test_a_killed_run_that_did_not_die_on_rank_1_says_what_it_did_instead():
     assert "(rank 0 failed first: exit code 3)" in judge._killed_hint(killed, killed)
     no_fault = RunResult(status="ok", returncode=0, wall_time=1.0, world_size=2)
     assert "(it reported no fault)" in judge._killed_hint(no_fault, no_fault)
+
+
+# ------------------------------------------------------------------ a hang after the first launch
+
+
+def test_the_launches_after_a_right_first_one_end_a_hang_once_it_is_certain(tmp_path):
+    first = _run(range(32))   # ddp, 2 ranks, steps 0..31, 1 s
+    watch = judge13.hang_watch(first, 2)
+    assert watch["timeout"] == judge13.LATER_TIMEOUT   # a minute on the digits, not 300 s
+    on_event = watch["on_event"]
+    step = lambda rank, s: {"kind": "metric", "rank": rank, "name": "step", "value": {"step": s}}
+    assert on_event(step(0, 31)) is None and on_event(step(1, 30)) is None   # training
+    assert on_event(step(1, 31)) == judge13.GRACE   # every rank at the last step: then ended
+    exited = {"kind": "metric", "rank": 1, "name": "weights", "value": {}}
+    assert judge13.hang_watch(first, 4)["on_event"](exited) == judge13.GRACE  # rank 1 is gone
+    assert judge13.hang_watch(first, 4)["on_event"](step(0, 31)) is None   # 4 ranks: other steps
+    slow = _run(range(32))
+    slow.wall_time = 100.0   # CIFAR-10: a first run of minutes scales both
+    assert judge13.hang_watch(slow, 2)["timeout"] == 600.0
+    assert judge13.hang_watch(slow, 2)["on_event"](exited) == 200.0
+
+    launched = []
+
+    def launch(nprocs, args, **watch):
+        launched.append((nprocs, sorted(watch)))
+        return first
+    judge13.launch_runs(launch, tmp_path)
+    assert launched == [(2, [])] + [(n, ["on_event", "timeout"]) for _, _, n in
+                                    list(judge13.LAUNCHES.values())[1:]]

@@ -395,6 +395,19 @@ VARIANTS += [
         ("    net = build_model(args)\n    net.load_state_dict(full)\n"
          "    net.to(device).eval()\n", "    net = model.eval()\n"),
     ), right=False, words=("DDP-wrapped model on rank 0 alone",)),
+    Variant("13 FSDP2 evaluated on rank 0 alone (a hang after the first launch)", "13",
+            CAPSTONE, (
+        ("    full = get_model_state_dict(", "    if args.strategy == \"fsdp\" and rank == 0:\n"
+         "        return score(model.eval(), test_set, device)   # the mistake: rank 0 alone\n"
+         "    if args.strategy == \"fsdp\":\n        return None\n"
+         "    full = get_model_state_dict("),
+        ("def main() -> None:", "def score(net, test_set, device):\n    correct = 0\n"
+         "    with torch.no_grad():\n"
+         "        for inputs, labels in DataLoader(test_set, batch_size=512):\n"
+         "            correct += int((net(inputs.to(device)).argmax(1) == labels.to(device)).sum())\n"
+         "    return correct / len(test_set)\n\n\ndef main() -> None:"),
+    ), right=False, words=("the fsdp run", "deadlock", "rank 1 never arrives"),
+        runs=("ddp", "fsdp")),
     Variant("13 fully_shard around the root alone", "13", CAPSTONE, (
         ("            fully_shard(block)\n", "            pass\n"),
     ), right=False, words=("made 1 unit(s)", "each block"), runs=("fsdp",)),
@@ -510,10 +523,12 @@ def capstone_runs(variant: Variant, folder: Path) -> dict[str, object]:
     """The launches of the variant's job it names, in the notebook's order (the resumed and the
     resharded runs go on from copies of the killed run's folder)."""
     path = write(variant, folder)
-    return capstone_judge.launch_runs(
-        lambda nprocs, args: ddplab.launch(str(path), nprocs, quiet=True, live=False,
-                                           timeout=variant.timeout, args=[*args, *variant.args],
-                                           env={"TMPDIR": str(folder)}),  # (its markers)
+    return capstone_judge.launch_runs(   # after a ddp run, a hang ends once certain (watch)
+        lambda nprocs, args, **watch: ddplab.launch(
+            str(path), nprocs, quiet=True, live=False,
+            timeout=min(variant.timeout, watch.get("timeout", variant.timeout)),
+            on_event=watch.get("on_event"), args=[*args, *variant.args],
+            env={"TMPDIR": str(folder)}),  # (its markers)
         path.parent, variant.runs)
 
 

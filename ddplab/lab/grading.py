@@ -198,12 +198,12 @@ def judge_here(key: str, timeout: Optional[float] = None) -> Outcome:
         time.monotonic() - start, done)
 
 
-def _launch(target: str, size: int, spec: Launch, timeout: float, args: Sequence[str] = ()
-            ) -> Any:
+def _launch(target: str, size: int, spec: Launch, timeout: float, args: Sequence[str] = (),
+            on_event: Any = None) -> Any:
     from ..launcher.api import launch
 
     return launch(target, size, args=[*spec.args, *args], backend=spec.backend,
-                  timeout=timeout, quiet=True, live=False)
+                  timeout=timeout, quiet=True, live=False, on_event=on_event)
 
 
 def _judge_capstone(spec: Launch, target: str, timeout: float, start: float) -> Outcome:
@@ -222,8 +222,10 @@ def _judge_capstone(spec: Launch, target: str, timeout: float, start: float) -> 
         if first is not None and (not first.ok or capstone.unanswered(Path(target), first)):
             sizes, runs = sizes[:1], first   # the skeleton, or a failed run: judged alone
         else:
-            runs = capstone.launch_runs(
-                lambda nprocs, args: _launch(target, nprocs, spec, timeout, args), work)
+            runs = capstone.launch_runs(   # after the first, a hang ends once certain
+                lambda nprocs, args, **watch: _launch(
+                    target, nprocs, spec, min(timeout, watch.get("timeout", timeout)), args,
+                    watch.get("on_event")), work)
         hint = capstone.judge_capstone(runs)
     finally:
         shutil.rmtree(work, ignore_errors=True)

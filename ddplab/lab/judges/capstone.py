@@ -60,22 +60,59 @@ WEIGHTS = 0.02        # summed squares of the final weights, same world size, an
 ACCURACY = 0.03
 RESHARD_LOSS, RESHARD_WEIGHTS, RESHARD_ACCURACY = 0.5, 0.10, 0.15  # 2 -> 4 ranks
 RIGHT_SO_FAR = "right so far"   # the verdict on some of the five runs, all right
+LATER_TIMEOUT, LATER_FACTOR = 60.0, 6   # a launch after the first: at least, first's wall x
+GRACE, GRACE_FACTOR = 20.0, 2   # after a rank exits (or all reach the last step): at least, x
 _REFERENCES: dict[tuple, Any] = {}
 
 
-def launch_runs(launch: Callable[[int, list[str]], Any], folder: Path,
+def launch_runs(launch: Callable[..., Any], folder: Path,
                 names: Iterable[str] = RUNS) -> dict[str, Any]:
     """The launches ``names`` (all five by default) in the notebook's order, in ``folder``:
     ``launch(processes, args)`` for each; the copy of the killed run's folder is made after it.
-    ``--strategy fsdp`` becomes :func:`fsdp_strategy`'s answer for the launch's processes."""
+    ``--strategy fsdp`` becomes :func:`fsdp_strategy`'s answer for the launch's processes.
+    The launches after a ddp run that ended well get ``timeout`` and ``on_event`` keywords
+    too (:func:`hang_watch`): a hang there ends as soon as it is certain."""
     runs, names = {}, set(names)
     for name, (extra, job, nprocs) in LAUNCHES.items():
         if name in names:
             extra = tuple(fsdp_strategy(nprocs) if a == "fsdp" else a for a in extra)
-            runs[name] = launch(nprocs, ["--checkpoint-dir", str(folder / job), *extra])
+            first = runs.get("ddp")
+            watch = hang_watch(first, nprocs) if getattr(first, "ok", False) else {}
+            runs[name] = launch(nprocs, ["--checkpoint-dir", str(folder / job), *extra],
+                                **watch)
         if name == "killed" and (folder / "job").exists():
             shutil.copytree(folder / "job", folder / "job-4")
     return runs
+
+
+def hang_watch(first: Any, nprocs: int) -> dict[str, Any]:
+    """``timeout`` and ``on_event`` for a launch of the job on ``nprocs`` processes after its
+    first launch ``first`` ended well: a hang ends as soon as it is certain, not at the
+    notebook's timeout (minutes).
+
+    Certain: a rank has exited (its ``weights`` report) while another is still running; or every
+    rank reported the first run's last step (same world size) and the job has not ended. Then
+    the job gets ``GRACE_FACTOR`` times the first run's whole time (evaluation included; at
+    least ``GRACE`` s) and is ended as at a timeout, each rank's stack taken. Any other hang
+    ends at ``LATER_FACTOR`` times the first run's time (at least ``LATER_TIMEOUT`` s): on the
+    digits, about a minute.
+    """
+    wall = float(first.wall_time or 0.0)
+    grace = max(GRACE, GRACE_FACTOR * wall)
+    steps = rank_steps(first).get(0, {})
+    last = max(steps) if steps and nprocs == first.world_size else None
+    done: set[Any] = set()
+
+    def on_event(event: dict) -> Optional[float]:
+        if event.get("name") == "weights":
+            return grace
+        value = event.get("value")
+        if last is not None and event.get("name") == "step" and isinstance(value, dict) and \
+                value.get("step") == last:
+            done.add(event.get("rank"))
+        return grace if len(done) >= nprocs else None
+
+    return {"timeout": max(LATER_TIMEOUT, LATER_FACTOR * wall), "on_event": on_event}
 
 
 def fsdp_strategy(nprocs: int) -> str:
