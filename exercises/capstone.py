@@ -20,8 +20,10 @@ What must be true of a run, and why
 2. **Each rank its own share, a new order every epoch.** In one epoch the ranks together read
    the training set once (shares that do not overlap, ``--batch-size`` samples per rank and
    step), shuffled from ``--seed``; every epoch has another order, and an epoch replayed after
-   a restart has the same one. The judge compares every rank's samples, step by step, with the
-   reference job's.
+   a restart has the same one. The shares are ``DistributedSampler``'s: equal, padded by
+   repeating samples where the set does not divide by the world size (nothing dropped), and an
+   epoch's last batch may be short (kept). The judge compares every rank's samples, step by
+   step, with the reference job's.
 3. **One model, two strategies.** ``--strategy ddp`` replicates the model on every rank;
    ``--strategy fsdp`` shards it with FSDP2, each block that holds parameters, then the root,
    so that each rank keeps a part of the weights, gradients and optimizer state. Both train
@@ -39,10 +41,13 @@ What must be true of a run, and why
 7. **Reports.** After every optimizer step, every rank calls ``log_step(step, loss)`` with the
    step number and its own loss. After training, rank 0 calls ``log_accuracy(accuracy)``.
 8. **Checkpoints** with ``torch.distributed.checkpoint``, in ``--checkpoint-dir``: after every
-   ``--save-every``-th step, mid-epoch too. A checkpoint holds everything the rest of the job
+   ``--save-every``-th step, mid-epoch too (with the default 8: after steps 7, 15, 23, ...,
+   each holding the job as it is once that step is done, so that a resume begins at step 8,
+   16, 24, ...). Each save goes to a folder of its own (name them as you like): a save never
+   overwrites the last complete checkpoint. A checkpoint holds everything the rest of the job
    depends on: model, optimizer (its momentum), scaler, and where the job is (the step, the
-   epoch, and how far into it, in a way that means the same on any number of ranks). It is
-   whole on disk before any rank goes past it.
+   epoch, and how far into it, in a way that means the same on any number of ranks: samples,
+   not steps). It is whole on disk before any rank goes past it.
 9. **Resume.** A launch whose folder holds a checkpoint goes on from the newest complete one:
    every tensor read back lands on the reading rank's own device (not on the one that saved
    it). On the same number of ranks it then trains exactly what the unbroken job trained, bit
@@ -52,7 +57,8 @@ What must be true of a run, and why
 10. **Evaluation.** After training, rank 0 scores the whole test set with the trained weights
     in a plain model (never a wrapper that only one rank runs: its forward belongs to every
     rank); the other ranks do not evaluate, but take part in whatever collective gathers the
-    weights.
+    weights (under FSDP2, ``get_model_state_dict`` with ``StateDictOptions(full_state_dict=
+    True)``). With or without autocast: both are right.
 
 The fault: ``--kill-rank 1 --kill-at-step K`` (the given part does it) kills rank 1 with
 ``SIGKILL`` in step K, with no exception and no cleanup. Notebook 13 launches your job five

@@ -44,6 +44,7 @@ class Variant:
     edits: tuple[tuple[str, str], ...]
     right: bool
     words: tuple[str, ...] = ()  # what a rejection must say (any one of each |-separated group)
+    absent: tuple[str, ...] = ()  # what it must not say (a wrong diagnosis)
     nprocs: int = 2
     timeout: float = 300   # a safety net: a run that ends by itself never meets it
     args: tuple[str, ...] = ()
@@ -376,6 +377,17 @@ VARIANTS += [
     Variant("13 a sampler seeded with seed + rank", "13", CAPSTONE, (
         ("seed=args.seed)", "seed=args.seed + rank)"),
     ), right=False, words=("same seed", "seed + rank")),
+    Variant("13 drop_last in the sampler", "13", CAPSTONE, (
+        ("seed=args.seed)", "seed=args.seed, drop_last=True)"),
+    ), right=False, words=("drop_last",), absent=("more than one rank",)),
+    Variant("13 drop_last in the sampler and the loader", "13", CAPSTONE, (
+        ("seed=args.seed)", "seed=args.seed, drop_last=True)"),
+        ("sampler=sampler)", "sampler=sampler, drop_last=True)"),
+    ), right=False, words=("drop_last", "22 an epoch"), absent=("more than one rank",)),
+    Variant("13 one checkpoint folder, overwritten", "13", CAPSTONE, (
+        ('checkpoint_id=os.path.join(folder, f"step-{step}"))',
+         'checkpoint_id=os.path.join(folder, "step-0"))'),
+    ), right=False, words=("again", "a folder of its own")),
     Variant("13 the loss divided by the world size", "13", CAPSTONE, (
         ("loss = F.cross_entropy(model(inputs), labels)",
          "loss = F.cross_entropy(model(inputs), labels) / world"),
@@ -585,3 +597,5 @@ def test_variant_is_judged_as_a_teacher_would(variant, verdicts):
     for group in variant.words:
         assert any(word in verdict.message for word in group.split("|")), (
             f"{group!r} not in: {verdict.message}")
+    for words in variant.absent:
+        assert words not in verdict.message, verdict.message

@@ -333,6 +333,9 @@ def _samples_hint(mine: dict, ref: dict, per_epoch: int) -> Optional[str]:
     if mine == {} or all(mine[r].get(s, {}).get("samples") == ref[r][s]["samples"]
                          for r in ranks for s in ref[r]):
         return None
+    hint = _epoch_hint(mine, ref, per_epoch)
+    if hint:
+        return hint
     share = read(ref[0], 0, per_epoch)
     epoch0 = {r: read(mine[r], 0, per_epoch) for r in ranks}
     if len(ranks) > 1 and all(epoch0[r] == epoch0[0] for r in ranks):
@@ -363,6 +366,31 @@ def _samples_hint(mine: dict, ref: dict, per_epoch: int) -> Optional[str]:
     return ("the ranks read other samples, or in another order, than the reference: one "
             "DistributedSampler per rank (shuffle, seed = --seed), set_epoch(epoch) every epoch, "
             "and the DataLoader's batch size --batch-size.")
+
+
+def _epoch_hint(mine: dict, ref: dict, per_epoch: int) -> Optional[str]:
+    """Epochs of another length than the reference's (a tail dropped), before any comparison of
+    samples that counts on the reference's epochs."""
+    pads = ("each rank reads its share of the whole training set, padded to equal length (the "
+            "DistributedSampler's drop_last=False), in batches of --batch-size, the last one "
+            "short (the DataLoader's drop_last=False)")
+    for r in sorted(ref):
+        if mine.get(r) and sorted(mine[r]) == list(range(len(mine[r]))) and \
+                len(mine[r]) != len(ref[r]):
+            return (f"rank {r} reported {len(mine[r])} steps, the reference {len(ref[r])} "
+                    f"({per_epoch} an epoch): every epoch {pads}.")
+    short = [(r, s) for r in sorted(ref) for s in ref[r]
+             if mine[r].get(s, {}).get("samples") != ref[r][s]["samples"]]
+    if short and all(s in mine[r] and
+                     0 < len(mine[r][s]["samples"]) < len(ref[r][s]["samples"]) and
+                     ref[r][s]["samples"][:len(mine[r][s]["samples"])] == mine[r][s]["samples"]
+                     for r, s in short):
+        r, s = short[0]
+        held = len(mine[r][s]["samples"])
+        return (f"rank {r}, step {s}: the last batch of the epoch held {held} "
+                f"sample{'s' * (held != 1)}, the reference's {len(ref[r][s]['samples'])}: "
+                f"every epoch {pads}.")
+    return None
 
 
 def _autocast_hint(mine: dict, ref: dict) -> Optional[str]:
@@ -464,6 +492,17 @@ def _save_hint(result: Any, mine: dict) -> Optional[str]:
             return (f"rank {rank} wrote no part of a distributed checkpoint: save with "
                     "torch.distributed.checkpoint, where every rank calls dcp.save and writes "
                     "its own part (a checkpoint that then loads onto any world size).")
+    saves = {step: {str(Path(name).parent) for name in report["written"] if
+                    name.endswith(".distcp")} for step, report in mine[0].items()}
+    seen: dict[str, int] = {}
+    for step, folders in sorted(saves.items()):
+        for folder in folders:
+            if folder in seen:
+                return (f"step {step}: rank 0 wrote its part into {folder} again (first written "
+                        f"in step {seen[folder]}): a save that overwrites the last complete "
+                        "checkpoint leaves nothing to resume from if it dies half-way. Save "
+                        "each checkpoint in a folder of its own.")
+            seen[folder] = step
     return None
 
 
