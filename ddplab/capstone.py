@@ -225,9 +225,16 @@ class _Watch:
         atexit.register(self.report_weights)
 
     def watch(self, model: nn.Module) -> None:
-        if self.model is None:  # the job's model; a second one (to evaluate) is not watched
+        if self.model is None:  # the job's model; of a second one (to evaluate), its scoring
             self.model = model
             model.register_forward_hook(self.forward)
+        else:
+            model.register_forward_hook(self.scored)
+
+    def scored(self, net: nn.Module, inputs: Any, _output: Any) -> None:
+        """A forward pass of a model built to evaluate: the samples it scored."""
+        if not (net.training and torch.is_grad_enabled()):
+            self.eval_samples += len(inputs[0])
 
     def forward(self, net: nn.Module, inputs: Any, _output: Any) -> None:
         batch = inputs[0]

@@ -388,6 +388,10 @@ VARIANTS += [
         ('checkpoint_id=os.path.join(folder, f"step-{step}"))',
          'checkpoint_id=os.path.join(folder, "step-0"))'),
     ), right=False, words=("again", "a folder of its own")),
+    Variant("13 rank 0 scores its half of the test set", "13", CAPSTONE, (
+        ("DataLoader(test_set, batch_size=512)", "DataLoader(test_set, batch_size=512, "
+         "sampler=DistributedSampler(test_set, num_replicas=2, rank=0, shuffle=False))"),
+    ), right=False, words=("rank 0 scored", "the whole test set")),
     Variant("13 the loss divided by the world size", "13", CAPSTONE, (
         ("loss = F.cross_entropy(model(inputs), labels)",
          "loss = F.cross_entropy(model(inputs), labels) / world"),

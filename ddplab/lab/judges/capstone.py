@@ -516,6 +516,12 @@ def _eval_hint(result: Any, reference: Any) -> Optional[str]:
     got, want = _accuracy(result), _accuracy(reference)
     if got is None:
         return "no accuracy was reported: rank 0 evaluates and calls log_accuracy(accuracy)."
+    scored = (weights.get(0) or {}).get("eval_samples", 0)
+    whole = (metric(reference, "weights").get(0) or {}).get("eval_samples", 0)
+    if 0 < scored < whole:   # (0: a model the given part does not see, never judged so)
+        return (f"rank 0 scored {scored} test samples, the reference {whole}: rank 0 scores "
+                "the whole test set (a loader of its own, without the training's "
+                "DistributedSampler).")
     if want is not None and abs(got - want) > ACCURACY:
         return (f"rank 0 reported an accuracy of {got:.4f}, the reference {want:.4f}: score "
                 "the trained model on the whole test set, in eval mode.")
