@@ -1,11 +1,15 @@
-"""The process that forks the ranks runs no other thread, least of all the store's server.
+"""The process that forks the ranks runs no other thread when it forks, least of all the
+store's server.
 
 A worker forked while the agent's TCPStore server thread was inside ``getnameinfo`` (it
 accepts each peer that way) inherited libc's resolver lock held and hung on its own first
 connection: about one 4-rank launch in 200 on torch 2.14, one in 15 on torch 2.6. Now the
-agent's own store is an in-process ``HashStore`` and rank 0 serves the workers' store, on the
-loopback address and on any other (tested on this machine's own address where it has one);
-several nodes run as a cold torchrun, whose ranks execute a fresh program after the fork.
+agent's own store is an in-process ``HashStore``, and the workers' store is served by the agent
+only once the ranks are forked (their connections wait in the socket's backlog), and dropped,
+its thread joined, before a restart forks them again; on the loopback address and on any other
+(tested on this machine's own address where it has one). Several nodes run as a cold torchrun,
+whose ranks execute a fresh program after the fork. The threads are read at each fork
+(``tests/scripts/fork_watch.py``, preloaded by the helper these tests launch with).
 """
 
 from __future__ import annotations
@@ -26,7 +30,28 @@ from ddplab.env import process_table
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
-PROBE = str(Path(__file__).parent / "scripts" / "forker_probe.py")
+SCRIPTS = Path(__file__).parent / "scripts"
+PROBE = str(SCRIPTS / "forker_probe.py")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forks_watched():
+    """This module's launches run on a helper that preloaded ``fork_watch`` (a fresh one,
+    ended after: later tests get a helper without it)."""
+    import os
+
+    from ddplab.launcher.helper import Helper
+
+    def fresh() -> None:
+        if Helper._current is not None:
+            Helper._current.end()
+    fresh()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DDPLAB_PRELOAD", "fork_watch")
+        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [
+            str(SCRIPTS), os.environ.get("PYTHONPATH", "")])))
+        yield
+    fresh()
 
 
 def forkers(results: list, what: str = "threads") -> dict[int, Any]:
@@ -122,3 +147,28 @@ def test_a_lone_node_on_an_address_its_hostname_does_not_name_hosts_its_own_stor
     monkeypatch.setenv("DDPLAB_LAUNCH_PATH", "subprocess")
     result = launch(PROBE, 2, master_addr=address, max_restarts=1, quiet=True, timeout=120)
     assert result.ok, result.error
+
+
+def test_the_store_is_served_after_the_fork_in_every_round_and_serves(tmp_path):
+    """Two rounds (rank 0 fails the first): at every fork of a rank the agent ran one thread,
+    and the ranks met at the store both times."""
+    needs_fork()
+    script = tmp_path / "rounds.py"
+    script.write_text(
+        "import json, os, sys\nfrom pathlib import Path\nimport torch.distributed as dist\n"
+        "watch = sys.modules.get('fork_watch')\n"
+        "print('forker ' + json.dumps({'rank': int(os.environ['RANK']), 'threads': "
+        "watch.THREADS if watch else None, 'round': os.environ['TORCHELASTIC_RESTART_COUNT']}),"
+        " flush=True)\n"
+        "dist.init_process_group('gloo')\ndist.barrier()\n"
+        "failed = Path(sys.argv[1], 'failed')\n"
+        "if os.environ['RANK'] == '0' and not failed.exists():\n"
+        "    failed.write_text('once')\n    sys.exit(1)\n"
+        "dist.destroy_process_group()\n")
+    result = launch(str(script), 2, args=[tmp_path], max_restarts=1, quiet=True, timeout=120)
+    assert result.ok, result.error
+    seen = [json.loads(line[len("forker "):]) for lines in result.logs.values() for line in lines
+            if line.startswith("forker ")]
+    assert sorted((info["round"], info["rank"]) for info in seen) == [
+        ("0", 0), ("0", 1), ("1", 0), ("1", 1)]
+    assert all(info["threads"] is not None and len(info["threads"]) == 1 for info in seen), seen

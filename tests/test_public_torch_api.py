@@ -131,6 +131,7 @@ handler = rendezvous_handler_registry.create_handler(RendezvousParameters(
 info = handler.next_rendezvous()
 info.store.set("from the agent", "kept")
 where = info.bootstrap_store_info
+handler.num_nodes_waiting()  # (torch's monitor loop, once the ranks are forked: served now)
 worker = TCPStore(where.master_addr, where.master_port, None, False, timedelta(seconds=10))
 worker.set("from a worker", "seen")
 seen = worker.get("from a worker").decode()
@@ -149,7 +150,8 @@ print(json.dumps([info.rank, info.world_size, handler.use_agent_store,
 
 def test_the_rendezvous_handler_comes_from_torchs_public_registry():
     """The agent's store is in-process (no server thread in the process that forks the ranks);
-    each round a process of the agent's serves a fresh workers' store, on loopback here."""
+    each round the agent serves a fresh workers' store once the ranks are forked, on loopback
+    here."""
     import json
 
     out = subprocess.run([sys.executable, "-c", HANDLER], capture_output=True, text=True,

@@ -5,7 +5,7 @@
     caller (notebook kernel)              api, spec, jobs, output, results
       |-- Linux, one node: helper --------> agent per launch --------> ranks (entry.py)
       |     helper.py: imported torch once;  agent.py: torch's elastic_launch, fork;
-      |     both subreapers: what a rank     its fork serves the ranks' store
+      |     both subreapers: what a rank     the ranks' store served once they are forked
       |     leaves comes back to be ended
       `-- elsewhere, several nodes, or engine "spawn": a subprocess (fallback.py) behind a
           prctl wrapper: python -m torch.distributed.run --> ranks, or python script.py

@@ -1,7 +1,7 @@
 """One elastic agent per launch, forked by the helper: torch's ``elastic_launch`` forking ranks
-(``entry.run_rank``). Its rendezvous keeps the agent's store in-process and a forked process
-serves the workers' store (a rank forked while a store thread holds a lock would hang). How it
-ended goes back as its last line (a ``report`` event: torch's ``ChildFailedError`` by rank)."""
+(``entry.run_rank``). Its rendezvous keeps the agent's store in-process and serves the workers'
+store only once they are forked (a rank forked while a store thread holds a lock would hang).
+How it ended goes back as its last line (a ``report`` event: torch's ``ChildFailedError``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -77,9 +76,8 @@ def _elastic_run(req: dict[str, Any]) -> dict[str, Any]:
         return {"status": "failed", "exits": {rank: (failure.exitcode, failure.timestamp)
                                               for rank, failure in err.failures.items()}}
     finally:
-        if handler.server:  # (its exit, some ms for a fork this size, overlaps the agent's;
-            os.kill(handler.server, signal.SIGKILL)  # the helper adopts and reaps it)
-        end_children(frozenset({handler.server}))
+        handler.drop()
+        end_children()
         shutil.rmtree(logs, ignore_errors=True)
     return {"status": "ok"}
 
@@ -92,7 +90,11 @@ def _one_node_handler() -> Any:
                                                       RendezvousStoreInfo)
 
     class OneNode(RendezvousHandler):
-        server = 0  # the process serving this round's store (one handler in an agent)
+        # This round's listening socket, bound before torch's agent forks the ranks, and the
+        # ranks' TCPStore on it, started after: a rank forked while a store thread held a
+        # lock (libc's resolver's, as it accepts a peer) would hang. (One handler an agent.)
+        listener: Any = None
+        store: Any = None
 
         def __init__(self, params: RendezvousParameters) -> None:
             host, _, port = params.endpoint.rpartition(":")
@@ -101,30 +103,39 @@ def _one_node_handler() -> Any:
         def next_rendezvous(self) -> Any:
             # Each round a fresh store: a restarted round must not read the failed one's
             # addresses (pytorch/pytorch#135712). A port given is the first round's.
-            port = 0 if OneNode.server else self.port
-            if OneNode.server:  # (a child of this agent, not reaped until now: still its pid)
-                os.kill(OneNode.server, signal.SIGKILL)
-                os.waitpid(OneNode.server, 0)  # gone, its port closed, before the next round
+            port = 0 if OneNode.listener else self.port
+            if OneNode.listener:
+                OneNode.drop()  # (its thread joined: none runs when the ranks are forked again)
                 print(MARKER + json.dumps({"kind": "round"}), flush=True)  # (output.Streams)
-            OneNode.server, port = serve_store(self.host, port)
+            OneNode.listener = listen(self.host, port)
             return RendezvousInfo(PrefixStore(self.run_id, HashStore()), 0, 1,
-                                  RendezvousStoreInfo(self.host, port))
+                                  RendezvousStoreInfo(self.host, OneNode.listener[1]))
+
+        def num_nodes_waiting(self) -> int:
+            # torch's agent first asks this from its monitor loop, once it forked the ranks
+            # (they wait in the socket's backlog until then): the store starts now.
+            if OneNode.listener and OneNode.store is None:
+                OneNode.store = serve_store(self.host, *OneNode.listener)
+            return 0
+
+        @staticmethod
+        def drop() -> None:
+            if OneNode.store is None and OneNode.listener:
+                os.close(OneNode.listener[0])
+            OneNode.store = OneNode.listener = None
 
         def get_backend(self) -> str:
             return RDZV_BACKEND
 
         @property
         def use_agent_store(self) -> bool:
-            return True  # the workers are clients of the store rank 0 serves there
+            return True  # the workers are clients of the store served by this agent
 
         def is_closed(self) -> bool:
             return False
 
         def set_closed(self) -> None:
             pass
-
-        def num_nodes_waiting(self) -> int:
-            return 0
 
         def get_run_id(self) -> str:
             return self.run_id
@@ -135,45 +146,33 @@ def _one_node_handler() -> Any:
     return OneNode
 
 
-def serve_store(host: str, port: int) -> tuple[int, int]:
-    """Fork a process serving the workers' store on ``host:port`` (0: any); its pid and port.
-    On loopback it gets a socket bound there: a TCPStore would listen on every interface."""
+def listen(host: str, port: int) -> tuple[int, int]:
+    """A socket listening on ``host:port`` (0: any) for the ranks' store; its fd and port. On
+    loopback it listens there only (a TCPStore would listen on every interface)."""
     import socket
+
+    if host.startswith("127.") or host == "localhost":
+        server = socket.create_server(("127.0.0.1", port), backlog=socket.SOMAXCONN)
+    elif socket.has_dualstack_ipv6():
+        server = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True,
+                                      backlog=socket.SOMAXCONN)
+    else:
+        server = socket.create_server(("", port), backlog=socket.SOMAXCONN)
+    port = server.getsockname()[1]
+    return server.detach(), port
+
+
+def serve_store(host: str, fd: int, port: int) -> Any:
+    """The ranks' TCPStore, served in this process on the listening socket ``fd``."""
     from datetime import timedelta
 
     import torch
     from torch.distributed import TCPStore
 
-    said, says = os.pipe()
-    parent, pid = os.getpid(), os.fork()
-    if pid == 0:
-        try:
-            set_parent_death_signal(parent=parent)
-            null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-            options: dict[str, Any] = {}
-            if host.startswith("127.") or host == "localhost":
-                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                listener.bind(("127.0.0.1", port))
-                listener.listen(128)
-                port = listener.getsockname()[1]
-                options["master_listen_fd"] = listener.detach()
-                if tuple(map(int, re.findall(r"\d+", torch.__version__)[:2])) < (2, 7):
-                    options["use_libuv"] = False
-            store = TCPStore(host, port, None, True, timedelta(seconds=900), **options)
-            os.write(says, str(store.port).encode())
-            os.close(says)
-            while True:
-                signal.pause()
-        finally:
-            os._exit(1)
-    os.close(says)
-    with os.fdopen(said, "rb") as pipe:
-        served = pipe.read().decode()
-    if not served.isdigit():
-        raise RuntimeError(f"the workers' store could not start on {host}:{port}")
-    return pid, int(served)
+    options: dict[str, Any] = {"master_listen_fd": fd}
+    if tuple(map(int, re.findall(r"\d+", torch.__version__)[:2])) < (2, 7):
+        options["use_libuv"] = False  # (before 2.7 only the older server takes a socket)
+    return TCPStore(host, port, None, True, timedelta(seconds=900), **options)
 
 
 def launch_config(**options: Any) -> Any:
