@@ -115,8 +115,8 @@ def _peer_finding(result: dict) -> str:
             f"elastic_launch run in the caller, looking at its workers every 10 ms as ddplab's "
             f"agent does, takes {agent / bare:.2f}x the bare fork (notebook_launcher's agent "
             f"looks every 100 ms); the warm launch's other {1000 * (warm - agent):.0f} ms are "
-            "ddplab's own processes: the agent forked from the helper, the process serving "
-            "the workers' store, and the wait until both have exited.")
+            "ddplab's own: the agent forked from the helper (which then serves the workers' "
+            "store itself, once they are forked), and the wait until it has exited.")
 
 
 def main() -> dict:
