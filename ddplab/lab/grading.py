@@ -371,21 +371,29 @@ def stop_all() -> None:
         end_all(proc, mark)
 
 
+#: Set once the guard has taken over: the verdict is its, whatever the judge still does.
+_GUARD = threading.Lock()
+_GUARDED: list[bool] = []
+
+
 def _watch(limit: float, parent: int, verdict: Path, key: str) -> None:
-    """The grading process's own guard (a thread): at ``limit`` seconds it ends every process
-    of its exercise and writes that verdict; when its caller ``parent`` is gone (killed, its
+    """The grading process's own guard (a thread): at ``limit`` seconds it writes that verdict
+    and ends every process of its exercise; when its caller ``parent`` is gone (killed, its
     terminal closed) it ends them too. Either way it then exits, so that no part of a
-    submission outlives its grading."""
+    submission outlives its grading. (The verdict comes first: ending a launch makes the judge
+    fail, and its own verdict must not be the one read.)"""
     deadline = time.monotonic() + limit
     while os.getppid() == parent and time.monotonic() < deadline:
         time.sleep(0.2)
+    with _GUARD:
+        _GUARDED.append(True)
+        if os.getppid() == parent:
+            spec = LAUNCHES[key]
+            verdict.write_text(json.dumps(asdict(Outcome(key, spec.skeleton, False,
+                                                         _too_long(limit), limit))))
     mark = os.environ.get(MARK)
     if mark:
         end_marked(mark)
-    if os.getppid() == parent:
-        spec = LAUNCHES[key]
-        verdict.write_text(json.dumps(asdict(Outcome(key, spec.skeleton, False,
-                                                     _too_long(limit), limit))))
     os._exit(3)
 
 
@@ -653,7 +661,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         threading.Thread(target=_watch, args=(float(os.environ[LIMIT]), int(os.environ[PARENT]),
                                               verdict, key), daemon=True).start()
     outcome = judge_here(key, timeout)
-    verdict.write_text(json.dumps(asdict(outcome)))
+    with _GUARD:
+        if not _GUARDED:
+            verdict.write_text(json.dumps(asdict(outcome)))
     return 0
 
 
