@@ -73,44 +73,51 @@ def test_launches_from_threads_that_end_all_succeed(tmp_path):
     assert seen["same"]  # one helper served all three
 
 
+def children_in(folder: Path) -> list[int]:
+    return sorted(int(path.read_text()) for path in folder.glob("child-*"))
+
+
 @pytest.mark.parametrize("path", ["fork", "subprocess"])
-def test_a_rank_child_flooding_stdout_from_its_own_session_ends_with_the_launch(path):
+def test_a_rank_child_flooding_stdout_from_its_own_session_ends_with_the_launch(path, tmp_path):
     """``yes`` in a session of its own, holding the rank's stdout: the launch still ends when
-    its ranks end (within its timeout, whatever the child prints), and the child with it."""
+    its ranks end (within its timeout, whatever the child prints), and the child with it; the
+    result keeps the newest lines of the flood and says how many it let go."""
     env = {"DDPLAB_LAUNCH_PATH": "subprocess"} if path == "subprocess" else {}
     seen = run_python(f"""
-        import json, re
+        import json
         from ddplab import launch
-        result = launch({str(SCRIPTS / 'floods.py')!r}, 2, quiet=True, timeout=20)
+        result = launch({str(SCRIPTS / 'floods.py')!r}, 2, args=[{str(tmp_path)!r}],
+                        quiet=True, timeout=20)
         print(json.dumps({{"status": result.status, "error": result.error,
-                           "children": [int(p) for r in (0, 1) for p in
-                                        re.findall(r"child (\\d+)", result.log(r))]}}))
+                           "kept": [len(result.logs.get(r, [])) for r in (0, 1)]}}))
     """, timeout=launch_timeout(120), **env)
     assert seen["status"] == "ok", seen["error"]
-    assert len(seen["children"]) == 2
+    assert max(seen["kept"]) <= 200_000  # (KEEP_LINES, kept between once and twice)
+    children = children_in(tmp_path)
+    assert len(children) == 2
     end = time.monotonic() + 2.0  # (the launch has returned: 2 s for the last kill to land)
-    while any(map(alive, seen["children"])) and time.monotonic() < end:
+    while any(map(alive, children)) and time.monotonic() < end:
         time.sleep(0.05)
-    assert not [pid for pid in seen["children"] if alive(pid)]
+    assert not [pid for pid in children if alive(pid)]
 
 
-def test_a_flooding_child_of_a_running_rank_ends_at_the_timeout():
+def test_a_flooding_child_of_a_running_rank_ends_at_the_timeout(tmp_path):
     """A rank still running while its own-session child floods stdout: the launch ends at its
     timeout like any other, and nothing of the job is left."""
     seen = run_python(f"""
-        import json, re
+        import json
         from ddplab import launch
-        result = launch({str(SCRIPTS / 'floods.py')!r}, 2, args=["hold"], quiet=True,
-                        timeout={launch_timeout(10)})
-        print(json.dumps({{"status": result.status, "pids": list(result.pids.values()),
-                           "children": [int(p) for r in (0, 1) for p in
-                                        re.findall(r"child (\\d+)", result.log(r))]}}))
+        result = launch({str(SCRIPTS / 'floods.py')!r}, 2, args=[{str(tmp_path)!r}, "hold"],
+                        quiet=True, timeout={launch_timeout(10)})
+        print(json.dumps({{"status": result.status, "pids": list(result.pids.values())}}))
     """, timeout=launch_timeout(120))
     assert seen["status"] == "timeout"
+    left = children_in(tmp_path) + seen["pids"]
+    assert len(left) == 4
     end = time.monotonic() + 2.0
-    while any(map(alive, seen["children"] + seen["pids"])) and time.monotonic() < end:
+    while any(map(alive, left)) and time.monotonic() < end:
         time.sleep(0.05)
-    assert not [pid for pid in seen["children"] + seen["pids"] if alive(pid)]
+    assert not [pid for pid in left if alive(pid)]
 
 
 def test_output_that_looks_like_the_launchers_events_is_kept_as_output(capsys):
