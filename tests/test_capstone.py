@@ -310,7 +310,8 @@ def test_the_notebooks_partial_verdict_says_the_cells_below_launch_the_rest(caps
 
 
 def test_a_first_run_judged_wrong_stops_the_notebooks_launches():
-    verdict = ddplab.check("13", {"ddp": _run(range(32)), "reference": _run(range(32), skipped=(20,))})
+    verdict = ddplab.check("13", {"ddp": _run(range(32)),
+                                  "reference": _run(range(32), skipped=(20,))})
     assert judge13.judged_wrong(verdict), verdict.message
 
 

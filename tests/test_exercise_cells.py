@@ -45,7 +45,8 @@ def workload_names(notebook: str, workload: str = "digits") -> dict[str, object]
     they are under ``workload``."""
     names: dict[str, object] = {}
     for kind, text in cells(ROOT / "notebooks" / f"{notebook}.ipynb"):
-        python = kind == "code" and not text.startswith("%%")   # a cell magic (%%writefile): not Python
+        # a cell magic (%%writefile) is not Python
+        python = kind == "code" and not text.startswith("%%")
         for node in ast.parse(text).body if python else ():
             value = getattr(node, "value", None)
             if isinstance(node, ast.Assign) and isinstance(value, ast.Subscript) and \

@@ -60,7 +60,8 @@ def test_ddplab_lab_starts_jupyterlab_with_the_course_settings(tmp_path, monkeyp
 
 def test_lab_environment_without_a_config_path_of_the_learners():
     env = workspace.lab_environment({"HOME": "/home/learner"})
-    assert env["JUPYTER_CONFIG_PATH"] == str(workspace.LAB_CONFIG) and env["HOME"] == "/home/learner"
+    assert env["JUPYTER_CONFIG_PATH"] == str(workspace.LAB_CONFIG)
+    assert env["HOME"] == "/home/learner"
 
 
 def test_the_settings_ship_with_the_package_and_make_lab_uses_them():

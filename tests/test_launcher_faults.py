@@ -181,7 +181,8 @@ def test_a_helper_killed_mid_launch_is_named_and_the_next_launch_starts_a_fresh_
     assert re.search(rf"helper \(pid {killed[0]}\) ended by SIGKILL", result.error), result.error
     assert "the next launch starts a fresh helper" in result.error
     assert not [pid for pid in result.pids.values() if alive(pid)]
-    again = launch(str(script.with_name("sleeps.py")), 2, args=[0], quiet=True, timeout=120) \
-        if script.with_name("sleeps.py").write_text(SLEEPS) else None
-    assert again is not None and again.ok, again and again.error
+    sleeps = tmp_path / "sleeps.py"
+    sleeps.write_text(SLEEPS)
+    again = launch(str(sleeps), 2, args=[0], quiet=True, timeout=120)
+    assert again.ok, again.error
     assert Helper._current.proc.pid != killed[0]

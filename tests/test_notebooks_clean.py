@@ -104,5 +104,7 @@ def test_a_collapsed_cell_is_a_proof_that_says_what_it_verified(path):
     for cell in collapsed_cells(json.loads(path.read_text())):
         source = "".join(cell["source"])
         assert cell["cell_type"] == "code", f"{path.name}: only proof cells are collapsed"
-        assert re.search(r"^\s*assert\b", source, re.M), f"{path.name}: a collapsed cell asserts:\n{source}"
-        assert "print(" in source, f"{path.name}: a collapsed cell prints what it verified:\n{source}"
+        assert re.search(r"^\s*assert\b", source, re.M), \
+            f"{path.name}: a collapsed cell asserts:\n{source}"
+        assert "print(" in source, \
+            f"{path.name}: a collapsed cell prints what it verified:\n{source}"

@@ -414,7 +414,8 @@ def _exercise_03() -> tuple[int, float]:
 
 def _compare_12(answer: Any, expected: Any) -> Optional[str]:
     return _compare_number(answer, expected, {
-        expected * 8: "that is the whole feed-forward; each of the 8 GPUs holds 1/8 of every matrix.",
+        expected * 8: "that is the whole feed-forward; each of the 8 GPUs holds 1/8 of every "
+                      "matrix.",
         expected * 2: "bf16 takes 2 bytes per number, not 4.",
         expected * 2 / 3: "SwiGLU has three matrices: count w1, w3 and w2."},
         "answer with a number of MB.",
