@@ -13,7 +13,6 @@ import ast
 import re
 import subprocess
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ddplab"
