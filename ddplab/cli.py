@@ -252,7 +252,7 @@ def _check(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import workspace
-    from .lab import grading
+    from .lab import classrun, grading
 
     folders = [w for w in ns.words if grading.exercise_key(w) is None]
     selected = [grading.exercise_key(w) for w in ns.words if grading.exercise_key(w)]
@@ -285,7 +285,7 @@ def _check(ns: argparse.Namespace) -> int:
                           f"shipped skeleton: edit one, or name one (ddplab check 04); "
                           f"exercises: {known}")
     outcomes = grading.check_course(course, selected, ns.timeout)
-    return _reports([grading.Submission(course.name, outcomes, sum(o.seconds for o in outcomes))],
+    return _reports([classrun.Submission(course.name, outcomes, sum(o.seconds for o in outcomes))],
                     selected, ns)
 
 
@@ -293,16 +293,16 @@ def _grade_class(root: Any, selected: list[str], ns: argparse.Namespace) -> int:
     """``ddplab check --submissions ROOT``: a table, and the files a platform reads."""
     import os
 
-    from .lab import grading
+    from .lab import classrun, grading
 
     if not root.is_dir():
         return _usage(f"{root} is not a folder: give the folder that holds the submissions")
-    if not grading.submissions(root):
+    if not classrun.submissions(root):
         return _usage(f"{root} holds no submissions: give a folder with one sub-folder (or "
                       ".zip) per submission")
     if not selected:
-        selected = sorted({key for path in grading.submissions(root)
-                           for key in grading.handed_in(path)}, key=grading.keys().index)
+        selected = sorted({key for path in classrun.submissions(root)
+                           for key in classrun.handed_in(path)}, key=grading.keys().index)
         if not selected:
             return _usage(f"no submission in {root} changed an exercise file: name the "
                           "exercises to grade, e.g. ddplab check --submissions ROOT 04 08")
@@ -310,31 +310,31 @@ def _grade_class(root: Any, selected: list[str], ns: argparse.Namespace) -> int:
         print(f"ddplab check: --jobs {ns.jobs} is more than the {os.cpu_count()} cores here: "
               f"{os.cpu_count()} at once", file=sys.stderr)
     try:   # the reports are written as each submission finishes, kept after a Ctrl-C
-        results = grading.grade_all(root, selected, ns.jobs, ns.timeout, progress=sys.stderr,
-                                    on_done=lambda done: _reports(done, selected, ns))
+        results = classrun.grade_all(root, selected, ns.jobs, ns.timeout, progress=sys.stderr,
+                                     on_done=lambda done: _reports(done, selected, ns))
     except KeyboardInterrupt as stop:
         done = getattr(stop, "results", [])
-        print(grading.table(done, selected))
+        print(classrun.table(done, selected))
         print(f"ddplab check: interrupted; every process it started is ended; the "
               f"{len(done)} submission(s) graded before are in the reports", file=sys.stderr)
         return 130
-    print(grading.table(results, selected))
+    print(classrun.table(results, selected))
     return _reports(results, selected, ns)
 
 
 def _reports(results: list[Any], selected: list[str], ns: argparse.Namespace) -> int:
     """Write ``--json`` and ``--junit``; the exit status: 0 only when every exercise passed."""
-    from .lab import grading
+    from .lab import classrun
 
     import os
 
     if ns.json:   # each written whole, then renamed: a kill never leaves half a file
         with open(f"{ns.json}.part", "w") as out:
-            json.dump(grading.to_json(results, selected), out, indent=1)
+            json.dump(classrun.to_json(results, selected), out, indent=1)
             out.write("\n")
         os.replace(f"{ns.json}.part", ns.json)
     if ns.junit:
-        grading.junit(results).write(f"{ns.junit}.part", encoding="utf-8", xml_declaration=True)
+        classrun.junit(results).write(f"{ns.junit}.part", encoding="utf-8", xml_declaration=True)
         os.replace(f"{ns.junit}.part", ns.junit)
     return 0 if all(r.passed == len(r.outcomes) for r in results) else 1
 

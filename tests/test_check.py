@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 from xml.etree import ElementTree
@@ -17,7 +18,7 @@ import pytest
 from launch_path import launch_timeout
 
 from ddplab import launch
-from ddplab.lab import grading
+from ddplab.lab import classrun, grading
 from ddplab.workspace import NOTEBOOK_GLOB
 
 from test_launch import processes, wait_gone
@@ -27,6 +28,7 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 MEAN = "    return tensor / torch_dist.get_world_size()"
 AVERAGE = '    """Return the element-wise mean of ``tensor`` over every rank (on every rank)."""\n'
 LEAK = "leak-from-a-submission.txt"
+SEEN = "reference-folders.txt"  # each rank of a-writes and z-reads: the folder it was given
 
 
 def ddplab(*args, env=None, cwd=None, timeout=600):
@@ -66,9 +68,11 @@ def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tmp")
     outside = tmp_path_factory.mktemp("outside")  # where the test watches, not the grader
     pids = outside / "children.txt"
+    seen = (f"    open({str(outside / SEEN)!r}, 'a').write(\n"
+            f"        os.environ.get({classrun.REFERENCE_CACHE!r}, 'unset') + '\\n')\n")
     submissions = {
         "a-writes": variant(at_start_of_average(  # files where it runs, and 20 children
-            "    import subprocess, tempfile\n"
+            seen + "    import subprocess, tempfile\n"
             f"    for folder in (os.getcwd(), tempfile.gettempdir(), '../exercises'):\n"
             f"        open(os.path.join(folder, {LEAK!r}), 'w').write('mine')\n"
             "    if torch_dist.get_rank() == 0 and not os.path.exists('started'):\n"
@@ -86,7 +90,7 @@ def graded(tmp_path_factory):
         "sum": variant((MEAN, "    return tensor")),
         "two-ranks": variant((MEAN, "    return tensor / 2")),
         "z-reads": variant(at_start_of_average(
-            "    import tempfile\n"
+            seen + "    import tempfile\n"
             f"    for folder in (os.getcwd(), tempfile.gettempdir(), '../exercises'):\n"
             f"        if os.path.exists(os.path.join(folder, {LEAK!r})):\n"
             "            raise SystemExit(f'another submission left a file in {folder}')\n")),
@@ -200,6 +204,19 @@ def test_nothing_a_submission_wrote_reaches_another_or_stays(graded):
         [n for n in EXPECTED if n != "two-ranks"] + ["two-ranks.zip"])  # submissions untouched
 
 
+def test_the_grading_processes_of_a_class_share_one_reference_folder(graded):
+    """What does not depend on the learner is done once per class: every grading process
+    (and so every rank it launches) of two submissions is given the same folder for the
+    capstone's reference runs, which is gone with the class's temporary folder."""
+    seen = (graded["outside"] / SEEN).read_text().split()
+    assert len(seen) >= 2 * (4 + 2), seen   # each rank of each launch of both submissions
+    folders = set(seen)
+    assert len(folders) == 1 and "unset" not in folders, folders
+    folder = Path(folders.pop())
+    assert folder.is_absolute() and str(folder).startswith(str(graded["tmp"]))
+    assert not folder.exists()
+
+
 # ------------------------------------------------------------------- a learner's folder
 
 
@@ -254,6 +271,61 @@ def test_a_rank_that_prints_without_end_costs_a_bounded_tail(tmp_path, monkeypat
     assert all(len(line) < 9000 for line in kept)
 
 
+def _fake_class(tmp_path: Path, monkeypatch, stop_at: str = "") -> list[tuple[str, str, bool]]:
+    """Two submissions of 08 graded by :func:`classrun.grade_all`, each grading process replaced
+    by a note of the reference folder its environment would hold and whether it exists then
+    (a Ctrl-C at submission ``stop_at``)."""
+    for name in ("a", "b"):
+        (tmp_path / "class" / name / "exercises").mkdir(parents=True)
+        (tmp_path / "class" / name / "exercises" / "collective.py").write_text(variant())
+    seen: list[tuple[str, str, bool]] = []
+
+    def run_exercise(key, course, work, timeout=None, env=None):
+        folder = {**os.environ, **(env or {})}.get(classrun.REFERENCE_CACHE, "")
+        seen.append((env["TMPDIR"], folder, os.path.isdir(folder)))
+        if len(seen) == 2 and stop_at:
+            raise KeyboardInterrupt
+        return grading.Outcome(key, "collective.py", True, "correct")
+
+    monkeypatch.setattr(classrun, "run_exercise", run_exercise)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))   # the class's temporary folder
+    return seen
+
+
+def test_a_class_s_reference_folder_is_one_and_removed_at_the_end(tmp_path, monkeypatch):
+    monkeypatch.delenv(classrun.REFERENCE_CACHE, raising=False)
+    seen = _fake_class(tmp_path, monkeypatch)
+    results = classrun.grade_all(tmp_path / "class", ["08"])
+    assert [r.passed for r in results] == [1, 1]
+    (tmp_a, folder, existed), (tmp_b, other, _) = seen
+    assert tmp_a != tmp_b and folder == other and existed   # two working copies, one folder
+    assert tmp_path in Path(folder).parents and not Path(folder).exists()
+
+
+def test_a_class_s_reference_folder_is_removed_after_a_ctrl_c(tmp_path, monkeypatch):
+    monkeypatch.delenv(classrun.REFERENCE_CACHE, raising=False)
+    seen = _fake_class(tmp_path, monkeypatch, stop_at="b")
+    try:
+        with pytest.raises(KeyboardInterrupt) as stop:
+            classrun.grade_all(tmp_path / "class", ["08"])
+    finally:
+        grading.STOPPING.clear()   # (stop_all set it for this process)
+    assert [r.name for r in stop.value.results] == ["a"]
+    assert seen[0][1] == seen[1][1] and seen[0][2]
+    assert not Path(seen[0][1]).exists() and list(tmp_path.iterdir()) == [tmp_path / "class"]
+
+
+def test_a_teacher_s_own_reference_folder_is_used_and_kept(tmp_path, monkeypatch):
+    mine = tmp_path / "references"
+    mine.mkdir()
+    (mine / "kept").write_text("a reference run")
+    monkeypatch.setenv(classrun.REFERENCE_CACHE, str(mine))
+    seen = _fake_class(tmp_path, monkeypatch)
+    classrun.grade_all(tmp_path / "class", ["08"])
+    assert [folder for _tmp, folder, _ in seen] == [str(mine)] * 2
+    assert (mine / "kept").read_text() == "a reference run"
+
+
 def test_exercises_are_named_by_key_or_file():
     assert grading.exercise_key("04") == "04"
     assert grading.exercise_key("exercises/sampler.py") == "04"
@@ -287,16 +359,16 @@ def test_submission_files_are_found_in_a_course_folder_or_bare(tmp_path):
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "sampler.py").write_text("y")
     (tmp_path / "b" / "notes.py").write_text("z")
-    assert list(grading.exercise_files(tmp_path / "a")) == ["sampler.py"]
-    assert list(grading.exercise_files(tmp_path / "b")) == ["sampler.py"]
-    assert grading.handed_in(tmp_path / "b") == ["04"]
+    assert list(classrun.exercise_files(tmp_path / "a")) == ["sampler.py"]
+    assert list(classrun.exercise_files(tmp_path / "b")) == ["sampler.py"]
+    assert classrun.handed_in(tmp_path / "b") == ["04"]
 
 
 def test_a_zip_that_escapes_its_folder_is_refused(tmp_path):
     with zipfile.ZipFile(tmp_path / "evil.zip", "w") as zipped:
         zipped.writestr("../../collective.py", "print('out')\n")
     with pytest.raises(ValueError, match="outside its folder"):
-        grading._unzip(tmp_path / "evil.zip", tmp_path / "into")
+        classrun._unzip(tmp_path / "evil.zip", tmp_path / "into")
 
 
 @pytest.mark.parametrize("args,words", [

@@ -17,6 +17,10 @@ import pytest
 from test_check import at_start_of_average, variant
 from test_launch import processes, until, wait_gone
 
+from ddplab.lab.classrun import REFERENCE_CACHE
+
+#: Where each sleeping rank notes the class's folder of reference runs (its environment).
+FOLDERS = "reference-folders.txt"
 #: Generous safety nets for a busy 2-core machine (the grader stops in seconds).
 SAFETY = 120.0
 
@@ -26,6 +30,7 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
     pids = out / "sleepers.txt"
     out.mkdir()
     sleeper = variant(at_start_of_average(
+        f"    open({str(out / FOLDERS)!r}, 'a').write(os.environ[{REFERENCE_CACHE!r}] + '\\n')\n"
         f"    open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
         "    import time\n    time.sleep(3600)\n"))
     for name, text in (("a-right", variant()), ("b-sleeps", sleeper)):
@@ -79,6 +84,8 @@ def test_a_ctrl_c_ends_the_class_and_keeps_its_verdicts(tmp_path):
     assert wait_gone(sleepers, 5.0) == []
     assert wait_gone(_class_processes(tmp_path), 5.0) == []
     _first_verdict_kept(out)
+    folders = set((out / FOLDERS).read_text().split())   # the class's, removed with it
+    assert len(folders) == 1 and not any(Path(f).exists() for f in folders), folders
 
 
 @pytest.mark.timeout(600)
