@@ -1,4 +1,4 @@
-"""Exercise 04: give every rank its own share, in a new order every epoch. Two TODO(exercise)s.
+"""Exercise 04: shard each epoch, every sample once, a new order every epoch. Two TODO(exercise)s.
 
 Run it from notebook 04 (about 5 s; a hang is ended after 60 s), or from the repository root::
 
@@ -9,16 +9,28 @@ and hand the launch's result to the judge: ``ddplab.check("04", result)``.
 
 As the file stands, the ``DataLoader`` shuffles the whole training set on every rank: with the
 same seed everywhere, every rank reads all the samples, the same ones as its neighbours, and an
-epoch of DDP costs N times the work for nothing. Make these true:
+epoch of DDP costs N times the work for nothing.
 
-1. every rank reads its own share of the training set: the shares of one epoch are disjoint
-   (apart from a few repeats that make them equal in size) and together cover the whole set
-   (notebook 04, sections 1 and 3);
-2. every epoch reads the shares in a new order, or every epoch repeats the first one's and
-   the model sees the same batches again and again (notebook 04, section 4).
+This run asks more of its shares than notebook 04's script does: every epoch weighs each sample
+once. Padding (notebook 04, section 2) reads a few samples twice, and a sample read twice counts
+twice in that epoch's gradients and in its mean loss; on a small dataset over many ranks that is
+no longer a few (10 samples on 4 ranks: 2 of the 12 reads). Make these true, on any number of
+ranks (``ddplab check`` launches 2 and 4):
 
-The dataset hands out each sample's index with it, so the fixed part reports exactly which
-indices each rank read in each epoch, in order (``metric`` events named ``read``).
+1. every rank reads a share of its own: within one epoch no sample is read twice, by two ranks
+   or by one;
+2. every rank reads the same number of samples (a rank with an extra batch would wait forever
+   in an all-reduce its peers never join), and an epoch leaves out only what does not divide:
+   fewer samples than there are ranks;
+3. the samples left out are not the same in every epoch, so that each one gets its turn;
+4. every epoch reads in a new order (notebook 04, section 4).
+
+Any way that makes these true passes: torch's ``DistributedSampler``, if its arguments allow it
+(https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler),
+or a sampler of your own (an object with ``__iter__`` yielding indices and ``__len__``, given to
+the ``DataLoader`` as ``sampler=``). The dataset hands out each sample's index with it, so the
+fixed part reports exactly which indices each rank read in each epoch, in order (``metric``
+events named ``read``); the judge reads those, not your code.
 
 Lesson: 04.
 """
@@ -36,7 +48,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from ddplab import data, events, models
 from ddplab.dist import pick_backend
 
-EPOCHS = 2
+EPOCHS = 3  # enough to see whether the samples left out change
 
 
 def main() -> None:
@@ -52,7 +64,7 @@ def main() -> None:
     # data: the digits, each sample with its index, so we can see who reads what
     images, labels = data.digits().train.tensors
     train_set = TensorDataset(images, labels, torch.arange(len(labels)))
-    # TODO(exercise) 1: make each rank read its own share of train_set (goal 1 of the docstring).
+    # TODO(exercise) 1: give each rank its share of train_set (goals 1-3 of the docstring).
     loader = DataLoader(train_set, batch_size=32, shuffle=True)
     events.emit("metric", name="dataset", value=len(train_set))
 
@@ -63,7 +75,7 @@ def main() -> None:
 
     # the loop
     for epoch in range(EPOCHS):
-        # TODO(exercise) 2: make this epoch's order differ from the last one's (goal 2).
+        # TODO(exercise) 2: make this epoch's order differ from the earlier ones' (goal 4).
         read = []
         for inputs, labels, index in loader:
             inputs, labels = inputs.to(device), labels.to(device)

@@ -53,6 +53,23 @@ class Variant:
     hang: tuple[tuple[str, int], ...] = ()  # (event, rank): each rank's last word before it
 
 
+# 04: the reference's sampler line, and a sampler of the learner's own in its place (rank r
+# reads the r-th of world equal blocks of each epoch's shuffled order)
+SAMPLER = "    sampler = DistributedSampler(train_set, seed=0, drop_last=True)\n"
+OWN_SAMPLER = (
+    (SAMPLER, "    sampler = Blocks(len(train_set), dist.get_rank(), dist.get_world_size())\n"),
+    ("\n\ndef main() -> None:\n",
+     "\n\nclass Blocks:\n"
+     "    def __init__(self, n, rank, world):\n"
+     "        self.n, self.rank, self.world, self.epoch = n, rank, world, 0\n\n"
+     "    def set_epoch(self, epoch):\n        self.epoch = epoch\n\n"
+     "    def __len__(self):\n        return self.n // self.world\n\n"
+     "    def __iter__(self):\n        import random\n\n"
+     "        order = list(range(self.n))\n"
+     "        random.Random(1000 + self.epoch).shuffle(order)\n"
+     "        return iter(order[self.rank * len(self):(self.rank + 1) * len(self)])\n"
+     "\n\ndef main() -> None:\n"),
+)
 FSDP2_SAVE = ("    model_state, optim_state = get_state_dict(model, optimizer)\n"
               "    dcp.save({\"model\": model_state, \"optim\": optim_state}, "
               "checkpoint_id=path)\n")
@@ -116,18 +133,16 @@ VARIANTS = [
          "    F.mse_loss(model(inputs), targets).backward()"),
     ), right=False, words=("mean over the micro-batches",)),
     # ----------------------------------------------------------------- 04: the sampler
-    Variant("04 explicit replicas and rank", "04", "sampler.py", (
-        ("DistributedSampler(train_set, seed=0)",
-         "DistributedSampler(train_set, num_replicas=dist.get_world_size(), "
-         "rank=dist.get_rank(), shuffle=True, seed=0, drop_last=False)"),
-    ), right=True),
-    Variant("04 no set_epoch", "04", "sampler.py", (
-        ("        sampler.set_epoch(epoch)\n", ""),
-    ), right=False, words=("same order in every epoch", "set_epoch")),
-    Variant("04 a seed per rank", "04", "sampler.py", (
-        ("DistributedSampler(train_set, seed=0)",
-         "DistributedSampler(train_set, seed=dist.get_rank())"),
-    ), right=False, words=("overlap", "same seed")),
+    Variant("04 a sampler of its own: blocks of a shuffle seeded with the epoch", "04",
+            "sampler.py", OWN_SAMPLER, right=True),
+    Variant("04 DistributedSampler's padding", "04", "sampler.py", (
+        (SAMPLER, "    sampler = DistributedSampler(train_set, seed=0)\n"),
+    ), right=False, words=("read twice", "padding")),
+    Variant("04 a sampler of its own that cuts the tail before the shuffle", "04", "sampler.py", (
+        *OWN_SAMPLER,
+        ("        order = list(range(self.n))\n",
+         "        order = list(range(len(self) * self.world))   # the mistake: a fixed tail\n"),
+    ), right=False, words=("left out in every epoch", "shuffled order")),
     # ----------------------------------------------------------------- 05: checkpoints
     Variant("05 map_location cpu, other style", "05", "checkpoint.py", (
         ("    if rank == 0:\n        write_file(state, path)\n",

@@ -1,4 +1,4 @@
-"""Coding exercises 03 (wrap in DDP), 04 (DistributedSampler, set_epoch) and 05 (save on rank 0,
+"""Coding exercises 03 (wrap in DDP), 04 (shard every epoch) and 05 (save on rank 0,
 load with map_location): each skeleton runs and is judged wrong with a hint that names the fix,
 each reference solution is judged right, and mistakes that cannot show on a CPU get their own
 hint (edited facts); the classic mistakes run for real in tests/test_exercise_variants.py."""
@@ -74,7 +74,7 @@ def test_solution_is_judged_right(key, solutions):
 @pytest.mark.parametrize("key, words", [
     ("03", ["never ran a forward pass", "TODO"]),
     ("03b", ["stepped the optimizer 0 times", "TODO"]),
-    ("04", ["every rank read all 1347 samples", "DistributedSampler", "TODO 1"]),
+    ("04", ["every rank read all 1347 samples", "a share of its own", "TODO 1"]),
     ("05", ["rank 0 wrote 0 checkpoint(s) for 2 saves", "TODO 1"]),
 ])
 def test_untouched_skeleton_runs_and_is_judged_wrong_with_a_hint(key, words, run):
@@ -107,20 +107,32 @@ def test_03_solution_facts(solutions):
 # ----------------------------------------------------------------------------- 04
 
 
-def test_04_solution_shares_are_disjoint_halves(solutions):
+def test_04_solution_reads_each_sample_once_and_leaves_out_another_each_epoch(solutions):
     reads = judges.metrics(solutions["04"], "read")
-    assert sorted(reads) == [0, 1] and all(len(values) == 2 for values in reads.values())
-    first = [set(values[0]) for values in reads.values()]
-    assert len(first[0]) == len(first[1]) == 674 and len(first[0] & first[1]) == 1  # padding
-    unshuffled = with_events(solutions["04"], "read",
-                             lambda rank, e: e.update(value=unshuffled_share(rank)))
-    verdict = ddplab.check("04", unshuffled)
-    assert not verdict and "does not shuffle" in verdict.message
+    assert sorted(reads) == [0, 1] and all(len(values) == 3 for values in reads.values())
+    shares = [[set(reads[rank][epoch]) for rank in (0, 1)] for epoch in range(3)]
+    assert all(len(a) == len(b) == 673 and not a & b for a, b in shares)   # 1347 // 2, disjoint
+    left_out = [set(range(1347)) - a - b for a, b in shares]
+    assert all(len(out) == 1 for out in left_out) and len(set(map(min, left_out))) > 1
 
 
-def unshuffled_share(rank: int) -> list[int]:
-    """What rank ``rank`` of 2 reads from 1347 samples with shuffle=False (padded with 0)."""
-    return list(range(rank, 1347, 2)) + ([0] if rank == 1 else [])
+@pytest.mark.parametrize("share, words", [
+    (lambda rank, epoch, read, first: list(range(rank, 1346, 2)),
+     "index order: nothing shuffles"),
+    (lambda rank, epoch, read, first: read if epoch < 2 else first,
+     "same order in epochs 0 and 2"),
+    (lambda rank, epoch, read, first: list(range(rank * 300, rank * 300 + 673)),
+     "shares overlap"),
+    (lambda rank, epoch, read, first: read[:-1] if rank else read, "the ranks read [673, 672]"),
+    (lambda rank, epoch, read, first: read[:640], "read by nobody"),
+], ids=["unshuffled", "epoch 2 repeats epoch 0", "a seed per rank", "unequal", "a batch dropped"])
+def test_04_mistakes_shown_on_the_solution_s_reads(share, words, solutions):
+    """Each mistake is the solution's run with its reads edited: in each epoch, rank r read
+    ``share(r, epoch, what it read, what it read in epoch 0)``."""
+    first = {rank: values[0] for rank, values in judges.metrics(solutions["04"], "read").items()}
+    verdict = ddplab.check("04", with_events(solutions["04"], "read", lambda rank, e: e.update(
+        value=share(rank, e["epoch"], e["value"], first[rank]))))
+    assert not verdict and words in verdict.message, verdict.message
 
 
 # ----------------------------------------------------------------------------- 05

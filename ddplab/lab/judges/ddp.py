@@ -6,9 +6,10 @@ the weights equal on every rank, training changes them, and every epoch calls ``
 rank that wrapped the model but called the unwrapped one is told so, and so is a run that
 copied rank 0's weights by hand without any DDP wrapper.
 
-04 reads which indices every rank read in every epoch (``exercises/sampler.py``): the shares of
-one epoch are disjoint apart from the sampler's padding and together cover the dataset, and
-every epoch comes in a new order.
+04 reads which indices every rank read in every epoch (``exercises/sampler.py``), whatever
+sampler read them: in one epoch no sample is read twice (no padding), every rank reads as many,
+fewer samples than ranks are left out and not the same ones every epoch, and every epoch comes
+in a new order.
 
 05 reads who wrote the checkpoint, what every rank loaded and what ``resume`` restored
 (``exercises/checkpoint.py``): one writer, rank 0, once per save; every rank loaded the epoch
@@ -191,8 +192,8 @@ def _accumulate_rank(rank: int, f: dict[str, Any]) -> Optional[str]:
 # ----------------------------------------------------------------------------- 04 sampler
 
 
-@judge("04", "sampler.py", "give every rank its own share of the data with a "
-       "DistributedSampler, in a new order every epoch (set_epoch)")
+@judge("04", "sampler.py", "shard every epoch over the ranks: each sample read at most once, "
+       "the same number on every rank, a different few left out and a new order every epoch")
 def judge_sampler(result: Any) -> Optional[str]:
     missing = _missing(result, "dataset", "read")
     if missing:
@@ -200,26 +201,12 @@ def judge_sampler(result: Any) -> Optional[str]:
     size = next(iter(metric(result, "dataset").values()))
     reads = {rank: {e["epoch"]: e["value"] for e in _events(result, "read", rank)}
              for rank in _ranks(result)}
-    world = len(reads)
     epochs = sorted(reads[0])
-    per_rank = math.ceil(size / world)
     for epoch in epochs:
-        shares = [reads[rank][epoch] for rank in sorted(reads)]
-        hint = _share_hint(shares, size, per_rank, epoch)
+        hint = _share_hint([reads[rank].get(epoch, []) for rank in sorted(reads)], size, epoch)
         if hint:
             return hint
-    for rank in sorted(reads):
-        orders = [tuple(reads[rank][epoch]) for epoch in epochs]
-        if len(epochs) > 1 and len(set(orders)) == 1:
-            head = list(orders[0][:size // world])   # the padding at the end starts over
-            if head == sorted(head):
-                return ("every rank reads its share in index order: the sampler does not "
-                        "shuffle. Leave DistributedSampler's shuffle=True (its default).")
-            return (f"rank {rank} read its share in the same order in every epoch: call "
-                    "sampler.set_epoch(epoch) at the start of each epoch (TODO 2); the "
-                    "sampler seeds its shuffle with seed + epoch, and the epoch stays 0 "
-                    "until you set it.")
-    return None
+    return _order_hint(reads, epochs) or _left_out_hint(reads, epochs, size)
 
 
 def _events(result: Any, name: str, rank: int) -> list[dict[str, Any]]:
@@ -227,28 +214,70 @@ def _events(result: Any, name: str, rank: int) -> list[dict[str, Any]]:
             if e.get("kind") == "metric" and e.get("name") == name]
 
 
-def _share_hint(shares: list[list[int]], size: int, per_rank: int, epoch: int
-                ) -> Optional[str]:
+def _share_hint(shares: list[list[int]], size: int, epoch: int) -> Optional[str]:
     """What is wrong with one epoch's shares (one list of indices per rank), or None."""
-    world = len(shares)
-    if all(len(share) == size for share in shares) and world > 1:
+    world, counts = len(shares), [len(share) for share in shares]
+    if world > 1 and all(count == size for count in counts):
         return (f"in epoch {epoch} every rank read all {size} samples: the ranks do the same "
-                "work N times. Build a DistributedSampler(train_set) and pass it to the "
-                "DataLoader as sampler= instead of shuffle=True (TODO 1).")
-    if any(len(share) != per_rank for share in shares):
-        return (f"in epoch {epoch} the ranks read {[len(s) for s in shares]} samples; with "
-                f"{size} samples on {world} ranks each should read ceil({size} / {world}) = "
-                f"{per_rank}. Let DistributedSampler take num_replicas and rank from the "
-                "process group (or pass the world size and this rank).")
+                "work N times. Give each rank a share of its own (TODO 1): a sampler, torch's "
+                "DistributedSampler or your own, passed to the DataLoader as sampler=.")
     read = [i for share in shares for i in share]
-    overlap = len(read) - len(set(read))
-    padding = per_rank * world - size
-    if set(read) != set(range(size)) or overlap > padding:
-        return (f"in epoch {epoch} the ranks' shares overlap ({overlap} indices read twice, "
-                f"only {padding} would be padding) and {size - len(set(read))} samples were "
-                "read by nobody: every rank must build its sampler with the same seed, and "
-                "its own rank.")
+    twice = len(read) - len(set(read))
+    if 0 < twice < world and set(read) == set(range(size)):   # fewer repeats than ranks
+        return (f"in epoch {epoch} {twice} sample(s) were read twice: that is padding, the "
+                "repeats DistributedSampler adds by default (drop_last=False) so that the shares "
+                "come out equal. Here every sample counts once per epoch: leave the remainder "
+                f"out instead ({size} % {world} = {size % world} sample(s) per epoch).")
+    if twice:
+        return (f"in epoch {epoch} the ranks' shares overlap: {twice} of the {len(read)} "
+                "indices read were read already (by another rank, or by the same one). "
+                "Every rank must cut its share from the same order (the same seed on every "
+                "rank), each rank its own part of it.")
+    if len(set(counts)) > 1:
+        return (f"in epoch {epoch} the ranks read {counts} samples: every rank must read the "
+                "same number, or the rank with an extra batch waits forever in an all-reduce "
+                f"that its peers never join. With {size} samples on {world} ranks that is "
+                f"{size} // {world} = {size // world} each.")
+    unread = size - len(set(read))
+    if unread >= world:
+        return (f"in epoch {epoch} {unread} samples were read by nobody; only what does not "
+                f"divide may be left out, fewer than the {world} ranks ({size} % {world} = "
+                f"{size % world}). A DataLoader's drop_last=True, for one, drops each rank's "
+                "last incomplete batch, not the dataset's remainder.")
     return None
+
+
+def _order_hint(reads: dict[int, dict[int, list[int]]], epochs: list[int]) -> Optional[str]:
+    """The hint when a rank read two epochs in the same order, or None."""
+    for rank in sorted(reads):
+        orders = [tuple(reads[rank][epoch]) for epoch in epochs]
+        if len(set(orders)) == len(orders):
+            continue
+        if all(list(order) == sorted(order) for order in orders):
+            return (f"rank {rank} reads its share in index order: nothing shuffles it. Shuffle "
+                    "in the sampler (DistributedSampler's shuffle=True, its default, or a "
+                    "permutation in a sampler of your own).")
+        same = next((a, b) for a in epochs for b in epochs
+                    if a < b and reads[rank][a] == reads[rank][b])
+        when = ("in every epoch" if len(set(orders)) == 1
+                else f"in epochs {same[0]} and {same[1]}")
+        return (f"rank {rank} read its share in the same order {when}: the shuffle must change "
+                "with the epoch (TODO 2). A DistributedSampler seeds it with seed + epoch, and "
+                "the epoch stays 0 until you call sampler.set_epoch(epoch) at the start of each "
+                "one; a sampler of your own needs the epoch in its seed too.")
+    return None
+
+
+def _left_out_hint(reads: dict[int, dict[int, list[int]]], epochs: list[int], size: int
+                   ) -> Optional[str]:
+    """The hint when the same samples were left out of every epoch, or None."""
+    left = {frozenset(range(size)) - {i for r in reads for i in reads[r][e]} for e in epochs}
+    if len(epochs) < 2 or len(left) > 1 or not next(iter(left)):
+        return None
+    out = sorted(next(iter(left)))
+    return (f"the same {len(out)} sample(s) {out[:8]} were left out in every epoch: they are "
+            "never trained on. Cut the remainder from each epoch's shuffled order, not from "
+            "the dataset before shuffling, so that a different few wait each epoch.")
 
 
 # ----------------------------------------------------------------------------- 05 checkpoint
