@@ -46,8 +46,8 @@ def scatter_sizes(batch_size: int, gpus: int) -> list[int]:
 
     Example::
 
-        >>> scatter_sizes(32, 4), scatter_sizes(10, 4), scatter_sizes(6, 4)
-        ([8, 8, 8, 8], [3, 3, 3, 1], [2, 2, 2])
+        >>> scatter_sizes(32, 4), scatter_sizes(10, 4), scatter_sizes(10, 8)
+        ([8, 8, 8, 8], [3, 3, 3, 1], [2, 2, 2, 2, 2])
 
     Lesson: 02.
     """
