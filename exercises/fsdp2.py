@@ -176,6 +176,18 @@ def one_process(model: nn.Module, steps: int) -> tuple[list[float], nn.Module]:
     return losses, model
 
 
+def averaged_in(model: nn.Module) -> str:
+    """The dtype the ranks averaged the gradients in, read after a backward: the narrowest
+    type that holds every gradient exactly (an average of bfloat16 gradients taken in float32
+    is, in general, no bfloat16 value)."""
+    grads = [g.to_local() if isinstance(g, DTensor) else g
+             for g in (p.grad for p in model.parameters()) if g is not None]
+    for dtype in (torch.bfloat16, torch.float16):
+        if grads and all(torch.equal(g, g.to(dtype).to(g.dtype)) for g in grads):
+            return str(dtype).split(".")[-1]
+    return str(grads[0].dtype).split(".")[-1] if grads else "none"
+
+
 def train(model: nn.Module, optimizer: torch.optim.Optimizer, info: dist.DistInfo) -> None:
     """``STEPS`` steps on this rank's share of each batch; report what the judge needs."""
     share = BATCH // info.world_size
@@ -188,6 +200,7 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, info: dist.DistInf
         loss.backward()
         held = {"params": local_bytes(model.parameters()),
                 "grads": local_bytes(p.grad for p in model.parameters())}
+        averaged = averaged_in(model)
         optimizer.step()
         optimizer.zero_grad()
         held["optimizer"] = optimizer_bytes(optimizer)
@@ -196,7 +209,15 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, info: dist.DistInf
             events.emit("metric", name="loss", step=step, value=mean)
     events.emit("metric", name="held", value=held)
     events.emit("metric", name="forward", value={"dtype": str(logits.dtype).split(".")[-1],
-                                                 "allgather": gathered.get("allgather", 0)})
+                                                 "allgather": gathered.get("allgather", 0),
+                                                 "averaged": averaged})
+
+
+def checkpoint_keys(folder: Path) -> list[str]:
+    """The keys a distributed checkpoint in ``folder`` holds (none when it is not one)."""
+    if not (folder / ".metadata").is_file():
+        return []
+    return sorted(dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
 
 
 def any_rank(failed: bool, info: dist.DistInfo) -> bool:
@@ -270,6 +291,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 folder = Path(args.save)
                 names = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
                 events.emit("metric", name="files", value=names)
+                events.emit("metric", name="keys", value=checkpoint_keys(folder))
     dist.cleanup()
 
 

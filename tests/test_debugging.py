@@ -393,6 +393,7 @@ def test_solution_is_judged_right():
     assert ddplab.check("10", result), result.error
     losses = metric(result, "losses")
     assert {rank: len(mine) for rank, mine in losses.items()} == metric(result, "batches")
+    assert metric(result, "inputs") == {0: [0, 1, 2, 3, 4], 1: [0, 1, 2, 3]}  # each batch once
 
 
 def fake_run(**per_rank: dict[int, object]) -> RunResult:
@@ -427,6 +428,20 @@ def test_judge_rejects_even_shards_skipped_batches_different_weights_and_a_wrong
                                  "message": "RuntimeError: stopped early"}})
     assert "raised on some ranks (rank 0 at line 7" in judge(raised)
     assert "stopped early" in judge(raised) and "timed out" not in judge(raised)
+
+
+def test_judge_names_a_repeated_batch_where_a_rank_trained_more_steps_than_it_has_batches():
+    judge = judges.load_all()["10"].judge
+    padded = dict(batches={0: 3, 1: 2}, losses={0: [1.0, 2.0, 3.0], 1: [4.0, 5.0, 6.0]},
+                  inputs={0: [0, 1, 2], 1: [0, 1, 1]}, mean_loss={0: 3.5, 1: 3.5},
+                  checksum={0: 1.0, 1: 1.0})
+    said = judge(fake_run(**padded))
+    assert "rank 1 trained on its batch 2 twice (3 steps for its 2 batches)" in said, said
+    assert "each of its own batches once" in said and "skip" not in said
+    made_up = {**padded, "inputs": {0: [0, 1, 2], 1: [0, 1, -1]}}
+    said = judge(fake_run(**made_up))
+    assert "1 of its forwards on inputs that are none of its batches" in said, said
+    assert "twice" not in said and "skip" not in said
 
 
 def a_timeout_message() -> str:

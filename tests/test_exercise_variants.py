@@ -285,6 +285,15 @@ VARIANTS = [
          "    return losses, sum(losses) / len(losses)\n"),
     ), right=False, words=("mean loss train() returned is wrong", "each batch of each rank once"),
         args=("--pg-timeout", "120")),
+    Variant("10 each rank pads its shard by repeating its last batch", "10", "uneven_join.py", (
+        ("    with Join([model, running]):", "    if True:"),
+        ("        for inputs, targets in batches:\n",
+         "        most = torch.tensor(len(batches))\n"
+         "        torch_dist.all_reduce(most, op=torch_dist.ReduceOp.MAX)\n"
+         "        batches = batches + batches[-1:] * (int(most) - len(batches))\n"
+         "        for inputs, targets in batches:\n"),
+    ), right=False, words=("its batch 4 twice", "each of its own batches once"),
+        absent=("skip", "stop early"), args=("--pg-timeout", "120")),   # a safety net
     # ----------------------------------------------------------------- 11: pipeline
     Variant("11 non-blocking send and recv", "11", "pipeline_forward.py", (
         ("            torch_dist.send(activation, dst=1)\n",
@@ -354,6 +363,12 @@ VARIANTS = [
         ("        \"feed_forward.w2\": RowwiseParallel(output_layouts=Shard(1)),",
          "        \"feed_forward.w2\": ColwiseParallel(),"),
     ), right=False, words=("feed_forward.w2 is column-wise", "row-wise")),
+    Variant("12 wo's output left Replicate where the residual is Shard(1)", "12", "tp_plan.py", (
+        ("\"attention.wo\": RowwiseParallel(output_layouts=Shard(1))",
+         "\"attention.wo\": RowwiseParallel()"),
+    ), right=False, words=("attention returned Replicate()", "needed Shard(1)",
+                           "attention.wo", "output_layouts=Shard(1)"),
+        absent=("a DTensor and a plain tensor",)),
 ]
 
 # ----------------------------------------------------------------- 13: the capstone
@@ -536,6 +551,24 @@ VARIANTS += [
          "    dcp.load(state, checkpoint_id=path)\n"
          "    model.load_state_dict(state[\"model\"])\n"),
     ), right=False, words=("not Adam's state",), launches=FSDP2_RUNS),
+    # Judged on the save launch alone: the mistake shows there (the loads would find none).
+    Variant("11b no reduce_dtype: the gradients averaged in bfloat16", "11b", "fsdp2.py", (
+        ("MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)",
+         "MixedPrecisionPolicy(param_dtype=torch.bfloat16)"),
+    ), right=False, words=("averaged over the ranks in bfloat16", "reduce_dtype=torch.float32"),
+        absent=("training is right",), launches=FSDP2_RUNS[:1]),
+    Variant("11b DCP of the optimizer's own state_dict(), empty in a fresh one", "11b",
+            "fsdp2.py", (
+        (FSDP2_SAVE, "    dcp.save({\"model\": model.state_dict(),\n"
+         "              \"optim\": optimizer.state_dict()}, checkpoint_id=path)\n"),
+        (FSDP2_LOAD + "    set_state_dict(model, optimizer, model_state_dict=state[\"model\"],\n"
+         "                   optim_state_dict=state[\"optim\"])\n",
+         "    state = {\"model\": model.state_dict(), \"optim\": optimizer.state_dict()}\n"
+         "    dcp.load(state, checkpoint_id=path)\n"
+         "    model.load_state_dict(state[\"model\"])\n"
+         "    optimizer.load_state_dict(state[\"optim\"])\n"),
+    ), right=False, words=("empty", "get_state_dict", "set_state_dict"),
+        absent=("save and load the optimizer too",), launches=FSDP2_RUNS),
 ]
 
 

@@ -4,6 +4,7 @@ DCP exercise's skeleton and single-launch verdicts (its variants: test_exercise_
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import torch
 
 from ddplab import check, launch
 from ddplab.lab import timeline
-from ddplab.lab.judges import skeleton_path
+from ddplab.lab.judges import metric, skeleton_path
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,8 +211,57 @@ def test_untouched_fsdp2_skeleton_is_judged_wrong_with_a_hint(tmp_path):
     assert not verdict and "sharded nothing" in verdict.message, verdict.message
 
 
-@pytest.mark.skipif(not FSDP_ON_CPU, reason="fully_shard on the CPU needs torch >= 2.7")
-def test_fsdp2_save_alone_asks_for_the_loads(tmp_path):
-    result = launch(FSDP2_SOLUTION, 2, quiet=True, timeout=300, args=["--save", str(tmp_path)])
-    verdict = check("11b", result)
+@pytest.fixture(scope="module")
+def fsdp2_saved(tmp_path_factory):
+    """The solution's save launch (2 ranks), shared by the tests below."""
+    if not FSDP_ON_CPU:
+        pytest.skip("fully_shard on the CPU needs torch >= 2.7")
+    folder = tmp_path_factory.mktemp("fsdp2")
+    return launch(FSDP2_SOLUTION, 2, quiet=True, timeout=300, args=["--save", str(folder)])
+
+
+def test_fsdp2_save_alone_asks_for_the_loads(fsdp2_saved):
+    verdict = check("11b", fsdp2_saved)
     assert not verdict and "all three launches" in verdict.message, verdict.message
+
+
+def with_metrics(result, world_size: int = 2, **values):
+    """``result`` with rank 0's metrics ``values`` in place of its own (a fake run, no launch)."""
+    events = {rank: [e for e in found if rank or e.get("name") not in values]
+              for rank, found in result.events.items()}
+    events.setdefault(0, []).extend({"kind": "metric", "rank": 0, "name": name, "value": value}
+                                    for name, value in values.items())
+    return dataclasses.replace(result, events=events, world_size=world_size)
+
+
+def test_fsdp2_run_reports_float32_averages_and_the_judge_names_a_16_bit_one(fsdp2_saved):
+    forward = metric(fsdp2_saved, "forward")
+    assert {rank: f["averaged"] for rank, f in forward.items()} == {0: "float32", 1: "float32"}
+    for dtype in ("bfloat16", "float16"):
+        run = with_metrics(fsdp2_saved, forward={**forward[0], "averaged": dtype})
+        verdict = check("11b", {"save": run})
+        assert not verdict and f"averaged over the ranks in {dtype}" in verdict.message
+        assert "reduce_dtype=torch.float32" in verdict.message
+
+
+def test_fsdp2_load_without_adams_state_is_told_why_from_the_checkpoints_keys(fsdp2_saved):
+    keys, saved = metric(fsdp2_saved, "keys")[0], metric(fsdp2_saved, "saved")[0]
+    assert "optim.state.blocks.0.qkv.weight.exp_avg" in keys      # by name: get_state_dict's
+    weights_only = {k: v for k, v in saved.items() if k.endswith(":weight")}
+
+    def judged(keys: list[str]) -> str:
+        loads = {f"load{n}": with_metrics(fsdp2_saved, n, loaded=weights_only,
+                                          layout={"world_size": n}) for n in (4, 1)}
+        verdict = check("11b", {"save": with_metrics(fsdp2_saved, keys=keys), **loads})
+        assert not verdict
+        return verdict.message
+
+    by_name = judged(keys)
+    assert "after the load on 4 ranks the optimizer has none" in by_name
+    assert "get_state_dict" in by_name and "set_state_dict" in by_name
+    assert "keyed by parameter number" not in by_name
+    numbered = judged([k.replace("optim.state.blocks.0.qkv.weight.", "optim.state.0.")
+                       for k in keys if not k.startswith("optim.state.") or ".qkv.weight." in k])
+    assert "keyed by parameter number" in numbered and "optim.state.0.exp_avg" in numbered
+    left_out = judged([k for k in keys if not k.startswith("optim.")])
+    assert "save and load the optimizer too" in left_out and "get_state_dict" not in left_out

@@ -10,6 +10,8 @@ import torch
 
 from ddplab import check, launch
 from ddplab.lab.judges import skeleton_path
+from ddplab.lab.judges.tensor_parallel import COLWISE, NORMS, ROWWISE
+from ddplab.launcher.results import RunResult
 
 pytestmark = pytest.mark.slow
 WORKER = "ddplab.workers.tensor_parallel"
@@ -121,3 +123,39 @@ def test_the_solution_is_right_on_four_ranks_with_the_reference_collectives():
                                                                    "ffn_norm": 2}
         assert facts["forward_collectives"] == {"all_gather_into_tensor": 3,
                                                 "reduce_scatter_tensor": 2}
+        plain_slice = {"type": "Tensor", "tokens": 2}     # each residual sum: 2 of the 8 tokens
+        assert facts["residual_sides"] == dict.fromkeys(("x", "attention", "h", "feed_forward"),
+                                                        plain_slice)
+
+
+def judged(facts: dict, error: dict) -> str:
+    """The judge's word on a 2-rank run whose ranks both reported ``facts`` and ``error``."""
+    events = {rank: [{"kind": "metric", "rank": rank, "name": "tp_plan", "value": facts},
+                     {"kind": "metric", "rank": rank, "name": "error", "value": error}]
+              for rank in (0, 1)}
+    verdict = check("12", RunResult("ok", 0, 1.0, 2, events=events))
+    assert not verdict
+    return verdict.message
+
+
+def test_a_residual_sum_of_two_layouts_is_named_from_the_sides_the_run_reported():
+    placements = {f"{name}.weight": "[Shard(dim=0)]" for name in COLWISE}
+    placements.update({f"{name}.weight": "[Shard(dim=1)]" for name in ROWWISE})
+    placements.update({f"{norm}.weight": "[Replicate()]" for norm in NORMS})
+    facts = {"world_size": 2, "seq": 8, "n_heads_full": 4, "head_dim": 4, "n_heads": 2,
+             "wq_rows": 8, "placements": placements}
+    error = {"stage": "forward", "type": "RuntimeError", "message": "(torch's words)"}
+    part, whole = {"type": "Tensor", "tokens": 4}, {"type": "Tensor", "tokens": 8}
+    said = judged({**facts, "residual_sides": {"x": part, "attention": whole}}, error)
+    assert "at the residual sum x + attention(...)" in said
+    assert "attention returned Replicate() (the whole sequence, 8 tokens on every rank)" in said
+    assert "the residual x is Shard(1) (this rank's 4 of the 8 tokens)" in said
+    assert "attention.wo" in said and "output_layouts=Shard(1)" in said
+    assert "a DTensor and a plain tensor" not in said
+    second = {"x": part, "attention": part, "h": part, "feed_forward": whole}
+    said = judged({**facts, "residual_sides": second}, error)
+    assert "h + feed_forward(...)" in said and "feed_forward.w2" in said
+    mixed = {"x": part, "attention": {"type": "DTensor", "tokens": 4}}
+    said = judged({**facts, "residual_sides": mixed}, error)   # that one the old words explain
+    assert "a DTensor and a plain tensor cannot be added" in said and "residual sum x" not in said
+

@@ -17,10 +17,12 @@ Leave ``Block`` as it is: what must change in a module for the sharded run, your
 The fixed part builds the block twice from one seed, hands one copy to your ``parallelize``,
 runs both on the same input, and reports (``metric`` events): what your plan did to each weight
 (``placements``) and to the attention's head count (``n_heads``, with each rank's rows of
-``wq``: ``wq_rows``), how many tokens each RMSNorm ran on per rank (``norm_tokens``), the
-largest differences from the unsharded block of the output, of every parameter's gradient and
-of the input's gradient, the collectives of one forward and one backward (counted with
-``CommDebugMode``), and an ``error`` if your plan, the forward or the backward raised.
+``wq``: ``wq_rows``), how many tokens each RMSNorm ran on per rank (``norm_tokens``), what
+each residual sum of ``Block.forward`` added on this rank (``residual_sides``: each side a
+DTensor or a plain tensor, and its tokens), the largest differences from the unsharded
+block of the output, of every parameter's gradient and of the input's gradient, the
+collectives of one forward and one backward (counted with ``CommDebugMode``), and an
+``error`` if your plan, the forward or the backward raised.
 
 Lesson: 12.
 """
@@ -154,6 +156,12 @@ def gap(mine: Any, theirs: torch.Tensor) -> Any:
     return float((mine.detach() - theirs.detach()).abs().max())
 
 
+def side(t: Any) -> dict[str, Any]:
+    """One side of a residual sum as this rank holds it: a DTensor or not, and its tokens."""
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return {"type": "DTensor" if isinstance(t, DTensor) else "Tensor", "tokens": local.shape[1]}
+
+
 def placement(p: torch.Tensor) -> str:
     return str(list(p.placements)) if isinstance(p, DTensor) else "not a DTensor"
 
@@ -184,6 +192,15 @@ def main() -> None:
             getattr(model, name).register_forward_hook(
                 lambda module, args, out, name=name: tokens.__setitem__(
                     name, (out.to_local() if isinstance(out, DTensor) else out).shape[1]))
+        sides: dict[str, Any] = {}     # x + attention(...), then h + feed_forward(...)
+        facts["residual_sides"] = sides
+        for name, residual in (("attention_norm", "x"), ("ffn_norm", "h")):
+            getattr(model, name).register_forward_pre_hook(    # before any hook of the plan
+                lambda module, args, residual=residual: sides.__setitem__(residual, side(args[0])),
+                prepend=True)
+        for name in ("attention", "feed_forward"):             # after every hook of the plan
+            getattr(model, name).register_forward_hook(
+                lambda module, args, out, name=name: sides.__setitem__(name, side(out)))
         stage = "forward"
         with collectives() as forward:
             out = model(x_mine)

@@ -14,8 +14,9 @@ After every step the ranks add up their losses (``summed_over_ranks``) for the j
 mean loss, which rank 0 prints. As it stands, the job hangs once rank 1 runs out of batches.
 
 The fixed part reports what happened (``metric`` events): every rank's ``batches``, its batch
-``losses``, the ``mean_loss`` its ``train()`` returned, its final weights' ``checksum``, and
-``error`` (with the line it was on) if a collective timed out.
+``losses``, which of its batches each forward ran on (``inputs``), the ``mean_loss`` its
+``train()`` returned, its final weights' ``checksum``, and ``error`` (with the line it was on)
+if a collective timed out.
 
 Lesson: 10.
 """
@@ -84,12 +85,19 @@ def main() -> None:
     batches = [(x.to(info.device), y.to(info.device))
                for x, y in uneven_batches(info.rank, info.world_size)]
     events.emit("metric", name="batches", value=len(batches))
+    inputs: list[int] = []  # the index of the batch each forward ran on (-1: none of them)
+
+    def ran_on(module: nn.Module, args: tuple) -> None:
+        inputs.append(next((i for i, (x, _) in enumerate(batches)
+                            if x.shape == args[0].shape and torch.equal(x, args[0])), -1))
+    model.module.register_forward_pre_hook(ran_on)
 
     # the training, then the report; a timed-out collective is reported, not raised, so that
     # the judge can explain what happened
     try:
         losses, mean_loss = train(model, optimizer, batches)
         events.emit("metric", name="losses", value=losses)
+        events.emit("metric", name="inputs", value=inputs)
         events.emit("metric", name="mean_loss", value=mean_loss)
         checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
         events.emit("metric", name="checksum", value=checksum)

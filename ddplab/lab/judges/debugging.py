@@ -7,10 +7,11 @@ does not make it finish: a rank that ran out of batches answers DDP's collective
 loss's. The judge reads what the run did: a collective that timed out or raised
 (``error``, with the line each rank was on; a run the launch's timeout ended is explained from
 its stacks before the judge is asked), else every rank's ``batches``, its batch ``losses``,
-the ``mean_loss`` its ``train()`` returned and the ``checksum`` of its final weights. Right means: every rank
-finished, the shards still uneven, every rank trained on all of its own batches, the weights
-identical on every rank, and every rank's mean loss the mean over every batch of every rank.
-Any way that gets there is right.
+which of its batches each forward ran on (``inputs``), the ``mean_loss`` its ``train()``
+returned and the ``checksum`` of its final weights. Right means: every rank finished, the
+shards still uneven, every rank trained on each of its own batches once, the weights identical
+on every rank, and every rank's mean loss the mean over every batch of every rank. Any way that
+gets there is right.
 
 Lesson: 10.
 """
@@ -52,7 +53,10 @@ def judge_uneven_join(result: Any) -> Optional[str]:
         return ("every rank got the same number of batches, so nothing was uneven: keep "
                 "uneven_batches() as it is, and make the loop itself cope with it.")
     for rank in sorted(ranks):
-        if len(losses[rank]) != batches[rank]:
+        if len(losses[rank]) > batches[rank]:
+            return _extra_steps_hint(rank, len(losses[rank]), batches[rank],
+                                     metric(result, "inputs").get(rank))
+        if len(losses[rank]) < batches[rank]:
             return (f"rank {rank} trained on {len(losses[rank])} batches but has "
                     f"{batches[rank]}: every rank must train on all of its own batches (do "
                     "not stop early or skip batches; the ranks that finish first must wait "
@@ -73,6 +77,28 @@ def judge_uneven_join(result: Any) -> Optional[str]:
                 "count each batch of each rank once, including the batches trained after "
                 "another rank ran out.")
     return None
+
+
+def _extra_steps_hint(rank: int, steps: int, batches: int, inputs: Optional[list]) -> str:
+    """A rank that trained more steps than it has batches: name the batch it repeated (from
+    the batch each forward ran on), or the steps on inputs that are none of its batches."""
+    said = f"{steps} steps for its {batches} batches"
+    once = ("Every rank must train on each of its own batches once: a rank that runs out "
+            "must answer the others' collectives until they are done (Join), not make up "
+            "batches to even out the shards.")
+    counts = {i: (inputs or []).count(i) for i in range(batches)}
+    repeated = [i for i, n in counts.items() if n > 1]
+    if repeated:
+        n = counts[repeated[0]]
+        times = {2: "twice", 3: "three times"}.get(n, f"{n} times")
+        return (f"rank {rank} trained on its batch {repeated[0] + 1} {times} ({said}): a shard "
+                "padded by repeating a batch counts that batch more than once, in the averaged "
+                f"gradients and in the mean loss, as if the data held it {times}. {once}")
+    strange = (inputs or []).count(-1)
+    if strange:
+        return (f"rank {rank} trained {said}, {strange} of its forwards on inputs that are "
+                f"none of its batches. {once}")
+    return f"rank {rank} reported {steps} losses for its {batches} batches. {once}"
 
 
 def _hang_hint(places: dict[int, tuple]) -> str:

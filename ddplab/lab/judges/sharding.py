@@ -9,9 +9,10 @@ when a send or recv found no partner, the error it raised (``p2p_error``).
 11b's skeleton (``exercises/fsdp2.py``) is launched three times (save on 2 ranks, load on 4 and
 in one process) and judged as a set: how the parameters are laid out and the learner's estimate
 of the bytes per rank (``layout``), the bytes held after a step (``held``), one forward's dtype and
-all-gathers (``forward``), the losses beside one process's (``loss``, ``one_process``), the
-checkpoint's files (``files``), fingerprints of every weight and Adam state after the save and
-after each load (``saved``, ``loaded``), and what ``shard``, ``save`` or ``load`` raised.
+all-gathers and the dtype the gradients were averaged in (``forward``), the losses beside one
+process's (``loss``, ``one_process``), the checkpoint's files and keys (``files``, ``keys``),
+fingerprints of every weight and Adam state after the save and after each load (``saved``,
+``loaded``), and what ``shard``, ``save`` or ``load`` raised.
 
 Lesson: 11.
 """
@@ -19,6 +20,7 @@ Lesson: 11.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Optional
 
 from . import judge, metric, metrics
@@ -92,9 +94,9 @@ def fsdp2(runs: Any) -> Optional[str]:
         return ("the sharded training is right. Now hand the judge all three launches, "
                 '{"save": ..., "load4": ..., "load1": ...}: the save on 2 ranks, then --load of '
                 "the same folder on 4 ranks and in one process.")
-    saved = metric(runs["save"], "saved")[0]
+    saved, keys = metric(runs["save"], "saved")[0], metric(runs["save"], "keys").get(0, [])
     for name in ("load4", "load1"):
-        hint = _fsdp2_load(name, runs[name], saved, run_failed)
+        hint = _fsdp2_load(name, runs[name], saved, keys, run_failed)
         if hint is not None:
             return hint
     return None
@@ -160,6 +162,14 @@ def _fsdp2_save(run: Any, run_failed: Any) -> Optional[str]:
                 "bfloat16 has float32's range and needs no scaling: use it as param_dtype.")
     if dtype != "bfloat16":
         return f"forward computed in {dtype}: use bfloat16 as the policy's param_dtype."
+    averaged = forward.get("averaged")
+    if averaged in ("bfloat16", "float16"):
+        return (f"the gradients were averaged over the ranks in {averaged}: after backward, "
+                f"every gradient holds {averaged} values only. MixedPrecisionPolicy averages "
+                "them in its reduce_dtype (left unset: the gradients' own dtype, param_dtype), "
+                f"so each average was rounded to {averaged}. Point 2 wants the average in "
+                "float32: MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+                "reduce_dtype=torch.float32).")
     held = metric(run, "held")
     for rank, found in sorted(layout.items()):
         measured = sum(held[rank].values())
@@ -195,8 +205,10 @@ def _fsdp2_save(run: Any, run_failed: Any) -> Optional[str]:
     return None
 
 
-def _fsdp2_load(name: str, run: Any, saved: dict[str, str], run_failed: Any) -> Optional[str]:
-    """A load run (4 ranks, or one process): the weights and Adam's state as saved."""
+def _fsdp2_load(name: str, run: Any, saved: dict[str, str], keys: list[str],
+                run_failed: Any) -> Optional[str]:
+    """A load run (4 ranks, or one process): the weights and Adam's state as saved (``keys``:
+    the checkpoint's)."""
     size = FSDP2_RUNS[name]
     where = f"on {size} ranks" if size > 1 else "in one process"
     error = metric(run, "load_error")
@@ -223,6 +235,18 @@ def _fsdp2_load(name: str, run: Any, saved: dict[str, str], run_failed: Any) -> 
                 f"saved ({weights[0].split(':')[0]}, ...): load must fill the model's own "
                 "parameters, in place.")
     state = [k for k in saved if loaded.get(k) != saved[k]]
+    moments = [k for k in keys if k.endswith((".exp_avg", ".exp_avg_sq"))]
+    if state and moments and all(k.endswith(":weight") for k in loaded):
+        numbered = [k for k in moments if re.search(r"(^|\.)state\.\d+\.", k)]
+        how = (f", keyed by parameter number as the optimizer's own state_dict() keys it "
+               f"({numbered[0]}, ...)" if numbered else "")
+        return (f"the checkpoint holds Adam's state{how}, but after the load {where} the "
+                "optimizer has none: a fresh optimizer's own state_dict() is empty (Adam makes "
+                "its state at its first step), and dcp.load fills only the entries of the dict "
+                "it is given. Save and load through get_state_dict(model, optimizer) "
+                "(torch.distributed.checkpoint.state_dict): its optimizer dict is keyed by "
+                "parameter name and holds every entry even before a step, for dcp.load to fill "
+                "in place; then hand what was loaded to set_state_dict.")
     if state:
         return (f"the weights came back {where}, but not Adam's state ({state[0]}, ...): "
                 "save and load the optimizer too (its two moments and its step count).")

@@ -2,7 +2,8 @@
 
 The skeleton (``exercises/tp_plan.py``) reports one ``tp_plan`` metric per rank: each weight's
 placement after the learner's ``parallelize``, the attention's head count and its rows of
-``wq``, the tokens each RMSNorm ran on, the output's type and shape, the largest differences
+``wq``, the tokens each RMSNorm ran on, the two sides of each residual sum of the block (each a
+DTensor or not, and its tokens on the rank), the output's type and shape, the largest differences
 from the unsharded block (output, every parameter's gradient, the input's gradient) and the
 collectives of one forward and one backward (``CommDebugMode``); and an ``error`` metric when
 the plan, the forward or the backward raised.
@@ -31,6 +32,9 @@ REFERENCE = {"forward": {"all_gather_into_tensor": 3, "reduce_scatter_tensor": 2
 COLWISE = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3")
 ROWWISE = ("attention.wo", "feed_forward.w2")
 NORMS = ("attention_norm", "ffn_norm")
+#: Block.forward's residual sums, in order: the residual, the sub-block added to it, and the
+#: sub-block's last layer (whose output is the sub-block's).
+RESIDUALS = (("x", "attention", "attention.wo"), ("h", "feed_forward", "feed_forward.w2"))
 SKELETON = "exercises/tp_plan.py"
 
 
@@ -68,7 +72,7 @@ def _rank_hint(f: dict[str, Any], error: Optional[dict[str, Any]]) -> Optional[s
     if hint:
         return hint
     if error:
-        return _error_hint(error)
+        return _residual_hint(f, error) or _error_hint(error)
     return _output_hint(f) or _collectives_hint(f)
 
 
@@ -129,6 +133,45 @@ def _norms_hint(f: dict[str, Any], placements: dict[str, str]) -> Optional[str]:
         return (f"{norm} ran on {n} tokens per rank; sequence parallel gives each rank "
                 f"{seq // world} of the {seq}.")
     return None
+
+
+def _residual_hint(f: dict[str, Any], error: dict[str, Any]) -> Optional[str]:
+    """A forward that raised at a residual sum whose two sides, plain tensors, hold different
+    tokens on the rank: name the layout the sum received and the one it needed."""
+    sides = f.get("residual_sides") or {}
+    if error.get("stage") != "forward":
+        return None
+    for residual, sub, last in RESIDUALS:
+        mine, added = sides.get(residual), sides.get(sub)
+        if not mine or not added or residual == "x" and "h" in sides:
+            continue   # not reached, or the sum was made (the next one's residual is its result)
+        plain = mine["type"] == added["type"] == "Tensor"   # (a DTensor: _error_hint says it)
+        if not plain or mine["tokens"] == added["tokens"]:
+            continue
+        got, got_said = _layout(added["tokens"], f)
+        needed, needed_said = _layout(mine["tokens"], f)
+        said = (f"the forward raised {error['type']} at the residual sum {residual} + "
+                f"{sub}(...) of Block.forward: {sub} returned {got} ({got_said}), and the "
+                f"residual {residual} is {needed} ({needed_said}): the sum needed {needed} from "
+                f"{sub}. ")
+        if (got, needed) == ("Replicate()", "Shard(1)"):
+            return said + (f"What {sub} returns is {last}'s output, and RowwiseParallel returns "
+                           "it as Replicate() unless told otherwise: give it "
+                           "output_layouts=Shard(1) (a reduce-scatter: each rank receives the "
+                           "sum for its own slice of the sequence).")
+        return said + (f"What {sub} returns is {last}'s output: its output_layouts must give "
+                       f"the layout of the residual it is added to.")
+    return None
+
+
+def _layout(tokens: int, f: dict[str, Any]) -> tuple[str, str]:
+    """The layout of a plain tensor holding ``tokens`` of the sequence on each rank."""
+    seq, world = f["seq"], f["world_size"]
+    if tokens == seq:
+        return "Replicate()", f"the whole sequence, {seq} tokens on every rank"
+    if tokens * world == seq:
+        return "Shard(1)", f"this rank's {tokens} of the {seq} tokens"
+    return f"{tokens} tokens on each rank", f"the sequence has {seq}"
 
 
 def _error_hint(error: Optional[dict[str, Any]]) -> Optional[str]:
