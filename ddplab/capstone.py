@@ -19,14 +19,18 @@ summed squares of the local gradients at the optimizer step, the sum of the opti
 the state of the ``GradScaler`` that stepped the optimizer (None without an enabled one), the
 files it opened for writing under ``--checkpoint-dir``, the bytes its thread wrote (output
 included), the files other than DCP's that changed in the folder (and their sizes), and the
-``map_location`` of every ``torch.load`` of a file in the folder. At exit every rank reports
-its (local) weights and the model's size in bytes.
+``map_location`` of every ``torch.load`` of a file in the folder, and the dtype of the inputs
+the model received (a ``MixedPrecisionPolicy`` casts them before the model's forward). As it
+first reads a file of torch.distributed.checkpoint's in a folder, a rank reports that folder
+and whether it held DCP's ``.metadata`` (written last: a complete checkpoint) then. At exit
+every rank reports its (local) weights and the model's size in bytes.
 
 ``--kill-rank R --kill-at-step N`` kills rank R with ``SIGKILL`` in the forward pass of step N
 (fault injection, here so that the learner does not write it). Rank 0 then starts the save it
 begins after step N - 1 a second late, as on a busy disk, and rank R reports whether that save
-was still going on when it reached step N: a job that lets a rank go past a save before the
-checkpoint is whole.
+was still going on when it reached step N (a job that lets a rank go past a save before the
+checkpoint is whole), and whether rank 0 began that save at all (a job that saves after other
+steps).
 
 Lesson: 13.
 """
@@ -68,7 +72,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--width", type=int, default=8, help="channels of the cnn's first layer")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32, help="per process")
-    p.add_argument("--lr", type=float, default=0.02, help="base LR of one process (SGD)")
+    p.add_argument("--lr", type=float, default=0.01, help="base LR of one process (SGD)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--warmup-steps", type=int, default=10, help="linear LR warm-up")
     p.add_argument("--amp-dtype", choices=("bfloat16", "float16"), help="autocast's dtype "
@@ -202,10 +206,12 @@ class _Watch:
         self.scaler: Any = None  # the GradScaler that last stepped an optimizer
         self.folder: Optional[str] = None  # --checkpoint-dir, once started
         self.files: dict[str, tuple[int, int]] = {}  # its files: (size, mtime), as last seen
+        self.read_folders: set[str] = set()  # folders whose DCP files it read (reported once)
         self.reset()
 
     def reset(self) -> None:
         self.samples: list[float] = []
+        self.inputs: set[str] = set()  # the dtypes of the inputs the model received
         self.autocast: set[Optional[str]] = set()
         self.optimizer_steps: list[dict[str, Any]] = []
         self.written: list[str] = []
@@ -246,12 +252,13 @@ class _Watch:
         args = self.args
         if args is not None and args.kill_rank == self.rank and \
                 (self.last_step if self.last_step is not None else -1) + 1 == args.kill_at_step:
-            self.die(args.kill_at_step, self.rank_0_saving())
+            self.die(args.kill_at_step, *self.rank_0_saving())
         flat = batch.detach().flatten(1).to("cpu", torch.float64)
         if self.probe is None or self.probe.numel() != flat.shape[1]:
             self.probe = torch.rand(flat.shape[1], generator=torch.Generator().manual_seed(1),
                                     dtype=torch.float64)
         self.samples += [round(float(v), 6) for v in flat @ self.probe]
+        self.inputs.add(str(batch.dtype).removeprefix("torch."))
         device = batch.device.type
         self.autocast.add(str(torch.get_autocast_dtype(device)).removeprefix("torch.")
                           if torch.is_autocast_enabled(device) else None)
@@ -268,8 +275,9 @@ class _Watch:
         run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT", "local")
         return os.path.join(tempfile.gettempdir(), f"ddplab-capstone-{run}", name)
 
-    def rank_0_saving(self) -> bool:
-        """Whether rank 0 is still inside the save it began after the step before the kill.
+    def rank_0_saving(self) -> tuple[bool, bool]:
+        """Whether rank 0 is still inside the save it began after the step before the kill,
+        and whether it began one.
 
         Waits for that save to begin (it began long ago when the ranks wait for it); a job
         that saves at other steps only costs this wait. Rank 0 starts that save
@@ -284,14 +292,14 @@ class _Watch:
         try:
             waited = time.time() - os.stat(began).st_mtime
         except OSError:
-            return False  # no save began
+            return False, False  # no save began
         deadline = time.monotonic() + SAVE_WAIT_S
         while waited >= KILL_SAVE_DELAY_S and not os.path.exists(ended) and \
                 time.monotonic() < deadline:
             time.sleep(0.01)
         saving = not os.path.exists(ended)
         shutil.rmtree(os.path.dirname(began), ignore_errors=True)
-        return saving
+        return saving, True
 
     def late_save(self, frame: Any, event: str, _arg: Any) -> None:
         """Rank 0, after the step before the kill: its save starts late (a busy disk), and the
@@ -311,9 +319,10 @@ class _Watch:
         except OSError:
             pass  # the rank to kill has read the markers and removed them
 
-    def die(self, step: int, rank_0_saving: bool) -> None:
+    def die(self, step: int, rank_0_saving: bool, rank_0_saved: bool = True) -> None:
         """The fault: this rank ends at once, with no exception and no cleanup (SIGKILL)."""
-        events.emit("metric", name="fault", value={"step": step, "rank_0_saving": rank_0_saving})
+        events.emit("metric", name="fault", value={"step": step, "rank_0_saving": rank_0_saving,
+                                                   "rank_0_saved": rank_0_saved})
         print(f"fault injection: killing rank {self.rank} (SIGKILL) in step {step}", flush=True)
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
@@ -350,6 +359,7 @@ class _Watch:
                        else bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)))
             if not writing:
                 self.reading(path)
+                self.read_from(path)
                 return
         self.written.append(os.path.relpath(path, self.folder))
 
@@ -365,6 +375,17 @@ class _Watch:
                                    "map_location": None if where is None else str(where)})
                 return
             frame = frame.f_back
+
+    def read_from(self, path: str) -> None:
+        """A file of DCP's opened for reading (its ``.metadata`` first): report its folder once,
+        and whether that folder held ``.metadata`` (a complete checkpoint) at the time."""
+        folder = os.path.dirname(path)
+        if not _dcp_file(path) or folder in self.read_folders:
+            return
+        self.read_folders.add(folder)
+        events.emit("metric", name="read", value={
+            "folder": os.path.relpath(folder, self.folder),
+            "complete": os.path.exists(os.path.join(folder, ".metadata"))})
 
     def changed(self) -> dict[str, int]:
         """The files under the folder, DCP's aside, that appeared or changed since this rank
@@ -389,10 +410,10 @@ class _Watch:
         last = self.optimizer_steps[-1] if self.optimizer_steps else {}
         events.emit("metric", name="step", value={
             "step": step, "loss": loss, "time": time.perf_counter(), "samples": self.samples,
-            "autocast": sorted(self.autocast, key=str), "optimizer_steps":
-            len(self.optimizer_steps), "lr": last.get("lr"), "grad": last.get("grad"),
-            "state": last.get("state"), "scaler": self.scaler_state(), "written": self.written,
-            "loads": self.loads, "changed": self.changed(),
+            "inputs": sorted(self.inputs), "autocast": sorted(self.autocast, key=str),
+            "optimizer_steps": len(self.optimizer_steps), "lr": last.get("lr"),
+            "grad": last.get("grad"), "state": last.get("state"), "scaler": self.scaler_state(),
+            "written": self.written, "loads": self.loads, "changed": self.changed(),
             "bytes": None if before is None or now is None else now - before,
             "wrapper_evals": self.wrapper_evals, "eval_samples": self.eval_samples})
         self.last_step = step

@@ -25,7 +25,7 @@ import ddplab
 from ddplab import RunResult, events
 from ddplab.capstone import _Watch
 from ddplab.lab import grading, judges
-from ddplab.lab.judges import capstone as judge13
+from ddplab.lab.judges import capstone as judge13, metric
 
 ROOT = Path(__file__).resolve().parent.parent
 SKELETON = ROOT / "exercises" / "capstone.py"
@@ -396,11 +396,15 @@ def test_the_kill_blames_a_save_only_when_the_rank_did_not_wait_for_it(monkeypat
             end.start()
             if not ended_after:
                 end.join()
-        saving = watch.rank_0_saving()
+        saving, saved = watch.rank_0_saving()
         if end is not None:
             end.join()
-        assert saving == (case == "no barrier"), case
+        assert saving == (case == "no barrier") and saved, case
         assert not began.parent.exists()  # the markers go with the answer
+    # a job that saves after other steps: no save began; the rank says so once it stops waiting
+    monkeypatch.setattr(capstone, "SAVE_WAIT_S", 0.2)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "no-save")
+    assert watch.rank_0_saving() == (False, False)
 
 
 # ------------------------------------------------------------------------- the TODO line left in
@@ -503,3 +507,88 @@ def test_the_launches_after_a_right_first_one_end_a_hang_once_it_is_certain(tmp_
     judge13.launch_runs(launch, tmp_path)
     assert launched == [(2, [])] + [(n, ["on_event", "timeout"]) for _, _, n in
                                     list(judge13.LAUNCHES.values())[1:]]
+
+
+# ------------------------------------------------------------------------- the reference's cache
+
+
+def test_the_reference_runs_are_cached_on_disk_across_processes(tmp_path, monkeypatch):
+    """With DDPLAB_REFERENCE_CACHE, a second process (here: the in-process cache emptied) reads
+    the reference's run from the folder instead of launching it; other arguments are another
+    entry; an unreadable entry is launched again and replaced; a failed run is never kept."""
+    launched = []
+
+    def launch(target, nprocs, args=(), **_):
+        launched.append((target, nprocs, list(args)))
+        status = "failed" if "0.5" in args else "ok"
+        return RunResult(status=status, returncode=0, wall_time=1.0, world_size=nprocs,
+                         events={0: [{"kind": "metric", "rank": 0, "name": "accuracy",
+                                      "value": len(launched)}]})
+
+    monkeypatch.setattr(ddplab, "launch", launch)
+    monkeypatch.setattr(judge13, "_REFERENCES", {})
+    monkeypatch.setenv(judge13.CACHE_ENV, str(tmp_path / "cache"))
+    run = _run(range(4))
+    first = judge13._reference(run)
+    assert len(launched) == 1 and launched[0][:2] == (judge13.REFERENCE, 2)
+    assert "--lr" in launched[0][2] and "--warmup-steps" in launched[0][2]
+    entries = list((tmp_path / "cache").iterdir())
+    assert len(entries) == 1 and not entries[0].name.startswith(".tmp-")   # written whole
+    monkeypatch.setattr(judge13, "_REFERENCES", {})   # another process
+    again = judge13._reference(run)
+    assert len(launched) == 1 and again == first and again.events == first.events
+    other = _run(range(4))
+    for event in other.events[0]:
+        if event["name"] == "args":
+            event["value"] = {**event["value"], "lr": 0.04}
+    judge13._reference(other)
+    assert len(launched) == 2 and len(list((tmp_path / "cache").iterdir())) == 2
+    entries[0].write_bytes(b"not a pickle")   # cut short, or another version's
+    monkeypatch.setattr(judge13, "_REFERENCES", {})
+    relaunched = judge13._reference(run)
+    assert len(launched) == 3 and metric(relaunched, "accuracy") == {0: 3}
+    monkeypatch.setattr(judge13, "_REFERENCES", {})
+    assert metric(judge13._reference(run), "accuracy") == {0: 3} and len(launched) == 3
+    failed = _run(range(4))
+    for event in failed.events[0]:
+        if event["name"] == "args":
+            event["value"] = {**event["value"], "lr": 0.5}
+    assert not judge13._reference(failed).ok
+    assert len(list((tmp_path / "cache").iterdir())) == 2   # not kept
+    monkeypatch.setattr(judge13, "_REFERENCES", {})
+    judge13._reference(failed)
+    assert len(launched) == 5
+
+
+def test_the_cache_key_follows_the_versions_and_the_reference_source(monkeypatch):
+    key = (2, (("lr", 0.02),))
+    name = judge13.cache_key(key)
+    assert name == judge13.cache_key(key) != judge13.cache_key((4, (("lr", 0.02),)))
+    monkeypatch.setattr(ddplab, "__version__", ddplab.__version__ + ".dev1")
+    assert judge13.cache_key(key) != name
+
+
+def test_an_unfinished_save_is_left_beside_the_newest_checkpoint(tmp_path):
+    for step in (8, 16, 24):
+        (tmp_path / f"step-{step:03d}").mkdir()
+        for name in (".metadata", "__0_0.distcp", "__1_0.distcp"):
+            (tmp_path / f"step-{step:03d}" / name).write_text(f"{step}{name}")
+    (tmp_path / "step-024" / "done").write_text("a marker of the job's own")
+    unfinished = judge13.leave_unfinished_save(tmp_path)
+    assert unfinished == tmp_path / "step-032"   # numbered as the next save
+    assert sorted(os.listdir(unfinished)) == ["__0_0.distcp", "__1_0.distcp"]   # no .metadata
+    assert (unfinished / "__1_0.distcp").read_text() == "24__1_0.distcp"
+    plain = tmp_path / "plain"
+    (plain / "latest").mkdir(parents=True)
+    (plain / "latest" / ".metadata").write_text("")
+    assert judge13.leave_unfinished_save(plain) is None   # no number to go on from
+    assert os.listdir(plain) == ["latest"]
+
+
+def test_a_resume_that_reads_an_unfinished_save_is_named():
+    resumed = _run(range(24, 32), status="failed")
+    resumed.events[0].append({"kind": "metric", "rank": 0, "name": "read",
+                              "value": {"folder": "step-32", "complete": False}})
+    hint = judge13._unfinished_hint(resumed)
+    assert "step-32" in hint and "without DCP's .metadata" in hint, hint
+    assert judge13._unfinished_hint(_run(range(24, 32), status="failed")) is None

@@ -8,8 +8,8 @@ the variants run three at a time, those selected (``-k``) once for the whole mod
 The capstone (13) is judged on the notebook's five launches of one job: a variant launches its
 file for the runs it names (``runs``) and hands in the reference job's for the others, as a
 learner whose job is right but for that mistake would; the reference's five runs are made once
-per set of arguments (the default, and ``--amp-dtype float16``, whose GradScaler only a GPU run
-enables by default) and serve every capstone variant (and the judge as its reference).
+once (four of them in float16, on a CPU too, so that a GradScaler is always judged) and serve
+every capstone variant (and the judge as its reference).
 
 A busy machine must not change a verdict: a run that ends by itself gets a launch timeout and a
 process-group timeout only as safety nets (minutes); those that hang on purpose are ended by a
@@ -376,15 +376,16 @@ VARIANTS = [
 # launched as notebook 13 launches the job (its judge's LAUNCHES).
 CAPSTONE = "../../ddplab/workers/capstone.py"   # from tests/solutions/
 FIVE = capstone_judge.RUNS
-# float16 on the CPU: the GradScaler a GPU run enables, so that losing it on resume is seen here.
-# A quarter of the default LR: at the default's 4-rank peak (0.08) the resumed float16 job's loss
-# climbed past 4 (and its accuracy fell to 0.54), beyond what the judge allows another world size.
-FLOAT16 = ("--amp-dtype", "float16", "--lr", "0.005")
-CAPSTONE_REFERENCES = {
-    args: Variant(f"13 the reference job{' in float16 (a GradScaler)' if args else ''}", "13",
-                  CAPSTONE, (), right=True, runs=FIVE, args=args) for args in ((), FLOAT16)}
+# The launches' own arguments (four runs in float16, a GradScaler on a CPU too) for every variant;
+# in bfloat16 the reference's ddp run alone (not a variant of its own), for a mistake that a
+# GradScaler all but hides: the leaked gradient is unscaled with the new one (1/65536 of it).
+BFLOAT16 = ("--amp-dtype", "bfloat16")
+CAPSTONE_REFERENCES = {(): Variant("13 the reference job", "13", CAPSTONE, (), right=True,
+                                   runs=FIVE),
+                       BFLOAT16: Variant("13 the reference job's ddp run in bfloat16", "13",
+                                         CAPSTONE, (), right=True, args=BFLOAT16)}
 VARIANTS += [
-    *CAPSTONE_REFERENCES.values(),
+    CAPSTONE_REFERENCES[()],
     Variant("13 a Stateful app state, a skipping sampler, LambdaLR", "13", "capstone.py", (),
             right=True, runs=FIVE),
     Variant("13 every rank prints a line per epoch", "13", CAPSTONE, (
@@ -428,7 +429,7 @@ VARIANTS += [
     ), right=False, words=("divide the loss by the world size",)),
     Variant("13 no zero_grad", "13", CAPSTONE, (
         ("            optimizer.zero_grad()\n", ""),
-    ), right=False, words=("zero_grad",)),
+    ), right=False, words=("the ddp run", "zero_grad"), args=BFLOAT16),
     Variant("13 no set_epoch", "13", CAPSTONE, (
         ("        sampler.set_epoch(epoch)", "        pass"),
     ), right=False, words=("same order in every epoch", "set_epoch")),
@@ -465,11 +466,53 @@ VARIANTS += [
     Variant("13 the resume leaves the GradScaler out", "13", CAPSTONE, (
         ('    if state["scaler"]:\n        scaler.load_state_dict(state["scaler"])\n', ""),
     ), right=False, words=("not the GradScaler", "scaler.state_dict()"),
-        runs=("killed", "resumed"), args=FLOAT16),
+        runs=("killed", "resumed")),
     Variant("13 float16 without a GradScaler", "13", CAPSTONE, (
         ("            scaler.scale(loss).backward()\n            scaler.step(optimizer)\n"
-         "            scaler.update()\n", "            loss.backward()\n            optimizer.step()\n"),
-    ), right=False, words=("float16 needs a GradScaler",), runs=("ddp",), args=FLOAT16),
+         "            scaler.update()\n",
+         "            loss.backward()\n            optimizer.step()\n"),
+    ), right=False, words=("float16 needs a GradScaler",), runs=("ddp",)),
+    Variant("13 FSDP2 with a MixedPrecisionPolicy instead of autocast", "13", CAPSTONE, (
+        ("    from torch.distributed.fsdp import fully_shard  # public since torch 2.6, the "
+         "floor\n", "    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n\n"
+         "    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+         "reduce_dtype=torch.float32)\n"),
+        ("            fully_shard(block)\n", "            fully_shard(block, mp_policy=policy)\n"),
+        ("    return fully_shard(model)\n", "    return fully_shard(model, mp_policy=policy)\n"),
+        ("with torch.autocast(device.type, dtype=amp_dtype):",
+         "with torch.autocast(device.type, dtype=amp_dtype, enabled=args.strategy == \"ddp\"):"),
+    ), right=False, words=("MixedPrecisionPolicy", "inputs", "torch.autocast"),
+        absent=("other samples or another LR",), runs=("fsdp",)),
+    Variant("13 FSDP2 without autocast", "13", CAPSTONE, (
+        ("with torch.autocast(device.type, dtype=amp_dtype):",
+         "with torch.autocast(device.type, dtype=amp_dtype, enabled=args.strategy == \"ddp\"):"),
+    ), right=False, words=("the fsdp run", "autocast [None]", "with FSDP2 too"), runs=("fsdp",)),
+    Variant("13 the loss logged as the mean over the ranks", "13", CAPSTONE, (
+        ("            log_step(step, loss.item())\n",
+         "            mean = loss.detach().clone()\n            dist.all_reduce(mean)\n"
+         "            log_step(step, mean.item() / world)\n"),
+    ), right=False, words=("the mean of the ranks' own losses", "its own loss")),
+    Variant("13 a save one step late", "13", CAPSTONE, (
+        ("            if step % args.save_every == 0:",
+         "            if step % args.save_every == 1:"),
+    ), right=False, words=("saved no checkpoint after step 23", "after steps 0, 8, 16",
+                           "after steps 7, 15, 23"),
+        absent=("not complete",), runs=("killed", "resumed")),
+    Variant("13 the saved step numbered off by one", "13", CAPSTONE, (
+        ('{"step": step, "epoch": epoch,', '{"step": step - 1, "epoch": epoch,'),
+    ), right=False, words=("off by 1", "step-24"), absent=("not complete",),
+        runs=("killed", "resumed")),
+    Variant("13 a sampler re-seeded on resume", "13", CAPSTONE, (
+        ('    step = progress["step"]\n',
+         '    sampler.seed = args.seed + progress["step"]   # the mistake: a new seed on resume\n'
+         '    step = progress["step"]\n'),
+    ), right=False, words=("another order", "same seed"), absent=("skips the batches done",),
+        runs=("killed", "resumed")),
+    Variant("13 the resume takes the newest folder, complete or not", "13", CAPSTONE, (
+        ('os.path.exists(os.path.join(folder, name, ".metadata"))',
+         "os.path.isdir(os.path.join(folder, name))"),
+    ), right=False, words=("the resumed run", "without DCP's .metadata",
+                           "newest complete checkpoint"), runs=("killed", "resumed")),
     Variant("13 a rank 0 save without a barrier", "13", CAPSTONE, (
         ("    model_state, optimizer_state = get_state_dict(model, optimizer)\n    dcp.save(",
          "    if dist.get_rank() == 0:  # the mistake: nobody waits for the file\n"

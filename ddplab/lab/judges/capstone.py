@@ -5,23 +5,29 @@ line and the reports are given, by ``ddplab.capstone``) and launches it five tim
 
     ddplab.check("13", {"ddp": ..., "fsdp": ..., "killed": ..., "resumed": ..., "resharded": ...})
 
-- ``ddp``: unbroken, ``--strategy ddp``, 2 ranks. Compared step by step with the reference job
+- ``ddp``: unbroken, ``--strategy ddp``, 2 ranks, ``--amp-dtype float16`` (a GradScaler to
+  judge on every machine; a GPU's default). Compared step by step with the reference job
   (``ddplab.workers.capstone``) launched here with the same arguments: every rank's samples
   and LR exactly, the loss of the first steps within 0.1% and their gradients within 5%,
   the final weights (summed squares) within 2% and the accuracy within 3 points (a right job
   in another style may round differently); a GradScaler where the reference's scales (float16),
   and a part of the distributed checkpoint written by every rank.
-- ``fsdp``: unbroken, ``--strategy fsdp``, 2 ranks: the same samples and LRs as ``ddp``,
-  weights sharded (each rank holds other values) in more than one unit (each block, then the
-  root), the same summed squares within 2%.
-- ``killed``: ``ddp``, 2 ranks, ``--kill-rank 1 --kill-at-step K``, a fresh folder.
+- ``fsdp``: unbroken, ``--strategy fsdp``, 2 ranks, float16: the same samples, LRs, autocast
+  and GradScaler as ``ddp``, the inputs as the data set gives them (not cast by a
+  ``MixedPrecisionPolicy``), weights sharded (each rank holds other values) in more than one
+  unit (each block, then the root), the same summed squares within 2%.
+- ``killed``: ``ddp``, 2 ranks, ``--kill-rank 1 --kill-at-step K``, a fresh folder. Before
+  the resumes, :func:`leave_unfinished_save` puts beside its newest checkpoint what a kill
+  during the next save leaves (a folder of DCP parts without ``.metadata``): a resume that
+  reads it is named.
 - ``resumed``: the killed run's folder, 2 ranks: it must start at the last checkpoint before
   step K and from there equal ``ddp`` **bit for bit** (samples, losses, the optimizer's state,
-  the GradScaler's state where one is enabled, the final weights and accuracy).
-- ``resharded``: a copy of the killed run's folder, 4 ranks and ``--strategy fsdp``: the same
-  start step, the rest of that epoch's samples, and within a stated tolerance of ``ddp``
-  (another world size is another global batch and LR): the mean loss within 0.5, the summed
-  squares of the weights within 10%, the accuracy within 15 points.
+  the GradScaler's state, the final weights and accuracy).
+- ``resharded``: a copy of the killed run's folder, 4 ranks and ``--strategy fsdp``, the
+  default dtype (judged: bfloat16 on CPU ranks, float16 on GPUs): the same start step, the
+  rest of that epoch's samples, and within a stated tolerance of ``ddp`` (another world size
+  is another global batch and LR): the mean loss within 0.5, the summed squares of the
+  weights within 10%, the accuracy within 15 points.
 
 Where FSDP2 cannot run (CPU ranks on torch < 2.7, also where GPUs are fewer than the
 processes: :func:`fsdp_strategy`), the ``fsdp`` and ``resharded`` runs are launched with
@@ -30,14 +36,20 @@ FSDP2 does (sharded weights, its units) is left out.
 
 One run alone (or some of the five) is judged as far as it goes; the verdict then asks for the
 rest. A ``reference`` entry (a launch of the reference with the ``ddp`` run's arguments) may be
-handed in too; without it the judge launches it once per set of arguments.
+handed in too; without it the judge launches it once per set of arguments in a process, and
+where ``DDPLAB_REFERENCE_CACHE`` names a folder, once for every process that shares it (a
+class's grading: see :func:`_reference`).
 
 Lesson: 13.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import math
+import os
+import pickle
 import re
 import shutil
 import tempfile
@@ -48,10 +60,16 @@ from ... import env
 from . import is_run_result, judge, metric, metrics, run_failed
 
 #: The five launches, as notebook 13 makes them: extra arguments, folder, processes. The
-#: resumed run goes on in the killed run's folder, the resharded run in a copy of it.
-LAUNCHES = {"ddp": ((), "ddp", 2), "fsdp": (("--strategy", "fsdp"), "fsdp", 2),
-            "killed": (("--kill-rank", "1", "--kill-at-step", "24"), "job", 2),
-            "resumed": ((), "job", 2), "resharded": (("--strategy", "fsdp"), "job-4", 4)}
+#: resumed run goes on in the killed run's folder, the resharded run in a copy of it. Four
+#: runs in float16 (a GPU's default; a CPU's on demand), so that the GradScaler, its save and
+#: its restore are judged on every machine; the resharded run in the default dtype, which is
+#: judged there (bfloat16 on CPU ranks). (At the old default --lr 0.02 the float16 job's state
+#: at step 24 diverged under 4 ranks' peak, 0.08: mean loss 2.03 against 0.78, in either dtype;
+#: at 0.01 the 4-rank resume ends within RESHARD_* with a wide margin.)
+F16 = ("--amp-dtype", "float16")
+LAUNCHES = {"ddp": (F16, "ddp", 2), "fsdp": (("--strategy", "fsdp", *F16), "fsdp", 2),
+            "killed": ((*F16, "--kill-rank", "1", "--kill-at-step", "24"), "job", 2),
+            "resumed": (F16, "job", 2), "resharded": (("--strategy", "fsdp"), "job-4", 4)}
 RUNS = tuple(LAUNCHES)
 REFERENCE = "ddplab.workers.capstone"
 SKELETON = "exercises/capstone.py"
@@ -63,6 +81,7 @@ RIGHT_SO_FAR = "right so far"   # the verdict on some of the five runs, all righ
 LATER_TIMEOUT, LATER_FACTOR = 60.0, 6   # a launch after the first: at least, first's wall x
 GRACE, GRACE_FACTOR = 20.0, 2   # after a rank exits (or all reach the last step): at least, x
 _REFERENCES: dict[tuple, Any] = {}
+CACHE_ENV = "DDPLAB_REFERENCE_CACHE"   # a folder: the reference's runs, shared by processes
 
 
 def launch_runs(launch: Callable[..., Any], folder: Path,
@@ -71,7 +90,8 @@ def launch_runs(launch: Callable[..., Any], folder: Path,
     ``launch(processes, args)`` for each; the copy of the killed run's folder is made after it.
     ``--strategy fsdp`` becomes :func:`fsdp_strategy`'s answer for the launch's processes.
     The launches after a ddp run that ended well get ``timeout`` and ``on_event`` keywords
-    too (:func:`hang_watch`): a hang there ends as soon as it is certain."""
+    too (:func:`hang_watch`): a hang there ends as soon as it is certain. After the killed
+    run, :func:`leave_unfinished_save` adds an unfinished save to its folder."""
     runs, names = {}, set(names)
     for name, (extra, job, nprocs) in LAUNCHES.items():
         if name in names:
@@ -81,8 +101,37 @@ def launch_runs(launch: Callable[..., Any], folder: Path,
             runs[name] = launch(nprocs, ["--checkpoint-dir", str(folder / job), *extra],
                                 **watch)
         if name == "killed" and (folder / "job").exists():
+            leave_unfinished_save(folder / "job")
             shutil.copytree(folder / "job", folder / "job-4")
     return runs
+
+
+def leave_unfinished_save(folder: Path) -> Optional[Path]:
+    """What a kill during a save would leave beside the newest complete checkpoint in
+    ``folder``: a folder named as the next save (the last number in the newest's name moved on
+    by the step between the two newest, else by 1) that holds copies of the newest's DCP parts
+    (``*.distcp``) and nothing else, no ``.metadata`` (which DCP writes last). A resume must
+    skip it for the newest complete one. Returns it; None where no complete checkpoint has a
+    number in its name (nothing added)."""
+    def number(path: Path) -> Optional[re.Match]:
+        found = list(re.finditer(r"\d+", path.name))
+        return found[-1] if found else None
+
+    done = sorted((m.parent for m in Path(folder).rglob(".metadata") if number(m.parent)),
+                  key=lambda path: int(number(path).group()))
+    if not done:
+        return None
+    newest, last = done[-1], number(done[-1])
+    step = int(last.group()) - int(number(done[-2]).group()) if len(done) > 1 else 1
+    name = (newest.name[:last.start()] + str(int(last.group()) + max(step, 1)).zfill(
+        len(last.group())) + newest.name[last.end():])
+    unfinished = newest.with_name(name)
+    if unfinished.exists():
+        return None
+    unfinished.mkdir()
+    for part in newest.glob("*.distcp"):
+        shutil.copy2(part, unfinished / part.name)
+    return unfinished
 
 
 def hang_watch(first: Any, nprocs: int) -> dict[str, Any]:
@@ -172,7 +221,7 @@ def judge_capstone(answer: Any) -> Optional[str]:
         if name in runs:
             failed = run_failed(runs[name])
             if failed:
-                return f"the {name} run: {failed}"
+                return f"the {name} run: {_unfinished_hint(runs[name]) or failed}"
     for name in RUNS:
         if name in runs and not rank_steps(runs[name]) and name != "killed":
             return (f"the {name} run reported no steps: write the job as {SKELETON} specifies, "
@@ -246,26 +295,87 @@ def _other_lr(a: Optional[float], b: Optional[float]) -> bool:
 
 
 def _reference(result: Any) -> Any:
-    """A launch of the reference job with this run's arguments and world size (cached)."""
+    """A launch of the reference job with this run's arguments and world size, made once per
+    process; and once for every process where the environment variable ``DDPLAB_REFERENCE_CACHE``
+    names a folder (a class's grading runs each submission in a process of its own): kept there
+    as a pickle of the ``RunResult`` (a run that ended well only), under a key of the world size,
+    the arguments, torch's and ddplab's versions and the source of the reference job and of the
+    given part it imports (:func:`cache_key`). An entry that cannot be read is launched again and
+    replaced; one is written whole or not at all (a temporary file, then ``os.replace``)."""
     args = _args(result)
     key = (result.world_size, tuple(sorted(args.items())))
     if key not in _REFERENCES:
-        import ddplab
-
-        folder = tempfile.mkdtemp(prefix="ddplab-13-reference-")
-        argv: list[str] = ["--checkpoint-dir", folder]
-        for name, value in sorted(args.items()):
-            flag = "--" + name.replace("_", "-")
-            if isinstance(value, bool):
-                argv += [flag] if value else []
-            elif value is not None:
-                argv += [flag, str(value)]
-        try:
-            _REFERENCES[key] = ddplab.launch(REFERENCE, result.world_size, args=argv,
-                                             quiet=True, live=False, timeout=1800)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+        cached = _cache_file(key)
+        found = _read_cached(cached) if cached else None
+        if found is None:
+            found = _launch_reference(result.world_size, args)
+            if cached and found.ok:
+                _write_cached(cached, found)
+        _REFERENCES[key] = found
     return _REFERENCES[key]
+
+
+def _launch_reference(world_size: int, args: dict[str, Any]) -> Any:
+    import ddplab
+
+    folder = tempfile.mkdtemp(prefix="ddplab-13-reference-")
+    argv: list[str] = ["--checkpoint-dir", folder]
+    for name, value in sorted(args.items()):
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            argv += [flag] if value else []
+        elif value is not None:
+            argv += [flag, str(value)]
+    try:
+        return ddplab.launch(REFERENCE, world_size, args=argv, quiet=True, live=False,
+                             timeout=1800)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def cache_key(key: tuple) -> str:
+    """The name of a reference run's entry in ``DDPLAB_REFERENCE_CACHE``: a hash of ``key``
+    (world size, arguments), torch's and ddplab's versions and the reference's sources."""
+    import importlib.util
+
+    import torch
+
+    import ddplab
+
+    digest = hashlib.sha256(repr((key, torch.__version__, ddplab.__version__)).encode())
+    for module in (REFERENCE, "ddplab.capstone"):
+        spec = importlib.util.find_spec(module)
+        digest.update(Path(spec.origin).read_bytes() if spec and spec.origin else b"?")
+    return f"capstone-reference-{digest.hexdigest()[:32]}.pickle"
+
+
+def _cache_file(key: tuple) -> Optional[Path]:
+    folder = os.environ.get(CACHE_ENV)
+    return Path(folder) / cache_key(key) if folder else None
+
+
+def _read_cached(path: Path) -> Any:
+    try:
+        with open(path, "rb") as file:
+            found = pickle.load(file)
+    except Exception:   # missing, cut short, or written by another version: launch again
+        return None
+    return found if is_run_result(found) and getattr(found, "ok", False) else None
+
+
+def _write_cached(path: Path, result: Any) -> None:
+    temporary = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=".tmp-",
+                                         delete=False) as file:
+            temporary = file.name
+            pickle.dump(result, file)
+        os.replace(temporary, path)
+    except Exception:   # a cache that cannot be written only costs the next process a launch
+        if temporary:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
 
 
 # ------------------------------------------------------------------ one unbroken run
@@ -305,7 +415,7 @@ def _single_hint(result: Any, reference: Any) -> Optional[str]:
                 "rank calls log_step.")
     epochs = max(1, int(_args(result).get("epochs", 1)))
     per_epoch = math.ceil(len(ref[0]) / epochs)
-    hint = _samples_hint(mine, ref, per_epoch)
+    hint = _inputs_hint(mine, ref, "the reference") or _samples_hint(mine, ref, per_epoch)
     if hint:
         return hint
     for rank in sorted(ref):
@@ -314,8 +424,9 @@ def _single_hint(result: Any, reference: Any) -> Optional[str]:
                     f"{_span(ref[rank])}: count optimizer steps from 0 over the whole job.")
     for hint in (_autocast_hint(mine, ref), _scaler_hint(mine, ref),
                  _lr_hint(mine, ref, _args(result), result),
-                 _loss_hint(mine, ref, result.world_size), _save_hint(result, mine),
-                 _eval_hint(result, reference)):
+                 _loss_hint(mine, ref, result.world_size),
+                 _lr_hint(mine, ref, _args(result), result, skipped=True),
+                 _save_hint(result, mine), _eval_hint(result, reference)):
         if hint:
             return hint
     return None
@@ -393,6 +504,30 @@ def _epoch_hint(mine: dict, ref: dict, per_epoch: int) -> Optional[str]:
     return None
 
 
+def _inputs_hint(mine: dict, ref: dict, whose: str) -> Optional[str]:
+    """Inputs that reached the model in another dtype than in ``ref`` (a MixedPrecisionPolicy
+    casts them before the model's forward; the data set gives float32)."""
+    for rank in sorted(ref):
+        for step in sorted(ref[rank]):
+            got = mine.get(rank, {}).get(step, {}).get("inputs")
+            want = ref[rank][step].get("inputs")
+            if got and want and got != want:
+                return (f"rank {rank}, step {step}: the model received its inputs in "
+                        f"{', '.join(got)}, {whose}'s in {', '.join(want)} (as the data set "
+                        "gives them): a MixedPrecisionPolicy (its param_dtype) casts the "
+                        "inputs, with the weights, before the model's forward (or the job cast "
+                        "them itself). Keep the inputs as they are and run the forward pass and "
+                        "the loss under torch.autocast in --amp-dtype, with either strategy.")
+    return None
+
+
+def default_dtype(args: dict[str, Any], nprocs: int) -> str:
+    """Autocast's dtype of a run: ``--amp-dtype``, else float16 where the ranks get a GPU each
+    (as the jobs place them) and bfloat16 on CPU ranks."""
+    return args.get("amp_dtype") or (
+        "float16" if env.probe()["gpu_count"] >= nprocs else "bfloat16")
+
+
 def _autocast_hint(mine: dict, ref: dict) -> Optional[str]:
     for rank in sorted(ref):
         for step in sorted(ref[rank]):
@@ -417,12 +552,18 @@ def _scaler_hint(mine: dict, ref: dict) -> Optional[str]:
     return None
 
 
-def _lr_hint(mine: dict, ref: dict, args: dict, result: Any) -> Optional[str]:
+def _lr_hint(mine: dict, ref: dict, args: dict, result: Any, skipped: bool = False
+             ) -> Optional[str]:
+    """Another LR than the reference's in a step both stepped; with ``skipped``, a step that
+    only one of them stepped (the GradScaler skipped it in the other): judged after the losses,
+    whose mistakes change where float16 gradients overflow."""
     base, world = args.get("lr"), result.world_size
     for rank in sorted(ref):
         for step in sorted(ref[rank]):
             got, want = mine[rank][step]["lr"], ref[rank][step]["lr"]
             if got == want or _close(got, want, 1e-6):   # None, None: both steps skipped
+                continue
+            if (got is None or want is None) != skipped:
                 continue
             if got is None or want is None:
                 return (f"step {step}: {'no' if got is None else 'an'} optimizer step ran "
@@ -444,13 +585,43 @@ def _lr_hint(mine: dict, ref: dict, args: dict, result: Any) -> Optional[str]:
     return None
 
 
+def _logged_hint(mine: dict, ref: dict) -> Optional[str]:
+    """Every rank logged one loss in each of the first steps, the mean (or sum) over the ranks
+    of the reference's own losses: the loss was all-reduced before ``log_step``."""
+    ranks, first = sorted(ref), sorted(ref[0])[:3]
+    if len(ranks) < 2 or not first:
+        return None
+    for how, combine in (("mean", lambda xs: sum(xs) / len(xs)), ("sum", sum)):
+        said = []
+        for step in first:
+            got = [mine[r][step]["loss"] for r in ranks]
+            want = [ref[r][step]["loss"] for r in ranks]
+            if max(want) - min(want) <= CLOSE * abs(max(want)) or not all(
+                    _close(g, got[0], 1e-6) for g in got) or not _close(got[0], combine(want),
+                                                                            CLOSE):
+                break
+            said.append((step, got[0], want))
+        else:
+            step, got, want = said[0]
+            return (f"step {step}: every rank logged the loss {got:.5g}, the {how} of the "
+                    f"ranks' own losses ({', '.join(f'{w:.5g}' for w in want)} in the "
+                    f"reference): each rank calls log_step with its own loss, the loss of its "
+                    f"batch, not the {how} over the ranks (DDP and FSDP average the gradients, "
+                    "not the loss).")
+    return None
+
+
 def _loss_hint(mine: dict, ref: dict, world: int) -> Optional[str]:
+    hint = _logged_hint(mine, ref)
+    if hint:
+        return hint
     for step in sorted(ref[0])[:3]:
         for rank in sorted(ref):
             got, want = mine[rank][step], ref[rank][step]
             if _close(got["loss"], want["loss"], CLOSE) and (
-                    got["grad"] == want["grad"] or _close(got["grad"], want["grad"], 0.05)):
-                continue   # (a grad of None: a step the GradScaler skipped)
+                    None in (got["grad"], want["grad"]) or got["grad"] == want["grad"] or
+                    _close(got["grad"], want["grad"], 0.05)):
+                continue   # (a grad of None: a step the GradScaler skipped, judged after)
             if world > 1 and (_close(got["loss"] * world, want["loss"], CLOSE) or (
                     got["grad"] is not None and
                     _close(got["grad"] * world * world, want["grad"], 0.05))):
@@ -535,6 +706,9 @@ def _eval_hint(result: Any, reference: Any) -> Optional[str]:
 def _fsdp_hint(fsdp: Any, ddp: Any, sharded: bool = True) -> Optional[str]:
     """What the fsdp run did wrong; ``sharded=False``: a DDP run where FSDP2 cannot run."""
     mine, ref = rank_steps(fsdp), rank_steps(ddp)
+    hint = _inputs_hint(mine, ref, "the ddp run")
+    if hint:
+        return hint
     for rank in sorted(ref):
         for step in sorted(ref[rank]):
             got, want = mine.get(rank, {}).get(step), ref[rank][step]
@@ -542,6 +716,15 @@ def _fsdp_hint(fsdp: Any, ddp: Any, sharded: bool = True) -> Optional[str]:
                                                                              want["lr"]):
                 return (f"rank {rank}, step {step}: other samples or another LR than in the "
                         "ddp run; --strategy changes the wrapping only.")
+            if got["autocast"] != want["autocast"]:
+                return (f"rank {rank}, step {step}: the forward passes ran with autocast "
+                        f"{got['autocast']}, the ddp run's with {want['autocast']} (None: no "
+                        "autocast): --strategy changes the wrapping only. Run the forward pass "
+                        "and the loss under torch.autocast in --amp-dtype with FSDP2 too.")
+        scaled = [s for s in ref[rank] if ref[rank][s].get("scaler") is not None]
+        if scaled and all(mine[rank][s].get("scaler") is None for s in scaled):
+            return (f"rank {rank} trained in float16 without a GradScaler, the ddp run with "
+                    "one: float16 needs a GradScaler with either strategy.")
     weights = metric(fsdp, "weights")
     if sharded and len({tuple(w["sums"]) for w in weights.values()}) < len(weights):
         return ("every rank holds the same weights: with --strategy fsdp, shard the model "
@@ -616,10 +799,7 @@ def _resumed_hint(resumed: Any, killed: Any, ddp: Any) -> Optional[str]:
         return (f"the resumed run started again from step 0: find the newest complete "
                 f"checkpoint in --checkpoint-dir (step {want}) and load it.")
     if first < want:
-        return (f"the resumed run started at step {first}, but the killed run had saved "
-                f"step {want} before it died: that checkpoint was not complete. No rank may "
-                "go on past a save before the checkpoint is whole on disk (a barrier after "
-                "rank 0's torch.save; dcp.save does it for you).")
+        return _early_hint(resumed, killed, ddp, first, want)
     if first > want:
         return (f"the resumed run started at step {first}; the last checkpoint holds step "
                 f"{want}: resume from the step the checkpoint holds.")
@@ -627,9 +807,7 @@ def _resumed_hint(resumed: Any, killed: Any, ddp: Any) -> Optional[str]:
         for step in sorted(mine[rank]):
             got, exp = mine[rank][step], ref[rank].get(step, {})
             if got["samples"] != exp.get("samples"):
-                return (f"rank {rank}, step {step}: the resumed run read other samples than "
-                        "the unbroken one: the checkpoint holds where in the epoch the job "
-                        "was; the resumed job sets that epoch and skips the batches done.")
+                return _order_hint(rank, step, got["samples"], ref[rank])
             if step == first and got["loss"] != exp.get("loss"):
                 return (f"rank {rank}, step {step}: the loss differs from the unbroken run's "
                         "on the same batch: load the model's weights from the checkpoint.")
@@ -658,6 +836,79 @@ def _resumed_hint(resumed: Any, killed: Any, ddp: Any) -> Optional[str]:
     return None
 
 
+def _saved_after(run: Any) -> list[int]:
+    """The steps after which rank 0 wrote a part of a distributed checkpoint (reported with the
+    step after them)."""
+    return sorted(step - 1 for step, report in rank_steps(run).get(0, {}).items()
+                  if any(name.endswith(".distcp") for name in report["written"]))
+
+
+def _folders(report: dict) -> set[str]:
+    return {str(Path(name).parent) for name in report.get("written") or []
+            if name.endswith(".distcp")}
+
+
+def _early_hint(resumed: Any, killed: Any, ddp: Any, first: int, want: int) -> str:
+    """Why the resume started before step ``want`` (the killed run's last checkpoint was whole:
+    a rank that went past an unfinished save is named with the killed run)."""
+    every = int(_args(killed).get("save_every", 1))
+    if not _fault(killed).get("rank_0_saved", True):
+        after = [s for s in _saved_after(killed) if s < want]
+        did = f" (it saved after steps {', '.join(map(str, after))})" if after else ""
+        return (f"the resumed run started at step {first}: the killed run saved no checkpoint "
+                f"after step {want - 1}, the last --save-every-th step before the kill{did}. "
+                f"Save once every --save-every-th step is done (with {every}: after steps "
+                f"{every - 1}, {2 * every - 1}, {3 * every - 1}, ...), so that the resume "
+                f"begins at step {want}.")
+    read = {r["folder"] for values in metrics(resumed, "read").values() for r in values
+            if r.get("complete")}
+    steps = rank_steps(ddp).get(0, {})
+    newest = _folders(steps.get(want, {}))
+    known = set().union(*(_folders(report) for report in steps.values()))
+    if read and newest and read <= known:
+        if read & newest:
+            return (f"the resumed run started at step {first}, from {sorted(read & newest)[0]}"
+                    f": the complete checkpoint saved once step {want - 1} was done, from which "
+                    f"the job goes on at step {want}. The step the checkpoint records (or the "
+                    f"one the resume counts from it) is off by {want - first}.")
+        return (f"the resumed run loaded {', '.join(sorted(read))}, not the newest complete "
+                f"checkpoint ({sorted(newest)[0]}, saved after step {want - 1}): resume from "
+                "the newest one whose save finished.")
+    return (f"the resumed run started at step {first}; the killed run saved a complete "
+            f"checkpoint after step {want - 1} (no rank went past it before it was whole): load "
+            f"the newest complete checkpoint and go on at the step after the one it holds "
+            f"({want}).")
+
+
+def _order_hint(rank: int, step: int, batch: list, unbroken: dict) -> str:
+    """The resumed run's batch at ``step`` is not the unbroken run's: at another place of the
+    unbroken rank's order (a wrong skip or epoch), or nowhere in it (another order)."""
+    order = [x for s in sorted(unbroken) for x in unbroken[s]["samples"]]
+    n = len(batch)
+    if n and any(order[i:i + n] == batch for i in range(len(order) - n + 1)):
+        return (f"rank {rank}, step {step}: the resumed run read other samples than the "
+                "unbroken one: the checkpoint holds where in the epoch the job was; the "
+                "resumed job sets that epoch and skips the batches done.")
+    return (f"rank {rank}, step {step}: the resumed run read its samples in another order "
+            "than the unbroken job (its batch there is in no epoch of the unbroken rank's "
+            "order): the sampler was seeded or shuffled otherwise after the resume. Give the "
+            "DistributedSampler the same seed, --seed, in every launch: set_epoch(epoch) then "
+            "replays the epoch's order.")
+
+
+def _unfinished_hint(run: Any) -> Optional[str]:
+    """A run that read a checkpoint folder without DCP's ``.metadata`` (and then failed)."""
+    bad = sorted({r["folder"] for values in metrics(run, "read").values() for r in values
+                  if not r.get("complete")})
+    if not bad:
+        return None
+    return (f"it read {bad[0]}, a checkpoint folder without DCP's .metadata: an unfinished "
+            "save (DCP writes .metadata last, once every part is on disk; a kill during a "
+            "save leaves such a folder, and the launches left one beside the killed run's "
+            "newest checkpoint). Resume from the newest complete checkpoint, one whose "
+            ".metadata exists.")
+
+
 def _resharded_hint(resharded: Any, killed: Any, ddp: Any, strategy: str = "fsdp"
                     ) -> Optional[str]:
     if _args(resharded).get("strategy") != strategy or resharded.world_size != 4:
@@ -665,6 +916,14 @@ def _resharded_hint(resharded: Any, killed: Any, ddp: Any, strategy: str = "fsdp
                 "copy of the killed run's folder.")
     want = _resume_step(killed)
     mine, ref = rank_steps(resharded), rank_steps(ddp)
+    dtype = default_dtype(_args(resharded), resharded.world_size)
+    for rank, steps in sorted(mine.items()):
+        for step, report in sorted(steps.items()):
+            if report["autocast"] != [dtype]:
+                return (f"on 4 ranks, step {step}: rank {rank}'s forward passes ran with "
+                        f"autocast {report['autocast']}, expected {dtype} (None: no "
+                        "autocast): --amp-dtype, else float16 on a GPU and bfloat16 on a "
+                        "CPU, whatever dtype the checkpoint was saved in.")
     first = min(mine[0])
     if first != want:
         return (f"the resharded run started at step {first}, the killed run's last "
