@@ -19,8 +19,8 @@ ranks (``ddplab check`` launches 2 and 4):
 
 1. every rank reads a share of its own: within one epoch no sample is read twice, by two ranks
    or by one;
-2. every rank reads the same number of samples (a rank with an extra batch would wait forever
-   in an all-reduce its peers never join), and an epoch leaves out only what does not divide:
+2. every rank reads the same number of samples (a rank with an extra batch would block in an
+   all-reduce its peers never join, until the process group's timeout), and an epoch leaves out only what does not divide:
    fewer samples than there are ranks;
 3. the samples left out are not the same in every epoch, so that each one gets its turn;
 4. every epoch reads in a new order (notebook 04, section 4).
@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 from ddplab import data, events, models
 from ddplab.dist import pick_backend

@@ -21,8 +21,8 @@ ranks (``ddplab check`` launches 2 and 4):
 
 1. every rank reads a share of its own: within one epoch no sample is read twice, by two ranks
    or by one;
-2. every rank reads the same number of samples (a rank with an extra batch would wait forever
-   in an all-reduce its peers never join), and an epoch leaves out only what does not divide:
+2. every rank reads the same number of samples (a rank with an extra batch would block in an
+   all-reduce its peers never join, until the process group's timeout), and an epoch leaves out only what does not divide:
    fewer samples than there are ranks;
 3. the samples left out are not the same in every epoch, so that each one gets its turn;
 4. every epoch reads in a new order (notebook 04, section 4).
@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 from ddplab import data, events, models
 from ddplab.dist import pick_backend
@@ -68,6 +68,8 @@ def main() -> None:
     train_set = TensorDataset(images, labels, torch.arange(len(labels)))
     # rank and world size from the group; drop_last cuts the remainder of each epoch's
     # shuffled order (a different few each epoch) instead of padding with repeats
+    from torch.utils.data import DistributedSampler
+
     sampler = DistributedSampler(train_set, seed=0, drop_last=True)
     loader = DataLoader(train_set, batch_size=32, sampler=sampler)
     events.emit("metric", name="dataset", value=len(train_set))
