@@ -75,7 +75,7 @@ def check(key: str, answer: Any) -> Verdict:
 
     Example::
 
-        ddplab.check("03", (512, 0.16))                          # a warm-up answer: correct
+        ddplab.check("02", [1, 2, 3, 4])                         # a warm-up answer: told why not
         ddplab.check("03", ddplab.launch("../exercises/ddp_wrap.py", nprocs=2))
         ddplab.check("13", {"ddp": ddp, "fsdp": fsdp, "killed": killed, "resumed": resumed,
                             "resharded": resharded})
