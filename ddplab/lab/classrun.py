@@ -43,12 +43,13 @@ from xml.etree import ElementTree
 
 from .grading import (COPIED, LAUNCHES, STOPPING, Outcome, copy_outcome, run_exercise,
                       shipped_exercise, stop_all)
+from .judges.capstone.reference import CACHE_ENV
 
 #: The largest zip a submission may be, unpacked.
 ZIP_LIMIT = 64 << 20
 #: The folder where the capstone's judge keeps the reference runs it launched (environment):
 #: shared by every grading process of a class.
-REFERENCE_CACHE = "DDPLAB_REFERENCE_CACHE"
+REFERENCE_CACHE = CACHE_ENV
 
 
 # ----------------------------------------------------------------------------- a class
