@@ -79,12 +79,16 @@ def test_answers_in_other_spellings():
     assert not check("08", "a lot") and not check("09", 1.5)
 
 
-def test_the_example_in_checks_docstring_is_a_correct_answer(capsys):
+def test_the_example_in_checks_docstring_is_judged_as_its_comment_says(capsys):
+    """The docstring shows a wrong warm-up answer (a right one would answer an exercise where
+    Shift-Tab shows it), and the judge does reject it."""
     import ast
     import re
 
     from ddplab.lab import checks
 
-    example = re.search(r'ddplab\.check\("03", (\(.*?\))\)', checks.check.__doc__)
-    assert example, "check's docstring should show a warm-up answer to exercise 03"
-    assert check("03", ast.literal_eval(example.group(1)))
+    example = re.search(r'ddplab\.check\("(\d+b?)", (\[.*?\]|\(.*?\))\) +# a warm-up answer: (.*)',
+                        checks.check.__doc__)
+    assert example, "check's docstring should show a warm-up answer"
+    key, answer, said = example.groups()
+    assert "why not" in said and not check(key, ast.literal_eval(answer))
