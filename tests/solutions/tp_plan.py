@@ -11,7 +11,8 @@ Run it (2 or 4 processes), from notebook 12 or from the repository root::
 (``wq``, ``wk``, ``wv``, ``wo``), RMSNorm, a SwiGLU feed-forward (``w2(silu(w1(x)) * w3(x))``),
 each sub-block inside a residual sum. Write ``parallelize`` from its docstring: it decides how
 each part of the block is split over the mesh's ranks (``parallelize_module`` and the styles of
-``torch.distributed.tensor.parallel``: look them up, with PyTorch's tensor-parallel tutorial).
+``torch.distributed.tensor.parallel``: look them up, with PyTorch's tensor-parallel tutorial,
+https://docs.pytorch.org/tutorials/intermediate/TP_tutorial.html).
 Leave ``Block`` as it is: what must change in a module for the sharded run, your function sets.
 
 The fixed part builds the block twice from one seed, hands one copy to your ``parallelize``,
