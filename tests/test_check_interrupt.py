@@ -101,3 +101,33 @@ def test_a_killed_grader_leaves_no_submission_running(tmp_path):
         if grader.poll() is None:
             grader.kill()
     _first_verdict_kept(out)
+
+
+FORGER = (
+    "    import json as _json, signal as _signal\n"
+    "    pid = os.getppid()\n"
+    "    while pid > 1:   # up to the grading process, whose argv names the verdict's file\n"
+    "        argv = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
+    "        if b'ddplab.lab.grading' in argv:\n"
+    "            where = argv[argv.index(b'ddplab.lab.grading') + 2].decode()\n"
+    "            open(where, 'w').write(_json.dumps({'key': '08', 'file': 'collective.py',\n"
+    "                                               'correct': True, 'message': 'correct'}))\n"
+    "            os.kill(pid, _signal.SIGKILL)\n"
+    "            break\n"
+    "        pid = int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1])\n")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the forger reads /proc")
+@pytest.mark.timeout(600)
+def test_a_verdict_written_by_the_exercise_itself_is_not_taken(tmp_path):
+    """A rank that writes a 'correct' verdict where its grading process would, then kills that
+    process, is not graded correct: only a grading process that ended as it ends is believed."""
+    from ddplab.lab import grading
+
+    course = tmp_path / "course"
+    (course / "exercises").mkdir(parents=True)
+    text = variant(at_start_of_average(FORGER))
+    (course / "exercises" / "collective.py").write_text(
+        text.replace("import torch\n", "import os\n\nimport torch\n", 1))
+    (outcome,) = grading.check_course(course, ["08"], timeout=SAFETY, out=open(os.devnull, "w"))
+    assert not outcome.correct and "could not judge" in outcome.message, outcome

@@ -295,6 +295,7 @@ def run_exercise(key: str, course: Path, work: Path, timeout: Optional[float] = 
     spec = LAUNCHES[key]
     mark = uuid.uuid4().hex
     verdict, log = work / f"verdict-{key}.json", work / f"log-{key}.txt"
+    verdict.unlink(missing_ok=True)
     (course / "notebooks").mkdir(parents=True, exist_ok=True)
     limit = _launches(key) * ((timeout or spec.timeout) + SLACK)
     cmd = [sys.executable, "-m", "ddplab.lab.grading", key, str(verdict)]
@@ -328,7 +329,10 @@ def run_exercise(key: str, course: Path, work: Path, timeout: Optional[float] = 
         return Outcome(key, spec.skeleton, False, INTERRUPTED, seconds, verdict="interrupted")
     if killed:
         return Outcome(key, spec.skeleton, False, _too_long(limit), seconds)
-    try:
+    try:   # a verdict counts only from a grading process that ended as it ends (0, or its
+        # guard's 3): the exercise's own code can write the file too, then kill its grader
+        if proc.returncode not in (0, 3):
+            raise ValueError(proc.returncode)
         outcome = Outcome(**json.loads(verdict.read_text()))
     except (OSError, ValueError, TypeError):
         tail = _tail(log)
@@ -370,20 +374,20 @@ def _watch(limit: float, parent: int, verdict: Path, key: str) -> None:
     """The grading process's own guard (a thread): at ``limit`` seconds it writes that verdict
     and ends every process of its exercise; when its caller ``parent`` is gone (killed, its
     terminal closed) it ends them too. Either way it then exits, so that no part of a
-    submission outlives its grading. (The verdict comes first: ending a launch makes the judge
-    fail, and its own verdict must not be the one read.)"""
+    submission outlives its grading. (Once the guard has begun, the judge writes no verdict:
+    ending a launch makes the judge fail, and its verdict must not be the one read.)"""
     deadline = time.monotonic() + limit
     while os.getppid() == parent and time.monotonic() < deadline:
         time.sleep(0.2)
     with _GUARD:
         _GUARDED.append(True)
-        if os.getppid() == parent:
-            spec = LAUNCHES[key]
-            verdict.write_text(json.dumps(asdict(Outcome(key, spec.skeleton, False,
-                                                         _too_long(limit), limit))))
     mark = os.environ.get(MARK)
-    if mark:
+    if mark:   # first: none of the exercise's processes may write after the verdict
         end_marked(mark)
+    if os.getppid() == parent:
+        spec = LAUNCHES[key]
+        verdict.write_text(json.dumps(asdict(Outcome(key, spec.skeleton, False,
+                                                     _too_long(limit), limit))))
     os._exit(3)
 
 
@@ -429,8 +433,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                               verdict, key), daemon=True).start()
     outcome = judge_here(key, timeout)
     with _GUARD:
-        if not _GUARDED:
+        guarded = bool(_GUARDED)
+        if not guarded:
             verdict.write_text(json.dumps(asdict(outcome)))
+    if guarded:   # the guard writes the verdict, then ends this process (exit 3)
+        threading.Event().wait()
     return 0
 
 
