@@ -11,14 +11,11 @@ and hand the launch's result to the judge: ``ddplab.check("05", result)``.
 After every epoch the fixed part calls your ``save`` on every rank, then your ``load`` on every
 rank, as a job does when its ranks restart from the file. At the end it builds a fresh model and
 optimizer and calls your ``resume``, as a job restarted after a crash would. Write the three
-functions from their docstrings; notebook 05 taught everything they need (look up
-``torch.save``, ``torch.load`` and its ``map_location``, ``dist.barrier``,
-``Module.load_state_dict`` and ``Optimizer.load_state_dict``).
+functions from their docstrings; notebook 05 taught everything they need (sections 1 to 4).
 
 The fixed part reports who wrote (``wrote``), which epoch each rank loaded and where the tensors
 landed (``loaded``), what ``load`` does with a file saved on a GPU this machine does not have
-(``probe``: without ``map_location``, torch puts tensors back on the device that saved them),
-and what ``resume`` restored (``resumed``).
+(``probe``), and what ``resume`` restored (``resumed``).
 
 Lesson: 05.
 """

@@ -177,17 +177,17 @@ def _compare_05(answer: Any, expected: Any) -> Optional[str]:
         return None
     if epochs and epochs[0] < expected[0]:
         return ("the checkpoint is written after every finished epoch: the epochs it already "
-                "held before the power went out are not trained again.")
+                "held before the processes were killed are not trained again.")
     if epochs and epochs[0] > expected[0]:
-        return ("the power went out before epoch 4's checkpoint replaced the file (it is written "
-                "to a temporary file, then renamed): which epoch does the file on disk hold?")
+        return ("the processes were killed before epoch 4's checkpoint replaced the file (it "
+                "is written to a temporary file, then renamed): which epoch does the file hold?")
     return "the second launch trains every epoch that is not yet in the checkpoint, up to --epochs."
 
 
 @exercise("05", "A job started with `--epochs 5 --checkpoint-dir ckpt` saves atomically after "
-          "every epoch. The machine loses power while rank 0 is writing the checkpoint of epoch "
-          "4; you launch the job again with `--resume`. Which epochs (numbered from 1) does the "
-          "second launch train? answer = [...]", _compare_05)
+          "every epoch. Its processes are killed (kill -9) while rank 0 is writing the checkpoint "
+          "of epoch 4; you launch the job again with `--resume`. Which epochs (numbered from "
+          "1) does the second launch train? answer = [...]", _compare_05)
 def _exercise_05() -> list[int]:
     # The atomic write never replaced the file: it still holds epochs 1..3, so 4 is trained again.
     epochs, saved = 5, 3
