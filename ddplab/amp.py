@@ -50,8 +50,8 @@ def autocast_dtype(amp: str, device_type: str) -> Optional[torch.dtype]:
         return None
     if amp == "fp16" and device_type != "cuda":
         warnings.warn(
-            f"--amp fp16 on {device_type}: using bfloat16 instead (autocast on CPU uses bf16). "
-            "Pass --amp bf16 to silence this.",
+            f"--amp fp16 on {device_type}: ddplab uses bfloat16 instead (CPU autocast's default "
+            "dtype, which needs no GradScaler). Pass --amp bf16 to silence this.",
             stacklevel=2,
         )
         return torch.bfloat16
