@@ -55,7 +55,7 @@ LONGEST := $(wildcard tests/test_launch.py tests/test_rank_behaviour.py tests/te
 	notebooks/10_*.ipynb notebooks/13_*.ipynb tests/test_env.py tests/test_cuda_clean.py \
 	tests/test_check.py notebooks/07b_*.ipynb tests/test_train_worker.py \
 	tests/test_workers_02_07_09.py tests/test_demos_spawning.py notebooks/03b_*.ipynb \
-	tests/test_exit_abort.py notebooks/06_*.ipynb notebooks/11_*.ipynb)
+	notebooks/09b_*.ipynb tests/test_exit_abort.py notebooks/06_*.ipynb notebooks/11_*.ipynb)
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=$(NB_TIMEOUT)
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 PYTEST_EXIT = s=$$?; [ $$s -ne 5 ] || echo "make $@: pytest collected no tests: a failure here" >&2; exit $$s

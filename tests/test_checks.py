@@ -1,4 +1,5 @@
-"""Every exercise (01-09) accepts its reference answer, rejects a wrong one, and says why."""
+"""Every exercise (01-09, 07b, 09b, 12) accepts its reference answer, rejects a wrong one, and
+says why."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from ddplab.lab.checks import EXERCISES, check, reference_answer
 
 WRONG = {"01": 1000 / 1.16, "02": [2, 2, 1, 1], "03": (1024, 0.001), "04": (168, 0),
          "05": [3, 4, 5], "06": (torch.float32, torch.float32), "07": 2, "07b": 1, "08": 200,
-         "09": 13.2 / 6.1, "12": 2 * 4096 * 14336 * 2 / 1e6}
+         "09": 13.2 / 6.1, "09b": 2.0, "12": 2 * 4096 * 14336 * 2 / 1e6}
 
 
 def test_every_notebook_has_one_exercise():
-    assert sorted(EXERCISES) == [*(f"{n:02d}" for n in range(1, 8)), "07b", "08", "09", "12"] \
-        == sorted(WRONG)
+    assert sorted(EXERCISES) == [*(f"{n:02d}" for n in range(1, 8)), "07b", "08", "09", "09b",
+                                 "12"] == sorted(WRONG)
 
 
 @pytest.mark.parametrize("key", sorted(WRONG))
@@ -49,6 +50,7 @@ def test_reference_answers_are_what_the_lessons_teach():
     assert reference_answer("07b") == 6                            # RANK 0, 4, ..., 20
     assert reference_answer("08") == pytest.approx(175.0)
     assert reference_answer("09") == pytest.approx(0.875, abs=1e-3)
+    assert reference_answer("09b") == pytest.approx(40 / 35)       # (30 + 10) / (30 + 5) ms
     assert reference_answer("12") == pytest.approx(44.04, abs=0.01)     # 3 x 4096 x 14336 x 2 B / 8
 
 
@@ -69,6 +71,8 @@ def test_hints_name_the_mistake(capsys):
     assert "that is the speed-up" in capsys.readouterr().out
     check("09", 0.5)                              # the question names efficiency; a hint defines it
     assert "efficiency = speed-up / 8" in capsys.readouterr().out
+    check("09b", 2)                               # the compute's speed-up, not the step's
+    assert "still waits for every batch" in capsys.readouterr().out
 
 
 def test_answers_in_other_spellings():

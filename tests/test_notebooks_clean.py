@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EXPECTED = ["01_single_gpu", "02_data_parallel", "03_ddp_spawn", "03b_ddp_internals",
             "04_sampler_set_epoch", "05_barrier_checkpoint", "06_amp", "07_torchrun_multinode",
             "07b_nodes_slurm", "08_collectives_ring_allreduce", "09_scaling_benchmark",
-            "10_debugging", "11_sharding_and_model_parallel", "12_tensor_parallel", "13_capstone"]
+            "09b_inside_a_step", "10_debugging", "11_sharding_and_model_parallel",
+            "12_tensor_parallel", "13_capstone"]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob(NOTEBOOK_GLOB))
 MAX_CELLS = 50   # longer, a notebook splits where its story turns, or cuts, or says why it cannot
 

@@ -14,8 +14,8 @@ Example::
     python -m ddplab bench                       # writes build/bench/bench.md and *.png
     python -m ddplab bench --repeats 5 --skip-accuracy --allreduce
 
-Lessons: 08 (bus bandwidth, parameter server vs ring), 09 (scaling table, accuracy vs batch,
-all-reduces beside backward).
+Lessons: 08 (bus bandwidth, parameter server vs ring), 09 (scaling table, accuracy vs batch),
+09b (all-reduces beside backward).
 """
 
 from __future__ import annotations
@@ -422,6 +422,8 @@ def backward_overlap(trace: str | Path) -> dict[str, Any]:
     Returns:
         ``{"gradients_ms": end of the last gradient op, "all_reduces": [(start_ms, end_ms,
         thread), ...] in start order, "overlapped": how many started before gradients_ms}``.
+
+    Lesson: 09b.
     """
     spans = [e for e in json.loads(Path(trace).read_text())["traceEvents"] if e.get("ph") == "X"]
     grads = [e for e in spans if e["name"].startswith(GRADIENT_OP)]

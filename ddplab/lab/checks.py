@@ -8,7 +8,7 @@ To add an exercise, register it below with ``@exercise(key, question)``; the dec
 returns the reference answer, and ``compare`` (optional) returns a hint string when an answer is
 wrong, or None when it is right.
 
-Lessons: the exercise at the end of every notebook (01-09, 07b, 12).
+Lessons: the exercise at the end of every notebook (01-09, 07b, 09b, 12).
 """
 
 from __future__ import annotations
@@ -327,6 +327,32 @@ def _compare_09(answer: Any, expected: Any) -> Optional[str]:
 def _exercise_09() -> float:
     single, ddp8, gpus = 14.0, 2.0, 8
     return single / ddp8 / gpus
+
+
+WAIT_09B, COMPUTE_09B = 30.0, 10.0   # ms per step: waiting for the batch, computing
+
+
+def _compare_09b(answer: Any, expected: Any) -> Optional[str]:
+    try:
+        speedup = float(answer)
+    except (TypeError, ValueError):
+        return "answer with one number: how many times faster the epoch gets."
+    if math.isclose(speedup, expected, rel_tol=0.01):
+        return None
+    if math.isclose(speedup, 2.0, rel_tol=0.01):
+        return ("2x is the compute's speed-up; with num_workers=0 the rank still waits for "
+                "every batch, and AMP does not make that wait shorter.")
+    if speedup < 1:
+        return "the epoch gets faster, not slower: answer time before / time after."
+    return "a step takes its wait plus its compute: compare the step's time before and after."
+
+
+@exercise("09b", "A rank loads its own batches (num_workers=0): every step it waits "
+          f"{WAIT_09B:.0f} ms for its batch, then computes for {COMPUTE_09B:.0f} ms. AMP makes "
+          "the compute twice as fast. How many times faster does an epoch get? answer = <a number>",
+          _compare_09b)
+def _exercise_09b() -> float:
+    return (WAIT_09B + COMPUTE_09B) / (WAIT_09B + COMPUTE_09B / 2)
 
 
 # ------------------------------------------------------------- exercises 01-03 (lessons 01-03)

@@ -24,7 +24,7 @@ epoch's first batch, ``samples``, ``epoch_time``), and ``metric`` ``draws``: the
 strengths of the first batch of each epoch and the pids of the loader workers that produced
 each epoch's batches (``workers``).
 
-Lesson: 09.
+Lesson: 09b.
 """
 
 from __future__ import annotations

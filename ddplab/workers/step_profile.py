@@ -22,7 +22,7 @@ bytes kept at the end of each phase (``forward``, ``backward``, ``step``) and it
 wrote under ``--trace-dir`` (or None), which names every all-reduce DDP ran (``gloo:all_reduce``)
 beside the ``backward`` span.
 
-Lesson: 09.
+Lesson: 09b.
 """
 
 from __future__ import annotations
