@@ -101,7 +101,8 @@ def collapsed_cells(nb: dict) -> list[dict]:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_a_collapsed_cell_is_a_proof_that_says_what_it_verified(path):
-    """Collapsed, a proof must still be seen to have run: it asserts, and prints one line."""
+    """Collapsed, a proof must still be seen to have run: it asserts, and prints one line, which
+    stays in view (its source is hidden, its output is not)."""
     for cell in collapsed_cells(json.loads(path.read_text())):
         source = "".join(cell["source"])
         assert cell["cell_type"] == "code", f"{path.name}: only proof cells are collapsed"
@@ -109,3 +110,5 @@ def test_a_collapsed_cell_is_a_proof_that_says_what_it_verified(path):
             f"{path.name}: a collapsed cell asserts:\n{source}"
         assert "print(" in source, \
             f"{path.name}: a collapsed cell prints what it verified:\n{source}"
+        assert not cell["metadata"]["jupyter"].get("outputs_hidden"), \
+            f"{path.name}: a collapsed cell's one line of output stays visible:\n{source}"
