@@ -8,7 +8,7 @@ import torch
 
 from ddplab.lab.checks import EXERCISES, check, reference_answer
 
-WRONG = {"01": 1000 / 1.16, "02": [2, 2, 1, 1], "03": (1024, 0.001), "04": (168, 0),
+WRONG = {"01": 1000 / 1.16, "02": [1, 2, 3], "03": (1024, 0.001), "04": (168, 0),
          "05": [3, 4, 5], "06": (torch.float32, torch.float32), "07": 2, "07b": 1, "08": 200,
          "09": 13.2 / 6.1, "09b": 2.0, "12": 2 * 4096 * 14336 * 2 / 1e6}
 
@@ -43,7 +43,7 @@ def test_a_verdict_in_a_notebook_adds_no_output_cell_of_its_own():
 
 def test_reference_answers_are_what_the_lessons_teach():
     assert reference_answer("01") == pytest.approx(1000 / 1.1)   # median of epochs 2-6
-    assert reference_answer("02") == [2, 2, 2, 0]                # chunk(4) of 6 leaves GPU 3 idle
+    assert reference_answer("02") == [1, 2, 3, 5, 6, 9]          # 9: chunks of 3, only three
     assert reference_answer("03") == (512, pytest.approx(0.16))
     assert reference_answer("04") == (169, 5)
     assert reference_answer("07") == 6
@@ -57,8 +57,10 @@ def test_reference_answers_are_what_the_lessons_teach():
 def test_hints_name_the_mistake(capsys):
     check("01", 1000 / 1.45)                      # warm-up epoch included
     assert "warm-up" in capsys.readouterr().out
-    check("02", [2, 2, 2])
-    assert "4 numbers" in capsys.readouterr().out
+    check("02", [1, 2, 3])
+    assert "fewer chunks than GPUs" in capsys.readouterr().out
+    check("02", [1, 2, 3, 4, 5, 6, 9])
+    assert "multiple of 4" in capsys.readouterr().out
     check("03", (64, 0.16))
     assert "64 x 8" in capsys.readouterr().out
     check("07b", 3)                               # one per machine: LOCAL_RANK, not RANK
@@ -76,7 +78,7 @@ def test_hints_name_the_mistake(capsys):
 
 
 def test_answers_in_other_spellings():
-    assert check("02", (2, 2, 2, 0)) and check("03", [512, "0.16"])
+    assert check("02", (9, 6, 5, 3, 2, 1)) and check("03", [512, "0.16"])
     assert check("05", (4, 5)) and check("06", ("float16", "float32"))
     assert check("07", "6") and check("08", 175) and check("09", 0.875)
     assert not check("01", "fast") and not check("03", 1024) and not check("04", "169")

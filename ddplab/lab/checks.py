@@ -388,27 +388,27 @@ def _exercise_01() -> float:
 
 def _compare_02(answer: Any, expected: Any) -> Optional[str]:
     try:
-        sizes = [int(n) for n in answer]
+        sizes = sorted({int(n) for n in answer})
     except (TypeError, ValueError):
-        return "answer with a list of 4 whole numbers, one per GPU, e.g. [2, 1, 2, 1]."
+        return "answer with a list of batch sizes, e.g. [1, 2]."
     if sizes == expected:
         return None
-    if len(sizes) != len(expected):
-        return "give one number per GPU (4 numbers), 0 for a GPU that gets nothing."
-    if sum(sizes) != sum(expected):
-        return "the chunks together hold the whole batch of 6 samples."
-    return ("DataParallel cuts the batch with Tensor.chunk: every chunk holds ceil(batch / GPUs) "
-            "samples until the batch runs out, so there can be fewer chunks than GPUs.")
+    if any(n % 4 == 0 for n in sizes):
+        return "a multiple of 4 gives every GPU a chunk of the same size: none idles."
+    if set(sizes) < set(expected):
+        return ("a batch that does not divide by 4 can also give fewer chunks than GPUs: "
+                "Tensor.chunk makes chunks of ceil(batch / 4) until the batch runs out.")
+    return ("count the chunks: ceil(batch / 4) samples each, until the batch runs out; a GPU "
+            "idles when there are fewer chunks than 4.")
 
 
-@exercise("02", "nn.DataParallel on 4 GPUs receives a batch of 6 samples. How many samples does "
-          "each GPU get? answer = [gpu0, gpu1, gpu2, gpu3] (0 for a GPU that gets none)",
+@exercise("02", "nn.DataParallel runs on 4 GPUs. Which batch sizes from 1 to 12 leave at least "
+          "one GPU with no samples at all? answer = [batch sizes]",
           _compare_02)
 def _exercise_02() -> list[int]:
     from .demos import dataparallel
 
-    sizes = dataparallel.scatter_sizes(6, 4)
-    return sizes + [0] * (4 - len(sizes))
+    return [b for b in range(1, 13) if len(dataparallel.scatter_sizes(b, 4)) < 4]
 
 
 def _compare_03(answer: Any, expected: Any) -> Optional[str]:
