@@ -61,7 +61,7 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
     #   - the weights are identical on every rank,
     #   - the mean loss that train() returns is, on every rank, the mean over every batch of
     #     every rank, each batch counted once.
-    #   Notebook 10's section 3 shows why a loop over uneven shards hangs.
+    #   Notebook 10's section 4 shows why a loop over uneven shards hangs.
     for inputs, targets in batches:
         loss = F.mse_loss(model(inputs), targets)
         optimizer.zero_grad(set_to_none=True)

@@ -101,7 +101,7 @@ def test_a_job_of_ones_own_is_not_a_copy(tmp_path):
         '"""A right capstone', '"""Unlike ddplab.workers.capstone, a right capstone', 1)
     assert judged(tmp_path, own, found=ONLY_WORKER) is None
     ten = (SOLUTIONS / "uneven_join.py").read_text()
-    assert "from ddplab.workers.faults import" in ten
+    assert "from ddplab.workers.running_loss import" in ten
     mine = '"""My answer to 10."""\n' + ten.split('"""', 2)[2]
     assert judged(tmp_path, mine, key="10") is None
 

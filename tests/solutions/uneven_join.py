@@ -34,7 +34,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddplab import dist, events
-from ddplab.workers.faults import RunningLoss  # a joinable loss log (notebook 10 shows it)
+from ddplab.workers.running_loss import RunningLoss  # a joinable loss log (notebook 10 shows it)
 
 
 def uneven_batches(rank: int, world_size: int, batch_size: int = 16) -> list[tuple]:
