@@ -24,10 +24,11 @@ What must be true of a run, and why
 1. **Sharded block by block.** ``shard`` makes every parameter a shard: each rank stores 1/N
    of each. Forward gathers the weights block by block, each block's just before it runs, and
    frees them after it: never the whole model at once (that is what sharding is for).
-2. **Mixed precision, chosen for this machine.** Forward and backward compute in a 16-bit
-   floating-point type that needs no loss scaling (nothing in this loop scales the loss), on
-   a CPU with gloo as on a GPU; the stored shards, and so the optimizer, stay float32, and the
-   gradients are averaged over the ranks in float32.
+2. **Mixed precision, as the reference computes.** Forward and backward compute in the
+   16-bit floating-point type that needs no loss scaling (nothing in this loop scales the
+   loss), bfloat16, as ``one_process`` below does, on a CPU with gloo as on a GPU; the stored
+   shards, and so the optimizer, stay float32, and the gradients are averaged over the ranks
+   in float32.
 3. **The 16 bytes.** ``bytes_per_rank`` estimates, before anything runs, what one rank stores
    for the weights, their gradients and Adam's two moments. The fixed part measures it after a
    step: the estimate must match.
