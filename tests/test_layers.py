@@ -32,6 +32,7 @@ SIDES = {
     "workers": "worker", "train": "worker", "data": "worker", "models": "worker",
     "checkpoint": "worker", "dist": "worker", "amp": "worker", "schedule": "worker",
     "pinning": "worker", "capstone": "worker", "sharded": "worker", "loops": "worker",
+    "pipelining": "worker",
     # the seam
     "events": "seam", "env": "seam", "versions": "seam", "torch_words": "seam",
 }
@@ -43,7 +44,7 @@ LAYERS = [
     {"events", "env"},
     {"dist", "checkpoint", "amp", "schedule", "models", "sharded"},
     {"data", "pinning"},
-    {"train", "loops"},
+    {"train", "loops", "pipelining"},
     {"capstone"},
     {"workers"},
 ]
