@@ -8,10 +8,10 @@ Run it (2 processes; every flag is optional)::
 The loader is the canonical one (``DataLoader`` + ``DistributedSampler``, as in
 ``ddplab/workers/plain_ddp.py``) over the digits, with a stand-in for the per-sample work of a
 real pipeline: ``--decode-ms`` milliseconds of waiting per sample, as reading and decoding an
-image from disk would cost, and a random augmentation (noise whose strength is drawn from the
-loader's random generator). ``--loader tensor`` swaps in the tensor-resident loader of
-``ddplab.data`` (the whole dataset on the device, a batch is one ``index_select``; no decoding
-and no augmentation) for comparison.
+image from disk would cost, and a random augmentation (noise whose strength is drawn from
+torch's random generator in the process that loads the sample). ``--loader tensor`` swaps in
+the tensor-resident loader of ``ddplab.data`` (the whole dataset on the device, a batch is one
+``index_select``; no decoding and no augmentation) for comparison.
 
 Every step is split into the time the rank **waited for its batch** (``next(loader)``) and the
 time it **computed** (copy to the device, forward, backward, step, device synchronised): a
@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import time
 from typing import Any, Optional, Sequence
 
-import numpy
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -53,7 +51,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--persistent-workers", action="store_true",
                    help="keep the loader processes from one epoch to the next")
     p.add_argument("--loader-seed-per-rank", action="store_true",
-                   help="give each rank's loader its own generator (seed + rank)")
+                   help="seed each rank's loader generator and global RNG with seed + rank "
+                        "(default: no generator, as DataLoader's own default)")
     p.add_argument("--decode-ms", type=float, default=0.0, help="per-sample loading time")
     p.add_argument("--width", type=int, default=32, help="channels of the CNN (its compute)")
     p.add_argument("--epochs", type=int, default=2)
@@ -84,31 +83,21 @@ class Augmented(Dataset):
 
 
 # [loader]
-def seed_worker(worker_id: int) -> None:
-    """Runs in each loader worker, after PyTorch seeded it (PyTorch's reproducibility recipe).
-
-    PyTorch seeds every worker's torch, ``random`` (and, since 1.9, numpy) with the loader's
-    base seed + ``worker_id``; the base seed is drawn from the loader's ``generator``. Seed
-    any other library you draw from here, from that same number.
-    """
-    seed = torch.initial_seed() % 2**32
-    numpy.random.seed(seed)
-    random.seed(seed)
-
-
 def make_loader(dataset: Dataset, args: argparse.Namespace, info: dist.DistInfo) -> DataLoader:
     sampler = DistributedSampler(dataset, num_replicas=info.world_size, rank=info.rank,
                                  seed=args.seed)  # the same shuffle seed on every rank
-    generator = torch.Generator()
-    generator.manual_seed(args.seed + info.rank if args.loader_seed_per_rank else args.seed)
+    generator = None                                  # DataLoader's default
+    if args.loader_seed_per_rank:
+        generator = torch.Generator().manual_seed(args.seed + info.rank)
     workers = args.num_workers
+    # Each worker starts with torch, random and numpy seeded from the base seed and its id
+    # (torch/utils/data/_utils/worker.py); a worker_init_fn is only for other libraries.
     return DataLoader(
         dataset, batch_size=args.batch_size, sampler=sampler,
         num_workers=workers,                          # processes that load batches ahead
         pin_memory=info.device.type == "cuda",        # page-locked: async copies to the GPU
         persistent_workers=args.persistent_workers and workers > 0,   # keep them per epoch
-        worker_init_fn=seed_worker if workers > 0 else None,
-        generator=generator,                          # base seed of the workers' RNGs
+        generator=generator,                          # draws the base seed; None: global RNG
     )
 # [/loader]
 
@@ -148,7 +137,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     model = models.SmallCNN(split.in_channels, split.num_classes, width=args.width).to(device)
     model = DDP(model, device_ids=info.device_ids) if info.world_size > 1 else model
     # [seed-per-rank]
-    if args.loader_seed_per_rank:  # without loader workers, samples draw from the rank's own RNG
+    if args.loader_seed_per_rank:  # the global RNG: samples draw from it without loader workers
         torch.manual_seed(args.seed + info.rank)
     # [/seed-per-rank]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
