@@ -9,7 +9,7 @@ import torch
 from ddplab.lab.checks import EXERCISES, check, reference_answer
 
 WRONG = {"01": 1000 / 1.16, "02": [1, 2, 3], "03": (1024, 0.001), "04": (168, 0),
-         "05": [3, 4, 5], "06": (torch.float32, torch.float32), "07": 2, "07b": 1, "08": 200,
+         "05": [3, 4, 5], "06": (torch.float32, torch.float32), "07": 2, "07b": 1, "08": 64,
          "09": 13.2 / 6.1, "09b": 2.0, "12": 2 * 4096 * 14336 * 2 / 1e6}
 
 
@@ -48,7 +48,7 @@ def test_reference_answers_are_what_the_lessons_teach():
     assert reference_answer("04") == (169, 5)
     assert reference_answer("07") == 6
     assert reference_answer("07b") == 6                            # RANK 0, 4, ..., 20
-    assert reference_answer("08") == pytest.approx(175.0)
+    assert reference_answer("08") == pytest.approx(32.0)        # (n - 1) M / (2 (n - 1) / n M)
     assert reference_answer("09") == pytest.approx(0.875, abs=1e-3)
     assert reference_answer("09b") == pytest.approx(40 / 35)       # (30 + 10) / (30 + 5) ms
     assert reference_answer("12") == pytest.approx(44.04, abs=0.01)     # 3 x 4096 x 14336 x 2 B / 8
@@ -75,12 +75,14 @@ def test_hints_name_the_mistake(capsys):
     assert "efficiency = speed-up / 8" in capsys.readouterr().out
     check("09b", 2)                               # the compute's speed-up, not the step's
     assert "still waits for every batch" in capsys.readouterr().out
+    check("08", 64)                               # the server's link both ways vs ring sends
+    assert "both ways" in capsys.readouterr().out
 
 
 def test_answers_in_other_spellings():
     assert check("02", (9, 6, 5, 3, 2, 1)) and check("03", [512, "0.16"])
     assert check("05", (4, 5)) and check("06", ("float16", "float32"))
-    assert check("07", "6") and check("08", 175) and check("09", 0.875)
+    assert check("07", "6") and check("08", "32") and check("09", 0.875)
     assert not check("01", "fast") and not check("03", 1024) and not check("04", "169")
     assert not check("08", "a lot") and not check("09", 1.5)
 

@@ -293,18 +293,26 @@ def _compare_number(answer: Any, expected: float, mistakes: dict[float, str], as
 
 def _compare_08(answer: Any, expected: Any) -> Optional[str]:
     return _compare_number(answer, expected, {
-        200.0: "close: the factor is 2 (n - 1) / n, not 2; with n = 8 that is a bit less than 2.",
-        87.5: "that is one phase (reduce-scatter); the all-gather phase sends as much again."},
-        "answer with a number of MB.",
-        "each of the 2 (n - 1) steps sends one chunk of 1/n of the gradient: "
-        "2 (n - 1) / n x the gradient's size.")
+        64.0: "that is n: it counts the server's link both ways ((n - 1) M in, (n - 1) M out), "
+              "or only one phase of the ring; compare what each sends, the ring over both phases.",
+        63.0: "that takes a ring process's share as M; over both phases it is 2 (n - 1) / n M, "
+              "almost 2 M.",
+        31.5: "close: a ring process sends 2 (n - 1) / n M, a bit less than 2 M.",
+        6300.0: "that is what the server sends, in MB; the question asks how many times a ring "
+                "process's share that is."},
+        "answer with a number: how many times as many bytes.",
+        "the server sends the sum to each of the n - 1 workers: (n - 1) M; a ring process "
+        "sends 2 (n - 1) / n M over both phases; divide one by the other.")
 
 
-@exercise("08", "A ring all-reduce sums a 100 MB gradient over 8 processes. How many MB does "
-          "each process send in total (both phases)? answer = <a number>", _compare_08)
+@exercise("08", "A 100 MB gradient is summed over 64 processes, by a parameter server and by a "
+          "ring. How many times as many bytes does the server send as one ring process (both "
+          "phases)? answer = <a number>", _compare_08)
 def _exercise_08() -> float:
-    n, megabytes = 8, 100.0
-    return 2 * (n - 1) / n * megabytes
+    n, megabytes = 64, 100.0
+    server = (n - 1) * megabytes                 # the sum, sent back to each of the n - 1 workers
+    ring = 2 * (n - 1) / n * megabytes           # 2 (n - 1) steps of one chunk of M / n
+    return server / ring
 
 
 def _compare_09(answer: Any, expected: Any) -> Optional[str]:
