@@ -96,8 +96,8 @@ def wrap_model(model: nn.Module, mode: str, info: dist.DistInfo, sync_bn: bool =
     same computation. ``sync_bn`` converts BatchNorm layers to SyncBatchNorm (DDP only).
 
     Raises:
-        ValueError: ``sync_bn`` outside DDP, or on CPU ranks (PyTorch's SyncBatchNorm only
-            synchronises GPU tensors).
+        ValueError: ``sync_bn`` outside DDP, or on CPU ranks (PyTorch's SyncBatchNorm refuses
+            CPU tensors in training: it accepts accelerator devices only).
 
     Lesson: 02, 03.
     """
@@ -107,8 +107,8 @@ def wrap_model(model: nn.Module, mode: str, info: dist.DistInfo, sync_bn: bool =
             raise ValueError("--sync-bn synchronises BatchNorm across DDP ranks: use --mode ddp.")
         if info.world_size > 1 and info.device.type != "cuda":
             raise ValueError(
-                "--sync-bn needs GPUs: PyTorch's SyncBatchNorm only synchronises CUDA tensors "
-                "and raises on CPU ranks. Drop --sync-bn on this machine."
+                "--sync-bn needs GPUs: PyTorch's SyncBatchNorm refuses CPU tensors in training "
+                "(it accepts accelerator devices only). Drop --sync-bn on this machine."
             )
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if mode == "dp":
