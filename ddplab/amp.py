@@ -14,7 +14,8 @@ the device at hand, so the CPU path runs the same code as the GPU path::
 - bf16 has float32's range, so its gradients never underflow: no scaler.
 - fp16 flushes small gradients to zero: a ``torch.amp.GradScaler`` scales the loss up before
   backward and the gradients back down before the step.
-- CPU autocast is made for bf16; ``fp16`` there falls back to bf16 with a warning.
+- bf16 is CPU autocast's default dtype; ddplab makes ``fp16`` there fall back to bf16, with a
+  warning (its choice: torch's CPU autocast accepts float16 too).
 
 Lesson: 06.
 """
@@ -32,8 +33,9 @@ AMP_MODES = ("off", "bf16", "fp16")
 def autocast_dtype(amp: str, device_type: str) -> Optional[torch.dtype]:
     """Return the autocast dtype for ``--amp`` on a device type, or None for full precision.
 
-    ``fp16`` on a CPU falls back to ``bf16`` with a warning (CPU autocast is made for bfloat16,
-    and fp16 there would also need a GradScaler for no gain), so one cell runs on any machine.
+    ``fp16`` on a CPU falls back to ``bf16`` with a warning (ddplab's choice: bfloat16 is CPU
+    autocast's default, and fp16 there would also need a GradScaler for no gain), so one cell runs
+    on any machine.
 
     Args:
         amp: ``"off"``, ``"bf16"`` or ``"fp16"``.
