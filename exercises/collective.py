@@ -8,9 +8,8 @@ rank waited), or from the repository root::
 
 and hand the launch's result to the judge: ``ddplab.check("08", result)``.
 
-What to write, each from its docstring (look up in ``torch.distributed``: ``all_reduce`` and
-its default op, ``get_world_size``, the point-to-point ``send``/``recv`` and their non-blocking
-``isend``/``irecv``, and the ``wait()`` of what those return):
+What to write, each from its docstring (look up in ``torch.distributed`` what you need: notebook
+08 showed its collectives and its point-to-point operations, blocking and not):
 
 1. ``average(tensor)``: every rank ends with the element-wise mean of all ranks' tensors
    (what DDP does to gradients);
