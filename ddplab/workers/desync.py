@@ -98,7 +98,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     # [log-loss]
     if args.fault == "one_rank":
         if info.is_main:                  # BUG: a collective inside a rank-0-only branch
-            torch_dist.all_reduce(total)  # rank 0 waits here for partners that never come
+            torch_dist.all_reduce(total)  # the sum and count of the test loss
     elif args.fault == "order":
         decide_early_stop(info, total)    # BUG: not the same order on every rank
     else:
