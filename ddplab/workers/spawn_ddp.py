@@ -79,7 +79,7 @@ def main(rank: int, world_size: int, args: argparse.Namespace) -> None:
 
     # [init]
     backend = dist.pick_backend()               # nccl with GPUs, gloo on CPU
-    torch_dist.init_process_group(              # blocks until all world_size ranks have joined
+    torch_dist.init_process_group(              # rank 0 waits for all ranks (gloo: every rank)
         backend, init_method="env://",          # rendezvous at MASTER_ADDR:MASTER_PORT
         world_size=world_size, rank=rank,
     )
