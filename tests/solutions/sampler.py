@@ -22,8 +22,8 @@ ranks (``ddplab check`` launches 2 and 4):
 1. every rank reads a share of its own: within one epoch no sample is read twice, by two ranks
    or by one;
 2. every rank reads the same number of samples (a rank with an extra batch would block in an
-   all-reduce its peers never join, until the process group's timeout), and an epoch leaves out only what does not divide:
-   fewer samples than there are ranks;
+   all-reduce its peers never join, until the process group's timeout), and an epoch leaves out
+   only what does not divide: fewer samples than there are ranks;
 3. the samples left out are not the same in every epoch, so that each one gets its turn;
 4. every epoch reads in a new order (notebook 04, section 4).
 
