@@ -131,3 +131,36 @@ def test_a_verdict_written_by_the_exercise_itself_is_not_taken(tmp_path):
         text.replace("import torch\n", "import os\n\nimport torch\n", 1))
     (outcome,) = grading.check_course(course, ["08"], timeout=SAFETY, out=open(os.devnull, "w"))
     assert not outcome.correct and "could not judge" in outcome.message, outcome
+
+
+GUARDED_JUDGE = """
+import os, sys, time
+from pathlib import Path
+from ddplab.lab import grading
+
+def judge_here(key, timeout=None):   # a judge that fails as soon as the guard ends its launches
+    while not grading._GUARDED:
+        time.sleep(0.01)
+    raise RuntimeError("the launch helper did not start")
+
+def end_marked(mark):                # ending them takes a while (50 tries of 0.05 s at most)
+    time.sleep(1.0)
+
+grading.judge_here, grading.end_marked = judge_here, end_marked
+os.environ[grading.MARK] = "m"
+sys.exit(grading.main(["08", sys.argv[1]]))
+"""
+
+
+def test_a_judge_that_fails_past_the_limit_leaves_the_guard_s_verdict_and_exit(tmp_path):
+    """Past its limit the grading process's guard ends the exercise, which can make the judge
+    fail: the process must still exit as its guard does (3), with the guard's verdict, which is
+    what ``run_exercise`` believes (a plain failure, exit 1, is not believed)."""
+    from ddplab.lab import grading
+
+    verdict = tmp_path / "verdict-08.json"
+    done = subprocess.run(
+        [sys.executable, "-c", GUARDED_JUDGE, str(verdict)], capture_output=True, text=True,
+        timeout=SAFETY, env={**os.environ, grading.LIMIT: "0.2", grading.PARENT: str(os.getpid())})
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "still running after 0.2 s" in json.loads(verdict.read_text())["message"]

@@ -431,13 +431,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if os.environ.get(LIMIT) and os.environ.get(PARENT):
         threading.Thread(target=_watch, args=(float(os.environ[LIMIT]), int(os.environ[PARENT]),
                                               verdict, key), daemon=True).start()
-    outcome = judge_here(key, timeout)
+    outcome: Optional[Outcome] = None
+    error: Optional[BaseException] = None
+    try:
+        outcome = judge_here(key, timeout)
+    except BaseException as failed:   # ending the exercise's processes can make the judge fail:
+        error = failed                 # then the guard's verdict and exit (3) are the ones
     with _GUARD:
         guarded = bool(_GUARDED)
-        if not guarded:
+        if not guarded and outcome is not None:
             verdict.write_text(json.dumps(asdict(outcome)))
     if guarded:   # the guard writes the verdict, then ends this process (exit 3)
         threading.Event().wait()
+    if error is not None:
+        raise error
     return 0
 
 
