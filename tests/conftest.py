@@ -24,6 +24,7 @@ import pytest
 #: Tests that start processes, as paths below tests/: a whole file, or ``file::test``.
 LAUNCHING = {
     "gpu/test_run.py", "test_barrier_demo.py", "test_buckets.py", "test_check.py",
+    "test_check_interrupt.py", "test_pyspy.py",
     "test_cifar10_workload.py", "test_cli.py", "test_collectives.py", "test_comm_hooks.py",
     "test_compile_ddp.py", "test_course_build.py", "test_cuda_clean.py", "test_debugging.py",
     "test_demos_spawning.py",
@@ -39,6 +40,7 @@ LAUNCHING = {
     "test_checkpoint.py::test_a_killed_save_leaves_nothing_the_next_save_does_not_reclaim",
     "test_pinning.py::test_a_cpu_rank_is_pinned_with_all_its_threads",
     "test_public_torch_api.py::test_the_rendezvous_handler_comes_from_torchs_public_registry",
+    "test_copies.py::test_a_class_s_copies_get_their_own_verdict_in_every_report",
 }
 #: Tests that need the whole machine: ``make test`` runs them after the parallel run, alone.
 SERIAL = {
