@@ -134,9 +134,16 @@ def first_line(source: str) -> str:
 
 
 def unfinished_cells(found: list[dict[str, Any]], saved: nbformat.NotebookNode) -> list[str]:
-    """Code cells whose prompt does not show an execution count (they never ran)."""
+    """Code cells whose prompt does not show an execution count (they never ran). A collapsed
+    proof cell (its source hidden) has no prompt on the page: Lab's saved file says whether it
+    ran."""
+    def ran(i: int, cell: dict[str, Any]) -> bool:
+        if saved.cells[i].metadata.get("jupyter", {}).get("source_hidden"):
+            return saved.cells[i].get("execution_count") is not None
+        return bool(re.search(r"\[\d+\]", cell["prompt"]))
+
     return [f"cell {i} {c['prompt']} {first_line(saved.cells[i].source)}"
-            for i, c in enumerate(found) if c["code"] and not re.search(r"\[\d+\]", c["prompt"])]
+            for i, c in enumerate(found) if c["code"] and not ran(i, c)]
 
 
 def error_outputs(saved: nbformat.NotebookNode) -> list[str]:
