@@ -78,9 +78,12 @@ def dump_ranks(job_pid: int, nprocs: int, source: str, *, deadline_s: float = 12
                   for run in runs.values() if run.returncode != 0]
         if failed:
             failing_since = failing_since or time.monotonic()
-            if any(word in failed[0] for word in DENIED) or time.monotonic() - failing_since > 2:
+            if any(word in failed[0] for word in DENIED):
                 found.error = (f"py-spy may not trace these processes (it needs root, or sudo, "
                                f"or ptrace_scope 0 on Linux): {failed[0]}")
+                return found
+            if time.monotonic() - failing_since > 2:
+                found.error = f"py-spy kept failing for 2 s: {failed[0]}"
                 return found
             continue   # a worker still starting: py-spy finds no interpreter yet
         failing_since = None
