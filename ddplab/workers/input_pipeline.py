@@ -17,8 +17,7 @@ Every step is split into the time the rank **waited for its batch** (``next(load
 time it **computed** (copy to the device, forward, backward, step, device synchronised): a
 step is input-bound when the first dominates.
 
-Events, every rank: ``metric`` ``pipeline`` (the loader settings, and the TF32 settings float32
-work ran with: ``fp32_matmul``, ``fp32_conv``, ``float32_matmul_precision``), per epoch ``metric``
+Events, every rank: ``metric`` ``pipeline`` (the loader settings), per epoch ``metric``
 ``steps`` (``wait_ms`` and ``compute_ms`` medians, ``first_wait_ms``: the wait for the
 epoch's first batch, ``samples``, ``epoch_time``), and ``metric`` ``draws``: the augmentation
 strengths of the first batch of each epoch and the pids of the loader workers that produced
@@ -130,8 +129,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
         "pin_memory": bool(getattr(loader, "pin_memory", False)),
         "loader_seed_per_rank": args.loader_seed_per_rank, "decode_ms": args.decode_ms,
-        "width": args.width, "device": str(device),
-        **fp32_settings(), "float32_matmul_precision": torch.get_float32_matmul_precision()})
+        "width": args.width, "device": str(device)})
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = models.SmallCNN(split.in_channels, split.num_classes, width=args.width).to(device)
@@ -171,17 +169,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                     workers=sorted(pids - {os.getpid()}))
     dist.cleanup()
 
-
-
-def fp32_settings() -> dict[str, str]:
-    """What float32 means on an NVIDIA GPU in this run, for matmuls and for cuDNN convolutions:
-    ``"tf32"``, ``"ieee"`` (full float32) or ``"none"`` (not set: matmuls then follow
-    ``torch.get_float32_matmul_precision()``). Torch 2.9 replaced ``allow_tf32`` by these."""
-    if torch.__version__ >= "2.9":
-        return {"fp32_matmul": torch.backends.cuda.matmul.fp32_precision,
-                "fp32_conv": torch.backends.cudnn.conv.fp32_precision}
-    return {"fp32_matmul": "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
-            "fp32_conv": "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"}
 
 if __name__ == "__main__":
     main()
