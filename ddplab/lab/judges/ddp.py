@@ -235,9 +235,9 @@ def _share_hint(shares: list[list[int]], size: int, epoch: int) -> Optional[str]
                 "rank), each rank its own part of it.")
     if len(set(counts)) > 1:
         return (f"in epoch {epoch} the ranks read {counts} samples: every rank must read the "
-                "same number, or the rank with an extra batch waits forever in an all-reduce "
-                f"that its peers never join. With {size} samples on {world} ranks that is "
-                f"{size} // {world} = {size // world} each.")
+                "same number, or the rank with an extra batch waits in an all-reduce that its "
+                f"peers never join, until the group's timeout. With {size} samples on {world} "
+                f"ranks that is {size} // {world} = {size // world} each.")
     unread = size - len(set(read))
     if unread >= world:
         return (f"in epoch {epoch} {unread} samples were read by nobody; only what does not "
