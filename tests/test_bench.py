@@ -147,3 +147,18 @@ def test_backward_overlap_times_all_reduces_from_backwards_first_gradient(tmp_pa
     trace.write_text(json.dumps({"traceEvents": ops[:1]}))
     with pytest.raises(ValueError, match="no backward"):
         bench.backward_overlap(trace)
+
+
+def test_the_cli_sweeps_the_batches_notebook_09_sweeps():
+    import ast
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).parents[1] / "notebooks" / "09_scaling_benchmark.ipynb")
+                    .read_text())
+    first = "".join(next(c for c in nb["cells"] if c["cell_type"] == "code")["source"])
+    tree = ast.parse(first.replace("%", "#"))
+    node = next(n.value for n in tree.body
+                if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "ACCURACY")
+    given = eval(compile(ast.Expression(node.value), "09", "eval"), {"dict": dict})
+    assert given == {k: bench.ACCURACY_SWEEP[k] for k in given}
+    assert bench._parser().parse_args([]).global_batches is None   # the sweep's own batches

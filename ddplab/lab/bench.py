@@ -42,6 +42,12 @@ SOURCE_LABEL = "source's GPUs"
 # setup name -> (GPUs the source used, seconds per epoch the source reported)
 SOURCE_SECONDS = {"single": (1, 13.2), "DataParallel": (4, 19.1), "DDP x2": (2, 9.8),
                   "DDP xN": (4, 6.1), "DDP xN + AMP": (4, 6.5)}
+# Notebook 09's accuracy sweep per workload: the per-process batch times 1, 4 and 16, at an equal
+# sample budget (``python -m ddplab bench`` runs the same sweep).
+ACCURACY_SWEEP: dict[str, dict[str, Any]] = {
+    "digits": dict(batch_size=16, global_batches=(16, 64, 256), lr=0.01, epochs=2),
+    "synthetic": dict(batch_size=16, global_batches=(16, 64, 256), lr=0.01, epochs=2),
+    "cifar10": dict(batch_size=128, global_batches=(128, 512, 2048), lr=0.05, epochs=4)}
 POLICIES = {"same lr": [], "scaled lr": ["--scale-lr"],
             "scaled lr + warm-up": ["--scale-lr", "--warmup-epochs", "0.5"]}
 
@@ -251,8 +257,8 @@ def batch_runs(global_batches: Sequence[int], batch_size: int, max_procs: int = 
     return plan_
 
 
-def accuracy_vs_batch(workload: str = "digits", *, global_batches: Sequence[int] = (16, 64, 128),
-                      batch_size: int = 16, epochs: int = 2, lr: float = 0.02,
+def accuracy_vs_batch(workload: str = "digits", *, global_batches: Sequence[int] = (16, 64, 256),
+                      batch_size: int = 16, epochs: int = 2, lr: float = 0.01,
                       policies: Optional[dict[str, list[str]]] = None, max_procs: int = 2,
                       quiet: bool = True, timeout: Optional[float] = None
                       ) -> list[dict[str, Any]]:
@@ -446,7 +452,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="build/bench", help="folder for bench.md, *.png, *.json")
     p.add_argument("--skip-scaling", action="store_true")
     p.add_argument("--skip-accuracy", action="store_true")
-    p.add_argument("--global-batches", type=int, nargs="+", default=[16, 32, 64, 128])
+    p.add_argument("--global-batches", type=int, nargs="+", default=None,
+                   help="default: notebook 09's sweep for the workload (ACCURACY_SWEEP)")
     p.add_argument("--allreduce", action="store_true", help="also measure all-reduce bandwidth")
     p.add_argument("--timeout", type=float, default=None, help="seconds per launch")
     return p
@@ -478,8 +485,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    f"{ns.repeats} epochs after one warm-up epoch.", "", "![](speedup.png)", ""]
         results["scaling"] = [{**asdict(r), "ok": r.ok} for r in rows]
     if not ns.skip_accuracy:
-        runs = accuracy_vs_batch(ns.workload, global_batches=ns.global_batches,
-                                 timeout=ns.timeout)
+        sweep = dict(ACCURACY_SWEEP[ns.workload])
+        if ns.global_batches:
+            sweep["global_batches"] = tuple(ns.global_batches)
+        runs = accuracy_vs_batch(ns.workload, timeout=ns.timeout, **sweep)
         ok &= all(r["status"] == "ok" for r in runs)
         plot_accuracy(runs).savefig(out / "accuracy.png", dpi=120, bbox_inches="tight")
         report += _section("Accuracy against global batch",
