@@ -14,10 +14,9 @@ model, then the ranks combine their results with collectives. Every rank must ca
 collectives, in the same order, with tensors of the same shape. Faults (``--fault``):
 
 - ``none``: every rank calls the same collectives (the reference).
-- ``one_rank``: only rank 0 calls the all-reduce that sums the loss for the log; it waits for a
-  partner that never comes while rank 1 waits in the next collective, the all-gather of the
-  prediction lengths in ``gather_padded``: the job hangs until the process group's timeout
-  (``--pg-timeout``) or the launcher's ends it.
+- ``one_rank``: only rank 0 calls the all-reduce that sums the loss for the log; the ranks no
+  longer call the same collectives, and the job hangs until the process group's timeout
+  (``--pg-timeout``) or the launcher's ends it. (Where each rank waits is notebook 10's question.)
 - ``shape``: the ranks all-gather their predictions, 51 on rank 0 and 50 on rank 1:
   ``all_gather`` needs the same shape everywhere.
 - ``order``: rank 0 broadcasts its early-stopping decision before the loss all-reduce, the
