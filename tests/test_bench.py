@@ -135,15 +135,18 @@ def test_bandwidth_plot_has_one_line_per_algorithm_in_mb_per_s_by_size():
 
 def test_backward_overlap_times_all_reduces_from_backwards_first_gradient(tmp_path):
     ops = [{"ph": "X", "name": "forward", "ts": 0, "dur": 900, "tid": 1},
-           {"ph": "X", "name": bench.GRADIENT_OP + ": AddmmBackward0", "ts": 1000, "dur": 2000, "tid": 1},
-           {"ph": "X", "name": bench.GRADIENT_OP + ": GeluBackward0", "ts": 3000, "dur": 3000, "tid": 1},
+           {"ph": "X", "name": bench.GRADIENT_OP + ": AddmmBackward0", "ts": 1000, "dur": 2000,
+            "tid": 1},
+           {"ph": "X", "name": bench.GRADIENT_OP + ": GeluBackward0", "ts": 3000, "dur": 3000,
+            "tid": 1},
            {"ph": "X", "name": bench.ALL_REDUCE_OP, "ts": 7000, "dur": 500, "tid": 9},
            {"ph": "X", "name": bench.ALL_REDUCE_OP, "ts": 2500, "dur": 1000, "tid": 8},
            {"ph": "i", "name": bench.ALL_REDUCE_OP, "ts": 0, "tid": 8}]
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"traceEvents": ops}))
     seen = bench.backward_overlap(trace)
-    assert seen == {"gradients_ms": 5.0, "all_reduces": [(1.5, 2.5, 8), (6.0, 6.5, 9)], "overlapped": 1}
+    assert seen == {"gradients_ms": 5.0, "all_reduces": [(1.5, 2.5, 8), (6.0, 6.5, 9)],
+                    "overlapped": 1}
     trace.write_text(json.dumps({"traceEvents": ops[:1]}))
     with pytest.raises(ValueError, match="no backward"):
         bench.backward_overlap(trace)

@@ -434,7 +434,8 @@ def backward_overlap(trace: str | Path) -> dict[str, Any]:
     spans = [e for e in json.loads(Path(trace).read_text())["traceEvents"] if e.get("ph") == "X"]
     grads = [e for e in spans if e["name"].startswith(GRADIENT_OP)]
     if not grads:
-        raise ValueError(f"{trace}: no backward in this trace; profile a step that calls backward()")
+        raise ValueError(f"{trace}: no backward in this trace; "
+                         "profile a step that calls backward()")
     start = min(e["ts"] for e in grads)
     end = (max(e["ts"] + e["dur"] for e in grads) - start) / 1000
     reduces = sorted(((e["ts"] - start) / 1000, (e["ts"] + e["dur"] - start) / 1000, e["tid"])
