@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -415,3 +416,25 @@ def test_11b_is_launched_as_its_judge_expects():
     assert {name: size for name, size, _ in grading.FSDP2_RUNS} == judged
     assert [size for _, size, _ in grading.FSDP2_RUNS] == list(grading.LAUNCHES["11b"].sizes)
     assert [args[0] for _, _, args in grading.FSDP2_RUNS] == ["--save", "--load", "--load"]
+
+
+def test_a_class_folder_left_by_a_killed_grading_goes_at_the_next_one(tmp_path, monkeypatch):
+    short = Path(tempfile.mkdtemp(prefix="dd", dir="/tmp"))  # (a long TMPDIR is left for /tmp)
+    try:
+        (tmp_path / "alice").mkdir()
+        code = ("import sys, time\nfrom pathlib import Path\nfrom ddplab.lab import classrun\n"
+                "def hold(path, selected, base, *rest):\n"
+                "    print(base, flush=True)\n    time.sleep(120)\n"
+                "classrun.grade = hold\nclassrun.grade_all(Path(sys.argv[1]), ['03'])\n")
+        held = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], text=True,
+                                env={**os.environ, "TMPDIR": str(short)}, stdout=subprocess.PIPE)
+        left = Path(held.stdout.readline().strip())
+        held.kill()   # kill -9: no finally, no atexit
+        held.wait()
+        assert left.is_dir() and left.parent == short and (left / "references").is_dir()
+        monkeypatch.setattr(tempfile, "tempdir", str(short))
+        (tmp_path / "alice").rmdir()
+        assert classrun.grade_all(tmp_path, ["03"]) == []
+        assert not left.exists() and list(short.iterdir()) == []
+    finally:
+        shutil.rmtree(short, ignore_errors=True)

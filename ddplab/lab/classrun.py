@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 from xml.etree import ElementTree
 
+from ..launcher.procs import private_folder
 from .grading import (COPIED, LAUNCHES, STOPPING, Outcome, copy_outcome, run_exercise,
                       shipped_exercise, stop_all)
 from .judges.capstone.reference import CACHE_ENV
@@ -187,7 +188,7 @@ def grade_all(root: Path, selected: Sequence[str], jobs: int = 1,
     teacher's, when the variable is set, else one in the class's temporary folder, removed
     with it."""
     jobs = max(1, min(jobs, os.cpu_count() or 1))
-    base = Path(tempfile.mkdtemp(prefix="ddplab-grading-"))
+    base = Path(private_folder("ddplab-grading-"))   # a kill -9 leaves none
     shared: dict[str, str] = {}
     if not os.environ.get(REFERENCE_CACHE):
         (base / "references").mkdir()

@@ -31,13 +31,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
+
+from ..launcher.procs import private_folder   # a temporary folder a kill -9 does not leave
 
 #: Marks every process of one graded exercise (its environment), to end what it leaves.
 MARK = "DDPLAB_CHECK_MARK"
@@ -202,7 +203,7 @@ def _judge_capstone(spec: Launch, target: str, timeout: float, start: float) -> 
     from .judges import capstone
 
     sizes = list(spec.sizes)
-    work = Path(tempfile.mkdtemp(prefix="ddplab-13-"))
+    work = Path(private_folder("ddplab-13-"))
     try:
         first: Any = None
         if capstone.unanswered(Path(target)):
@@ -226,7 +227,7 @@ def _judge_fsdp2(spec: Launch, target: str, timeout: float, start: float) -> Out
     """Notebook 11's FSDP2 exercise: save on 2 ranks, load on 4 and 1, judged together."""
     from . import judges
 
-    work = Path(tempfile.mkdtemp(prefix="ddplab-11b-"))
+    work = Path(private_folder("ddplab-11b-"))
     try:
         runs = {name: _launch(target, size, spec, timeout,
                               [a.replace("{dir}", str(work / "dcp")) for a in args])
@@ -404,7 +405,7 @@ def check_course(course: Path, selected: Sequence[str], timeout: Optional[float]
     """Judge ``selected`` exercises in the learner's own folder, printing one verdict each."""
     out = out or sys.stdout
     outcomes = []
-    work = Path(tempfile.mkdtemp(prefix="ddplab-check-"))
+    work = Path(private_folder("ddplab-check-"))
     try:
         for key in selected:
             spec = LAUNCHES[key]
