@@ -9,7 +9,7 @@ import torch
 from ddplab.lab.checks import EXERCISES, check, reference_answer
 
 WRONG = {"01": 1000 / 1.16, "02": [1, 2, 3], "03": (1024, 0.001), "04": (168, 0),
-         "05": [3, 4, 5], "06": (torch.float32, torch.float32), "07": 2, "07b": 1, "08": 64,
+         "05": [3, 4, 5], "06": (torch.float32, torch.float32), "07": 2, "07b": ["node9", "node10"], "08": 64,
          "09": 13.2 / 6.1, "09b": 2.0, "12": 2 * 4096 * 14336 * 2 / 1e6}
 
 
@@ -47,7 +47,7 @@ def test_reference_answers_are_what_the_lessons_teach():
     assert reference_answer("03") == (512, pytest.approx(0.16))
     assert reference_answer("04") == (169, 5)
     assert reference_answer("07") == 6
-    assert reference_answer("07b") == 6                            # RANK 0, 4, ..., 20
+    assert reference_answer("07b") == ["node8", "node9"]         # node10 sorts first: GROUP_RANK 0
     assert reference_answer("08") == pytest.approx(32.0)        # (n - 1) M / (2 (n - 1) / n M)
     assert reference_answer("09") == pytest.approx(0.875, abs=1e-3)
     assert reference_answer("09b") == pytest.approx(40 / 35)       # (30 + 10) / (30 + 5) ms
@@ -63,10 +63,12 @@ def test_hints_name_the_mistake(capsys):
     assert "multiple of 4" in capsys.readouterr().out
     check("03", (64, 0.16))
     assert "64 x 8" in capsys.readouterr().out
-    check("07b", 3)                               # one per machine: LOCAL_RANK, not RANK
+    check("07b", ["node9", "node10"])             # the first to start, or the endpoint, as node 0
     hint = capsys.readouterr().out
-    assert "local_rank == 0" in hint and "every process of the job" in hint
-    assert "multiple" not in hint and "23" not in hint   # a hint, not the way to the answer
+    assert "hosts the rendezvous endpoint" in hint and "section 2" in hint
+    assert "node10" not in hint and "string" not in hint   # a hint, not the way to the answer
+    check("07b", [])                              # as if /scratch were shared
+    assert "own disk" in capsys.readouterr().out
     check("12", 3 * 4096 * 14336 * 4 / 8 / 1e6)   # fp32 instead of bf16
     assert "2 bytes" in capsys.readouterr().out
     check("09", 14.0 / 2.0)                       # the speed-up, not the efficiency
@@ -100,3 +102,41 @@ def test_the_example_in_checks_docstring_is_judged_as_its_comment_says(capsys):
     assert example, "check's docstring should show a warm-up answer"
     key, answer, said = example.groups()
     assert "why not" in said and not check(key, ast.literal_eval(answer))
+
+
+def test_07b_reference_is_how_torch_numbers_the_nodes(monkeypatch):
+    """Three c10d rendezvous handlers with the exercise's host names, started in the question's
+    order: the one that gets rank 0 (GROUP_RANK 0, so RANK 0) is the one the reference leaves
+    out; every other machine lacks the checkpoint."""
+    import threading
+    import time
+
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
+        C10dRendezvousBackend)
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        DynamicRendezvousHandler)
+
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")   # no store bound to the names
+    hosts = ["node8", "node9", "node10"]                 # the order they start in
+    assert all(host in EXERCISES["07b"].question for host in hosts)
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ranks: dict[str, int] = {}
+    everyone_joined = threading.Barrier(len(hosts), timeout=60)
+
+    def join(host: str) -> None:
+        handler = DynamicRendezvousHandler.from_backend(
+            "job7", store, C10dRendezvousBackend(store, "job7"), len(hosts), len(hosts),
+            local_addr=host)
+        ranks[host] = handler.next_rendezvous().rank
+        everyone_joined.wait()
+        handler.shutdown()
+
+    threads = [threading.Thread(target=join, args=(host,)) for host in hosts]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.2)                                   # node8 first, node10 last
+    for thread in threads:
+        thread.join(timeout=90)
+    assert sorted(ranks.values()) == [0, 1, 2]
+    assert sorted(host for host, rank in ranks.items() if rank != 0) == reference_answer("07b")

@@ -252,30 +252,39 @@ def _exercise_07() -> int:
 
 
 def _compare_07b(answer: Any, expected: Any) -> Optional[str]:
-    try:
-        writers = int(answer)
-    except (TypeError, ValueError):
-        return "answer with one whole number: how many processes write the file."
-    if writers == expected:
+    if not isinstance(answer, (list, tuple, set)) or not all(isinstance(a, str) for a in answer):
+        return 'answer with a list of host names, such as ["nodeX", "nodeY"].'
+    given, hosts = {a.strip() for a in answer}, set(_HOSTS_07B)
+    if given == set(expected):
         return None
-    if writers == 1:
-        return "`rank % 4 == 0` holds for more than rank 0: RANK runs from 0 to 23 over the job."
-    if writers == 3:
-        return ("one writer per machine is what `local_rank == 0` would give; RANK does not "
-                "start again on every machine: it numbers every process of the job.")
-    if writers == 24:
-        return "the test `rank % 4 == 0` lets only some processes through, not every process."
-    return ("RANK numbers every process of the job, across the machines: how many processes "
-            "does the job have, and which of their numbers pass `rank % 4 == 0`?")
+    if not given <= hosts:
+        return f"the machines are {', '.join(_HOSTS_07B)}; answer with some of those names."
+    if not given:
+        return ("`/scratch` is each machine's own disk, and `if rank == 0:` lets one process of "
+                "the whole job write: can the other machines read what it wrote?")
+    if given == hosts:
+        return "one machine does hold the file: the one where the process with RANK 0 runs."
+    if len(given) == 1:
+        return ("`if rank == 0:` writes on one machine only: which machines are left without "
+                "a copy?")
+    return ("node8 started first and hosts the rendezvous endpoint, but neither decides which "
+            "node gets GROUP_RANK 0, and with it RANK 0: how does the c10d rendezvous order "
+            "the agents (section 2)?")
 
 
-@exercise("07b", "A job runs `torchrun --nnodes 3 --nproc-per-node 8 train.py` on three machines, "
-          "and train.py saves its checkpoint under `if rank % 4 == 0:` (`rank` is the global "
-          "RANK) into a folder on NFS that every machine sees. How many processes write the "
-          "checkpoint file at each save? answer = <a number>", _compare_07b)
-def _exercise_07b() -> int:
-    nodes, nproc_per_node = 3, 8
-    return sum(rank % 4 == 0 for rank in range(nodes * nproc_per_node))
+_HOSTS_07B = ("node8", "node9", "node10")
+
+
+@exercise("07b", "A job runs on three machines whose fully qualified host names are node8, node9 "
+          "and node10. They start, in that order, the same command, `torchrun --nnodes 3 "
+          "--nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint node8:29500 --rdzv-id job7 "
+          "train.py`. train.py saves its checkpoint under `if rank == 0:` (`rank` is the global "
+          "RANK) to /scratch/ckpt.pt, where /scratch is each machine's own local disk, calls "
+          "`dist.barrier()`, and then every rank loads /scratch/ckpt.pt to resume. On which "
+          "machines do the ranks find no file? answer = [<host names>]", _compare_07b)
+def _exercise_07b() -> list[str]:
+    first = sorted(_HOSTS_07B)[0]   # c10d numbers the agents in the order of their host names
+    return sorted(host for host in _HOSTS_07B if host != first)
 
 
 def _compare_number(answer: Any, expected: float, mistakes: dict[float, str], ask: str,
