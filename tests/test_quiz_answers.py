@@ -9,7 +9,7 @@ cell: not in a source cell (what the notebook types, prints or asserts), and not
 "Appears" means one of the answer's printed forms occurs as a token of its own:
 
 - a number: how Python prints it and its roundings to 0-3 decimals, each only when it has at
-  least 3 significant characters (``909``, ``909.1``, ``0.54``, ``44.04``). Shorter forms, such as
+  least 3 significant characters (``909``, ``909.1``, ``0.54``, ``0.875``). Shorter forms, such as
   07's answer 6, occur everywhere and prove nothing, so they are not searched;
 - a pair or list: its printed form as a whole (``[2, 2, 2, 0]``, ``(512, 0.16)``,
   ``(torch.float16, torch.float32)``; a list also without trailing zeros, ``[2, 2, 2]``, the way

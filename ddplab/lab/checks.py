@@ -456,20 +456,33 @@ def _exercise_03() -> tuple[int, float]:
 # ------------------------------------------------------------------ exercise 12 (lesson 12)
 
 def _compare_12(answer: Any, expected: Any) -> Optional[str]:
-    return _compare_number(answer, expected, {
-        expected * 8: "that is the whole feed-forward; each of the 8 GPUs holds 1/8 of every "
-                      "matrix.",
-        expected * 2: "bf16 takes 2 bytes per number, not 4.",
-        expected * 2 / 3: "SwiGLU has three matrices: count w1, w3 and w2."},
-        "answer with a number of MB.",
-        "each of the three matrices has 4096 x 14336 numbers; column-wise and row-wise both "
-        "leave 1/8 of it on each GPU; 2 bytes per number.")
+    try:
+        counts = tuple(int(n) for n in answer)
+    except (TypeError, ValueError):
+        counts = ()
+    if len(counts) != 4:
+        return ("answer with four whole numbers: (forward all-gathers, forward reduce-scatters, "
+                "backward all-gathers, backward reduce-scatters).")
+    if counts == expected:
+        return None
+    if counts == (1, 1, 1, 1):
+        return ("that is the LayerNorm + MLP block's count, where one layer reads the input; "
+                "here each layer that reads it has its own style, with its own input layout.")
+    if counts[2:] == (0, 0):
+        return "backward communicates too: each rank needs the gradient of its own tokens."
+    if counts[2:] == counts[:2]:
+        return ("backward does not repeat the forward's collectives: what does the gradient of "
+                "an all-gather, and of a reduce-scatter, take? (section 6)")
+    return ("count per layer: which of q, k, v and out gathers the sequence or scatters it in "
+            "forward, and what each of those becomes in backward.")
 
 
-@exercise("12", "A Llama-style SwiGLU feed-forward has w1 and w3 (4096 -> 14336 each) and w2 "
-          "(14336 -> 4096), no biases, in bf16. With ColwiseParallel on w1 and w3 and "
-          "RowwiseParallel on w2 over 8 GPUs, how many MB (10^6 bytes) of these weights does "
-          "each GPU hold? answer = <a number>", _compare_12)
-def _exercise_12() -> float:
-    dim, hidden, gpus, element_bytes = 4096, 14336, 8, 2
-    return 3 * dim * hidden / gpus * element_bytes / 1e6
+@exercise("12", "Section 3's attention under sequence parallel: its input is this rank's slice "
+          "of the sequence (Shard(1)); q, k and v each get ColwiseParallel(input_layouts=Shard(1))"
+          " and out gets RowwiseParallel(output_layouts=Shard(1)). How many all-gathers and "
+          "reduce-scatters do one forward and one backward run? answer = (forward all-gathers, "
+          "forward reduce-scatters, backward all-gathers, backward reduce-scatters)", _compare_12)
+def _exercise_12() -> tuple[int, int, int, int]:
+    gathering, scattering = 3, 1      # q, k, v each gather their input; out scatters its output
+    # backward: each all-gather's gradient is reduce-scattered, each reduce-scatter's gathered
+    return gathering, scattering, scattering, gathering

@@ -13,10 +13,13 @@ The parts run one after the other in one job (``--parts``, default all of them):
   ``(dp, tp)``; each rank sums the ranks of its ``tp`` and ``dp`` groups over that group.
 - ``placements``: one small tensor as a ``DTensor`` with ``Shard(0)``, ``Shard(1)``,
   ``Replicate()`` and ``Partial()``, what each rank stores, and which collective each
-  ``redistribute`` runs; a RowwiseParallel layer's bias; a norm under ``SequenceParallel``.
+  ``redistribute`` runs; a RowwiseParallel layer's bias.
 - ``mlp`` and ``attention``: ``parallelize_module`` with ``ColwiseParallel`` /
   ``RowwiseParallel`` over the 1-D mesh, against the same module unsharded: outputs,
   gradients, bytes per rank, collectives, and the forward time of both.
+- ``sp``: sequence parallel on a residual LayerNorm + MLP block (the sequence split over the
+  ranks outside the TP region), against the same block unsharded; and section ``mlp``'s
+  attention with each of ``q``, ``k``, ``v`` gathering the sequence itself (exercise 12's quiz).
 - ``2d``: an MLP trained on the digits with TP over ``tp`` and ``fully_shard`` over ``dp``
   (4 or more ranks); alone (1 process) the same MLP trains unsharded on the same global
   batches, the single-process reference.
@@ -31,10 +34,13 @@ Events:
 - ``redistribute`` (rank 0): ``source``, ``target``, ``collectives`` (name -> count).
 - ``bias`` (every rank): ``bias`` (a RowwiseParallel layer's whole bias) and ``local`` (what
   this rank's output holds at a zero input, before the reduction).
-- ``sp_norm`` (every rank): an ``nn.RMSNorm`` under ``SequenceParallel``: its weight
-  gradient's ``grad_placement`` after backward, the ``backward_collectives``, the
-  ``summed_collectives`` of turning that gradient whole, and ``grad_error`` (against the norm
-  run on the whole sequence in one process).
+- ``sp`` (every rank): ``module`` (``norm_mlp``: ``x + mlp(norm(x))`` under sequence
+  parallel; ``attention``: q, k, v each ``ColwiseParallel(input_layouts=Shard(1))``),
+  ``local_shape`` and ``shape`` (this rank's input and the whole), ``output_error``,
+  ``grad_error`` (every parameter's gradient, gathered) and ``input_grad_error`` (this rank's
+  slice of ``x.grad``) against the module run whole in one process, ``forward_collectives``,
+  ``backward_collectives``; for ``norm_mlp`` also ``norm_grad_placement`` (the norm's weight
+  gradient after backward) and ``norm_summed_collectives`` (turning it whole).
 - ``tp`` (every rank): ``module`` (``mlp`` or ``attention``), ``dims``, ``tp_size``,
   ``output_error``, ``grad_error`` (the parameters') and ``input_grad_error`` (``x.grad``):
   the largest differences from the unsharded module,
@@ -59,6 +65,7 @@ Lesson: 12.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 import warnings
@@ -77,7 +84,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 from ddplab import data, dist, events
 from ddplab.sharded import collectives, fsdp_problem, fully_shard, local_bytes
 
-PARTS = ("mesh", "placements", "mlp", "attention", "2d")
+PARTS = ("mesh", "placements", "mlp", "attention", "sp", "2d")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -159,24 +166,6 @@ def rowwise_bias(mesh: DeviceMesh, info: dist.DistInfo) -> None:
     layer = parallelize_module(layer, mesh, RowwiseParallel(output_layouts=Partial()))
     zeros = torch.zeros(1, 2, device=info.device)              # this rank's slice of a zero input
     events.emit("bias", bias=bias.tolist(), local=layer(zeros)[0].tolist())
-
-
-def sequence_parallel_norm(mesh: DeviceMesh, info: dist.DistInfo) -> None:
-    """A norm under SequenceParallel: each rank's slice of the sequence, and its weight's gradient."""
-    torch.manual_seed(1)
-    x = torch.randn(2, 2 * mesh.size(), 4, device=info.device)   # the same (batch, seq, dim) everywhere
-    norm = parallelize_module(nn.RMSNorm(4).to(info.device), mesh, SequenceParallel())
-    mine = x.chunk(mesh.size(), dim=1)[mesh.get_local_rank()]    # this rank's tokens
-    with collectives() as backward:
-        norm(mine).to_local().pow(2).sum().backward()
-    grad = norm.weight.grad
-    with collectives() as summed:
-        whole = grad.full_tensor()                               # what the optimizer needs
-    reference = nn.RMSNorm(4).to(info.device)
-    reference(x).pow(2).sum().backward()
-    events.emit("sp_norm", grad_placement=str(list(grad.placements)),
-                backward_collectives=backward, summed_collectives=summed,
-                grad_error=(whole - reference.weight.grad).abs().max().item())
 # [/placements]
 
 
@@ -201,12 +190,11 @@ class Attention(nn.Module):
         self.q, self.k, self.v, self.out = (nn.Linear(dim, dim, bias=False) for _ in range(4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, _ = x.shape
         # -1, not the number of heads: under TP each rank holds only its share of the heads.
-        q, k, v = (proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-                   for proj in (self.q, self.k, self.v))
+        q, k, v = (proj(x).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
+                   for proj in (self.q, self.k, self.v))   # (batch, heads, seq, head_dim)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(batch, seq, -1))
+        return self.out(y.transpose(1, 2).flatten(2))        # the heads side by side again
 
 
 # Column-wise first (each rank its slice of outputs: hidden units, or heads), row-wise last
@@ -303,6 +291,71 @@ def tensor_parallel(name: str, mesh: DeviceMesh, info: dist.DistInfo,
 # [/tp]
 
 
+# [sp]
+class NormMLP(nn.Module):
+    """A residual block: ``x + mlp(norm(x))``, the norm a LayerNorm, the MLP section mlp's."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.norm, self.mlp = nn.LayerNorm(dim), MLP(dim, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm(x))      # the residual sum acts on this rank's tokens
+
+
+# Outside the TP region each rank holds 1/N of the tokens (Shard(1): dimension 1 is the
+# sequence); up gathers the whole sequence, down hands back this rank's tokens, summed.
+SP_PLAN = {"norm": SequenceParallel(),
+           "mlp.up": ColwiseParallel(input_layouts=Shard(1)),
+           "mlp.down": RowwiseParallel(output_layouts=Shard(1))}
+
+
+def sequence_parallel(mesh: DeviceMesh, info: dist.DistInfo, args: argparse.Namespace) -> None:
+    """NormMLP under SP_PLAN, each rank fed its slice of the sequence, against the whole."""
+    torch.manual_seed(args.seed)
+    reference = NormMLP(args.dim, args.hidden).to(info.device)
+    model = parallelize_module(copy.deepcopy(reference), mesh, SP_PLAN)
+    found = run_on_slices(model, reference, mesh, info, args)
+    with collectives() as summed:
+        model.norm.weight.grad.full_tensor()   # what the optimizer needs: the whole gradient
+    events.emit("sp", module="norm_mlp", **found, norm_summed_collectives=summed,
+                norm_grad_placement=str(list(model.norm.weight.grad.placements)))
+# [/sp]
+
+
+def sequence_parallel_attention(mesh: DeviceMesh, info: dist.DistInfo,
+                                args: argparse.Namespace) -> None:
+    """Section attention's module, each of q, k and v given its input as slices of the sequence."""
+    reference = build("attention", args, info.device)
+    plan = {name: ColwiseParallel(input_layouts=Shard(1)) for name in ("q", "k", "v")}
+    plan["out"] = RowwiseParallel(output_layouts=Shard(1))
+    model = parallelize_module(copy.deepcopy(reference), mesh, plan)
+    events.emit("sp", module="attention", **run_on_slices(model, reference, mesh, info, args))
+
+
+def run_on_slices(model: nn.Module, reference: nn.Module, mesh: DeviceMesh,
+                  info: dist.DistInfo, args: argparse.Namespace) -> dict[str, Any]:
+    """Feed ``model`` this rank's tokens and ``reference`` all of them; compare, count."""
+    torch.manual_seed(args.seed + 1)                            # the same input on every rank
+    x = torch.randn(args.batch_size, 2 * mesh.size(), args.dim, device=info.device)
+    mine = x.chunk(mesh.size(), dim=1)[mesh.get_local_rank()].clone().requires_grad_(True)
+    x.requires_grad_(True)
+    with collectives() as forward:
+        out = model(mine)                                       # this rank's tokens, out
+    with collectives() as backward:
+        out.pow(2).sum().backward()
+    expected = reference(x)
+    expected.pow(2).sum().backward()
+    rank = mesh.get_local_rank()
+    pairs = zip(model.parameters(), reference.parameters())
+    grads = [largest_gap(p.grad, r.grad) for p, r in pairs]
+    return {"local_shape": list(mine.shape), "shape": list(x.shape),
+            "output_error": largest_gap(out, expected.chunk(mesh.size(), dim=1)[rank]),
+            "grad_error": max(grads),
+            "input_grad_error": largest_gap(mine.grad, x.grad.chunk(mesh.size(), dim=1)[rank]),
+            "forward_collectives": forward, "backward_collectives": backward}
+
+
 # [2d]
 def build_classifier(args: argparse.Namespace, split: data.DataSplit,
                      device: torch.device) -> nn.Sequential:
@@ -383,7 +436,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         elif part == "placements":
             show_placements(mesh_1d, info)
             rowwise_bias(mesh_1d, info)
-            sequence_parallel_norm(mesh_1d, info)
+        elif part == "sp":
+            sequence_parallel(mesh_1d, info, args)
+            sequence_parallel_attention(mesh_1d, info, args)
         elif part in ("mlp", "attention"):
             tensor_parallel(part, mesh_1d, info, args)
         else:
