@@ -78,6 +78,14 @@ FSDP2_LOAD = ("    model_state, optim_state = get_state_dict(model, optimizer)\n
               "    dcp.load(state, checkpoint_id=path)\n")
 
 
+# 06: the reference's AMP step, and its clipping lines
+UNSCALE = "    scaler.unscale_(optimizer)   # once, after backward: the true gradients\n"
+CLIP = "    nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n"
+AMP_STEP = ("    scaler.scale(loss).backward()\n" + UNSCALE + CLIP
+            + "    scaler.step(optimizer)       # does not unscale a second time\n"
+            "    scaler.update()\n")
+
+
 VARIANTS = [
     # ----------------------------------------------------------------- 03: the DDP loop
     Variant("03 other style", "03", "ddp_wrap.py", (
@@ -178,17 +186,27 @@ VARIANTS = [
          "        loss = F.cross_entropy(model(inputs), labels)\n",
          "    with torch.autocast(device_type=inputs.device.type, dtype=amp_dtype):\n"
          "        output = model(inputs)\n        loss = F.cross_entropy(output, labels)\n"),
+        (CLIP, "    torch.nn.utils.clip_grad_norm_(\n"
+               "        [p for p in model.parameters() if p.grad is not None], max_norm)\n"),
     ), right=True),
     Variant("06 no GradScaler", "06", "amp.py", (
         ("    return torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)",
          "    return None"),
-        ("    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n",
-         "    loss.backward()\n    optimizer.step()\n"),
+        (AMP_STEP, "    loss.backward()\n" + CLIP + "    optimizer.step()\n"),
     ), right=False, words=("not a torch.amp.GradScaler",)),
     Variant("06 scaler built but bypassed", "06", "amp.py", (
-        ("    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n",
-         "    loss.backward()\n    optimizer.step()\n"),
+        (AMP_STEP, "    loss.backward()\n" + CLIP + "    optimizer.step()\n"),
     ), right=False, words=("scale() 0 times", "step() 0 times")),
+    Variant("06 clipped before unscale_", "06", "amp.py", (
+        (UNSCALE + CLIP, CLIP),
+    ), right=False, words=("the clip saw the scaled gradients", "before clipping")),
+    Variant("06 unscale_ twice", "06", "amp.py", (
+        (CLIP, CLIP + UNSCALE),
+    ), right=False, words=("unscale_(optimizer) twice",)),
+    Variant("06 clipped after the step", "06", "amp.py", (
+        (UNSCALE + CLIP + "    scaler.step(optimizer)       # does not unscale a second time\n",
+         "    scaler.step(optimizer)\n" + CLIP),
+    ), right=False, words=("clipped after scaler.step()",)),
     Variant("06 backward under autocast, loss outside", "06", "amp.py", (
         ("    with torch.autocast(inputs.device.type, dtype=amp_dtype):\n"
          "        loss = F.cross_entropy(model(inputs), labels)\n",

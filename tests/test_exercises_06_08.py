@@ -5,6 +5,7 @@ reference solutions judged right, and the judges' device rules on runs this mach
 from __future__ import annotations
 
 import copy
+import difflib
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,18 @@ def test_both_exercises_are_registered_with_their_skeletons():
         assert "# TODO(exercise)" not in (SOLUTIONS / skeleton.name).read_text()
 
 
+def test_the_amp_solution_only_fills_the_skeletons_gaps():
+    key = "06"
+    skeleton = judges.skeleton_path(key).read_text().splitlines()
+    solution = (SOLUTIONS / judges.skeleton_path(key).name).read_text().splitlines()
+    matcher = difflib.SequenceMatcher(a=skeleton, b=solution, autojunk=False)
+    for tag, i1, i2, _, _ in matcher.get_opcodes():
+        if tag != "equal" and i1 > 0:  # the docstring's first line names the solution
+            assert any("# TODO(exercise)" in line for line in skeleton[i1:i2]), (
+                f"the solution of {key} changes lines {i1 + 1}-{i2} of the skeleton, "
+                "outside its TODO(exercise) blocks")
+
+
 # ----------------------------------------------------------------------------- 06
 
 
@@ -75,7 +88,15 @@ def test_amp_solution_is_judged_right_on_this_machine(amp_solution):
     for rank, kind in device.items():   # the device decides, as in PyTorch's AMP recipe
         assert dtypes[rank] == ["bfloat16" if kind == "cpu" else "float16"]
         assert scaler[rank]["enabled"] == (kind == "cuda")
-        assert scaler[rank]["calls"] == {"scale": 24, "step": 24, "update": 24}
+        assert scaler[rank]["calls"] == {"scale": 24, "unscale_": 24, "step": 24, "update": 24}
+    steps, max_norm = judges.metric(amp_solution, "scaled_steps"), judges.metric(
+        amp_solution, "max_norm")
+    for rank, kind in device.items():   # on a CPU, the extra steps with a scaler on
+        assert len(steps[rank]) == (24 if kind == "cuda" else 4)
+        for step in steps[rank]:        # clipped as true gradients: exactly max_norm here
+            assert step["order"] == ["scale", "unscale_", "step", "update"]
+            assert step["scale"] > 1 and not step["raised"]
+            assert abs(step["stepped_norm"] - max_norm[rank]) < 1e-3 * max_norm[rank]
 
 
 def test_fp16_on_cuda_needs_an_enabled_scaler_that_steps(amp_solution):
@@ -124,6 +145,29 @@ def test_on_cpu_the_disabled_scaler_must_still_be_built_and_used(amp_solution):
 def test_amp_hints_name_the_mistake(amp_solution, changes, words):
     verdict = ddplab.check("06", with_facts(amp_solution, **changes))
     assert not verdict and words in verdict.message
+
+
+def steps_changed(**change: object):
+    return lambda steps: [{**step, **change} for step in steps]
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(order=["scale", "step", "update", "unscale_"]), "after scaler.step()"),
+    (dict(order=["unscale_", "scale", "step", "update"]), "before backward"),
+    (dict(order=["scale", "unscale_", "unscale_"], raised="RuntimeError", stepped_norm=None),
+     "twice"),
+    (dict(stepped_norm=0.5 / 65536, scale=65536.0), "the clip saw the scaled gradients"),
+    (dict(stepped_norm=2.0, norm_after=2.0), "they were not clipped"),
+    (dict(stepped_norm=2.0, norm_after=0.5), "clipped after scaler.step()"),
+])
+def test_amp_clipping_hints_name_the_mistake(amp_solution, change, words):
+    verdict = ddplab.check("06", with_facts(amp_solution, scaled_steps=steps_changed(**change)))
+    assert not verdict and words in verdict.message and "TODO 3" in verdict.message
+
+
+def test_a_skipped_step_is_not_judged_for_clipping(amp_solution):   # an overflow skips it
+    assert ddplab.check("06", with_facts(amp_solution, scaled_steps=lambda steps: [
+        {**steps[0], "stepped_norm": None}, *steps[1:]]))
 
 
 def test_amp_facts_missing_from_a_rank_are_reported(amp_solution):

@@ -1,6 +1,6 @@
 """Reference solution of exercise 06 (the tests run it; the notebook never shows it).
 
-Exercise 06: mixed precision in a DDP training loop. Three functions to write.
+Exercise 06: mixed precision with gradient clipping in a DDP training loop. Three functions.
 
 Run it from notebook 06 (about 10 s; a hang is ended after 60 s, and the judge says where each
 rank waited), or from the repository root::
@@ -10,18 +10,23 @@ rank waited), or from the repository root::
 
 and hand the launch's result to the judge: ``ddplab.check("06", result)``.
 
-The goal: train with automatic mixed precision, the way PyTorch's AMP recipe does it today
-(``torch.autocast`` and ``torch.amp.GradScaler``; the older ``torch.cuda.amp`` names are
-deprecated), correct on a CPU and on a CUDA GPU alike. Write the three functions marked
-``TODO(exercise)`` from their docstrings; notebook 06 showed what each piece does. Look up in
-PyTorch's documentation: "Automatic Mixed Precision package - torch.amp" (which dtype autocast
-uses on each device type, and which ops it runs in lower precision) and the "CUDA Automatic Mixed
-Precision examples" (the order of the scaler's calls in a training step).
+The goal: train with automatic mixed precision, correct on a CPU and on a CUDA GPU alike, and
+clip the gradients to a total norm of ``max_norm`` on the way, as large models are trained.
+Notebook 06 showed the plain AMP step (``torch.autocast`` and ``torch.amp.GradScaler``); adding
+clipping to it is where it goes wrong: until the scaler unscales them, the gradients are
+multiplied by the scale (65536 to start), so ``max_norm`` must be applied to the true ones.
+Write the three functions marked ``TODO(exercise)`` from their docstrings. Look up in PyTorch's
+documentation: "Automatic Mixed Precision package - torch.amp" (which dtype autocast uses on
+each device type; the GradScaler's methods) and the "CUDA Automatic Mixed Precision examples"
+(its section "Working with Unscaled Gradients", gradient clipping).
 
 The fixed part of this file watches the run and reports facts (``metric`` events, one per fact
 and rank): whether every forward pass ran under autocast and in which dtype, the dtypes of the
-weights, gradients and loss, every step's loss, and what the scaler was asked to do. The judge
-reads those facts; nothing here is judged by its text.
+weights, gradients and loss, every step's loss, which of the scaler's methods each step called
+and in which order, and the norm of the gradients the optimizer stepped with. Where the run's
+own scaler is off (bfloat16 needs none), a few more steps run with one on, as float16 on a GPU
+has it, so the clipping is judged on every device. The judge reads those facts; nothing here is
+judged by its text.
 
 Lesson: 06.
 """
@@ -38,12 +43,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddplab import data, dist, events, models
 
+#: Steps run with a scaler on (at the scale a float16 run starts with) after the run's own.
+PROBE_STEPS = 4
+
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="exercises/amp.py", description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=24, help="optimizer steps per rank")
     p.add_argument("--batch-size", type=int, default=32, help="per process")
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--max-norm", type=float, default=0.5, help="clip the gradients' total norm")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -71,30 +80,52 @@ def name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def grad_norm(model: nn.Module) -> Optional[float]:
+    """The 2-norm of all the gradients taken together (one vector); None if there are none."""
+    grads = [p.grad.detach().float() for p in model.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads \
+        else None
+
+
 class CountingScaler(torch.amp.GradScaler):
-    """A GradScaler that counts its ``scale``, ``step`` and ``update`` calls (for the judge).
+    """A GradScaler that records which of its methods each step called, in order (for the judge).
 
     The fixed part hands your ``train_step`` one of these, set up like the scaler your
-    ``make_scaler`` built; it behaves exactly like that scaler.
+    ``make_scaler`` built (or switched on, for the extra steps); it behaves exactly like it.
     """
 
-    def __init__(self, like: torch.amp.GradScaler, device_type: str) -> None:
-        super().__init__(device_type, enabled=like.is_enabled())
-        if like.is_enabled():
+    def __init__(self, like: torch.amp.GradScaler, device_type: str, on: bool = False) -> None:
+        super().__init__(device_type, enabled=on or like.is_enabled())
+        if like.is_enabled() and not on:
             self.load_state_dict(like.state_dict())
-        self.calls = {"scale": 0, "step": 0, "update": 0}
+        self.calls = {"scale": 0, "unscale_": 0, "step": 0, "update": 0}
+        self.order: list[str] = []   # this step's calls; the fixed part empties it
+        self.stepping = False
 
     def scale(self, outputs: Any) -> Any:
-        self.calls["scale"] += 1
+        self._count("scale")
         return super().scale(outputs)
 
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self.stepping:        # step() calls unscale_ itself when you did not
+            self._count("unscale_")
+        super().unscale_(optimizer)
+
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-        self.calls["step"] += 1
-        return super().step(optimizer, *args, **kwargs)
+        self._count("step")
+        self.stepping = True
+        try:
+            return super().step(optimizer, *args, **kwargs)
+        finally:
+            self.stepping = False
 
     def update(self, new_scale: Any = None) -> None:
-        self.calls["update"] += 1
+        self._count("update")
         super().update(new_scale)
+
+    def _count(self, call: str) -> None:
+        self.calls[call] += 1
+        self.order.append(call)
 
 
 def scaler_facts(scaler: Any) -> dict[str, Any]:
@@ -129,21 +160,57 @@ def make_scaler(device: torch.device, amp_dtype: torch.dtype) -> torch.amp.GradS
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
                scaler: torch.amp.GradScaler, inputs: torch.Tensor, labels: torch.Tensor,
-               amp_dtype: torch.dtype) -> torch.Tensor:
-    """One optimizer step in mixed precision; returns the loss.
+               amp_dtype: torch.dtype, max_norm: float) -> torch.Tensor:
+    """One optimizer step in mixed precision, with gradient clipping; returns the loss.
 
     The forward pass and the loss computed under autocast in ``amp_dtype`` on the inputs'
     device type; backward and the optimizer step outside it, through the scaler (on the scaled
-    loss; the step skipped after an overflow; the scale updated every step). The weights stay
-    float32: autocast casts copies per operation.
+    loss; the step skipped after an overflow; the scale updated every step). Before the
+    optimizer steps, the gradients are clipped so that their total norm is at most
+    ``max_norm``: the norm of the true gradients, whatever the scaler's scale is. The weights
+    stay float32: autocast casts copies per operation.
     """
     optimizer.zero_grad(set_to_none=True)
     with torch.autocast(inputs.device.type, dtype=amp_dtype):
         loss = F.cross_entropy(model(inputs), labels)
     scaler.scale(loss).backward()
-    scaler.step(optimizer)
+    scaler.unscale_(optimizer)   # once, after backward: the true gradients
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)       # does not unscale a second time
     scaler.update()
     return loss
+
+
+def observed_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any,
+                  batch: tuple[torch.Tensor, torch.Tensor], amp_dtype: torch.dtype,
+                  max_norm: float, stepped: list[Optional[float]]) -> tuple[Any, dict]:
+    """Run ``train_step`` once; return its loss and what the step did (its scaler calls in
+    order, the scale, the norm of the gradients the optimizer stepped with and after the step).
+    A RuntimeError of the scaler (``unscale_`` twice, or after ``step``) ends the step early."""
+    if isinstance(scaler, CountingScaler):
+        scaler.order = []
+    scale = scaler.get_scale() if isinstance(scaler, torch.amp.GradScaler) and \
+        scaler.is_enabled() else 1.0
+    stepped.clear()
+    loss, raised = None, None
+    try:
+        loss = train_step(model, optimizer, scaler, *batch, amp_dtype, max_norm)
+    except RuntimeError:
+        if not isinstance(scaler, CountingScaler) or "unscale_" not in scaler.order:
+            raise
+        raised = "RuntimeError"
+    return loss, {"order": list(getattr(scaler, "order", [])), "scale": scale,
+                  "stepped_norm": stepped[0] if stepped else None,
+                  "norm_after": grad_norm(model), "raised": raised}
+
+
+def batches(loader: Any) -> Any:
+    """The loader's batches, epoch after epoch, without end."""
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        yield from loader
+        epoch += 1
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -165,23 +232,34 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     watch = Watch(net[0], device.type)  # the first convolution: on autocast's list
     model = DDP(net, device_ids=info.device_ids) if info.world_size > 1 else net
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    stepped: list[Optional[float]] = []   # the norm of the gradients the optimizer stepped with
+    optimizer.register_step_pre_hook(lambda *_: stepped.append(grad_norm(net)))
 
     amp_dtype = autocast_dtype(device)
     scaler = make_scaler(device, amp_dtype)
     scaler_before = scaler_facts(scaler)
     counted = CountingScaler(scaler, device.type) if isinstance(
         scaler, torch.amp.GradScaler) else scaler
+    probe = CountingScaler(scaler, device.type, on=True) if isinstance(
+        scaler, torch.amp.GradScaler) and not scaler.is_enabled() else None
     losses: list[float] = []
-    loss = torch.zeros(())
-    epoch = 0
-    while len(losses) < args.steps:
-        loader.set_epoch(epoch)
-        for inputs, labels in loader:
-            if len(losses) == args.steps:
-                break
-            loss = train_step(model, optimizer, counted, inputs, labels, amp_dtype)
-            losses.append(float(loss.detach().float()))
-        epoch += 1
+    steps: list[dict] = []   # what each step with a scaler on did
+    loss: Any = torch.zeros(())
+    feed = batches(loader)
+    for _ in range(args.steps):
+        out, step = observed_step(model, optimizer, counted, next(feed), amp_dtype,
+                                  args.max_norm, stepped)
+        if counted is not None and counted.is_enabled() or step["raised"]:
+            steps.append(step)
+        if step["raised"]:
+            break
+        loss = out
+        losses.append(float(out.detach().float()))
+    for _ in range(PROBE_STEPS if probe and not (steps and steps[-1]["raised"]) else 0):
+        steps.append(observed_step(model, optimizer, probe, next(feed), amp_dtype,
+                                   args.max_norm, stepped)[1])
+        if steps[-1]["raised"]:
+            break
 
     # report what happened (the judge reads these events)
     grad = next(p.grad for p in net.parameters() if p.grad is not None)
@@ -193,12 +271,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         "weight_dtype": name(next(net.parameters()).dtype), "grad_dtype": name(grad.dtype),
         "loss_dtype": name(loss.dtype), "losses": losses,
         "scaler_before": scaler_before, "scaler": scaler_facts(counted),
+        "max_norm": args.max_norm, "scaled_steps": steps,
     }
     for key, value in facts.items():
         events.emit("metric", name=key, value=value)
-    print(f"rank {info.rank}: {len(losses)} steps on {device}, loss {losses[0]:.3f} -> "
-          f"{losses[-1]:.3f}, autocast in {watch.under_autocast}/{watch.forwards} forwards "
-          f"{sorted(watch.autocast_dtypes)}, scaler {facts['scaler']}", flush=True)
+    ends = f"{losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "none"
+    print(f"rank {info.rank}: {len(losses)} steps on {device}, loss {ends}, autocast in "
+          f"{watch.under_autocast}/{watch.forwards} forwards {sorted(watch.autocast_dtypes)}, "
+          f"scaler {facts['scaler']}", flush=True)
 
     # cleanup
     dist.cleanup()

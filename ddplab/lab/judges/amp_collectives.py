@@ -3,9 +3,13 @@
 06 reads what ``exercises/amp.py`` observed while it trained: was every forward pass under
 ``torch.autocast`` with the dtype the device wants (bfloat16 on a CPU, float16 on CUDA), did
 the weights stay float32, was a ``GradScaler`` built on every device, enabled exactly where
-float16 needs it, and used at every step (its ``scale``, ``step`` and ``update`` calls are
-counted, so a disabled scaler on a CPU is checked too), and did the loss stay finite and go
-down.
+float16 needs it, and used at every step (its ``scale``, ``unscale_``, ``step`` and ``update``
+calls are counted, so a disabled scaler on a CPU is checked too), were the gradients clipped
+to ``max_norm`` as true gradients (in the steps with a scaler on: the order of its calls, and
+the norm of the gradients the optimizer stepped with, against ``max_norm`` and the scale), and
+did the loss stay finite and go down. PyTorch's rule (``GradScaler.unscale_``'s docstring and
+the AMP examples' "Gradient clipping"): ``unscale_`` at most once per step, between backward
+and ``step``, and clip after it.
 
 08 reads every rank's input and results from ``exercises/collective.py`` and recomputes the
 expected values from the inputs: the mean over ranks (``average``), the left neighbour's
@@ -44,11 +48,13 @@ def _facts(result: Any, names: Sequence[str]) -> tuple[dict[str, dict[int, Any]]
 
 AMP_FACTS = ("device_type", "forwards", "forwards_under_autocast", "autocast_dtypes",
              "layer_output_dtypes", "weight_dtype", "grad_dtype", "loss_dtype", "losses",
-             "scaler_before", "scaler")
+             "scaler_before", "scaler", "max_norm", "scaled_steps")
+#: How far a stepped norm may be from ``max_norm`` (float32 rounding) and still equal it.
+NORM_TOL = 0.01
 
 
-@judge("06", "amp.py", "train under torch.autocast with the device's dtype, and a GradScaler "
-       "exactly where float16 needs it")
+@judge("06", "amp.py", "train under torch.autocast with the device's dtype, a GradScaler "
+       "exactly where float16 needs it, and the true gradients clipped")
 def judge_amp(result: Any) -> Optional[str]:
     facts, missing = _facts(result, AMP_FACTS)
     if missing:
@@ -83,21 +89,20 @@ def _amp_rank(f: dict[str, Any]) -> Optional[str]:
     if f["loss_dtype"] != "float32":
         return (f"the loss is {f['loss_dtype']}: compute it inside the autocast block too, "
                 "where cross_entropy runs in float32 (TODO 3).")
-    hint = _scaler_hint(f["scaler_before"], f["scaler"], want, len(f["losses"]))
-    if hint:
-        return hint
-    return _loss_hint(f["losses"])
+    return (_scaler_hint(f["scaler_before"], f["scaler"], want)
+            or _order_hint(f["scaled_steps"])
+            or _calls_hint(f["scaler_before"], f["scaler"], want, len(f["losses"]))
+            or _clip_hint(f["scaled_steps"], f["max_norm"])
+            or _loss_hint(f["losses"]))
 
 
-def _scaler_hint(before: dict[str, Any], after: dict[str, Any], dtype: str, steps: int
-                 ) -> Optional[str]:
-    """What is wrong with the GradScaler for an autocast ``dtype`` over ``steps``, or None.
+def _scaler_hint(before: dict[str, Any], after: dict[str, Any], dtype: str) -> Optional[str]:
+    """What is wrong with the GradScaler built for an autocast ``dtype``, or None.
 
     A scaler is required on every device: on a CPU (bfloat16) it is built disabled and still
     used, so the same training step is right on a GPU with float16.
     """
-    if not before.get("exists") or before.get("type") is None or \
-            "calls" not in after:
+    if not before.get("exists") or before.get("type") is None or "calls" not in after:
         return (f"make_scaler() returned {before.get('type', 'nothing')}, not a "
                 "torch.amp.GradScaler (TODO 2). Build one on every device: disabled where "
                 f"{dtype} needs no loss scaling, so that the same train_step is right on a GPU "
@@ -108,6 +113,38 @@ def _scaler_hint(before: dict[str, Any], after: dict[str, Any], dtype: str, step
     if dtype != "float16" and before.get("enabled"):
         return (f"the GradScaler is enabled with {dtype}, which has float32's range and needs "
                 "no loss scaling: enable it only for float16 (make_scaler, TODO 2).")
+    return None
+
+
+def _order_hint(steps: Sequence[dict[str, Any]]) -> Optional[str]:
+    """A hint when a step called the scaler's ``unscale_`` twice, after ``step`` or before
+    backward, else None. With the scaler on, the first two raise a RuntimeError in PyTorch (the
+    fixed part of the exercise then ends that step and reports it)."""
+    for number, step in enumerate(steps, 1):
+        order = step["order"]
+        if "unscale_" not in order:
+            continue
+        first = order.index("unscale_")
+        if order.count("unscale_") > 1:
+            return (f"step {number} called scaler.unscale_(optimizer) twice: unscale_ at most "
+                    "once per step, between backward and scaler.step(), which then does not "
+                    "unscale again (TODO 3).")
+        if "step" in order and first > order.index("step"):
+            return (f"step {number} called scaler.unscale_(optimizer) after scaler.step(): the "
+                    "optimizer had already stepped (with the scaled gradients, or the scaler "
+                    "unscaled them itself). Call unscale_ between backward and step, and clip "
+                    "there (TODO 3).")
+        if "scale" not in order or first < order.index("scale"):
+            return (f"step {number} called scaler.unscale_(optimizer) before backward of the "
+                    "scaled loss: it unscaled gradients that were not there yet, and the "
+                    "scaler.step() that followed did not unscale the new ones. Call it after "
+                    "backward (TODO 3).")
+    return None
+
+
+def _calls_hint(before: dict[str, Any], after: dict[str, Any], dtype: str, steps: int
+                ) -> Optional[str]:
+    """A hint when a step bypassed the scaler or it never updated its scale, else None."""
     calls = after.get("calls", {})
     unused = [name for name in ("scale", "step", "update") if calls.get(name, 0) < steps]
     if unused:
@@ -124,6 +161,40 @@ def _scaler_hint(before: dict[str, Any], after: dict[str, Any], dtype: str, step
         if not stepped:
             return ("the scaler is enabled but its scale never changed: call its update() "
                     "after every step (TODO 3).")
+    return None
+
+
+def _clip_hint(steps: Sequence[dict[str, Any]], max_norm: float) -> Optional[str]:
+    """A hint when, in a step with a scaler on, the optimizer stepped with gradients that were
+    not clipped to ``max_norm`` as true gradients, else None.
+
+    Clipped before ``unscale_``, the gradients are clipped while multiplied by the scale: the
+    optimizer then steps with a norm of ``max_norm / scale``. Unclipped (or clipped after the
+    step) it steps with their true norm, above ``max_norm`` in this exercise's run.
+    """
+    if not steps:
+        return ("no step ran with a GradScaler switched on, so the clipping could not be "
+                "judged: restore the fixed part of the file from the skeleton.")
+    for number, step in enumerate(steps, 1):
+        used, scale, after = step["stepped_norm"], step["scale"], step["norm_after"]
+        if used is None:   # an overflow: the scaler skipped this step
+            continue
+        if used > max_norm * (1 + NORM_TOL):
+            if after is not None and after <= max_norm * (1 + NORM_TOL):
+                return (f"in step {number} the optimizer stepped with gradients of norm "
+                        f"{used:.3g}, above max_norm={max_norm:g}: they were clipped after "
+                        "scaler.step(), too late to change the step. Clip between "
+                        "scaler.unscale_(optimizer) and scaler.step() (TODO 3).")
+            return (f"in step {number} the optimizer stepped with gradients of norm {used:.3g}, "
+                    f"above max_norm={max_norm:g}: they were not clipped. Clip them with "
+                    "torch.nn.utils.clip_grad_norm_ before the scaler steps (TODO 3).")
+        if scale > 2 and used < max_norm / 2 and \
+                abs(used * scale - max_norm) <= NORM_TOL * max_norm:
+            return (f"in step {number} the optimizer stepped with gradients of norm {used:.3g}, "
+                    f"max_norm={max_norm:g} divided by the scale {scale:g}: the clip saw the "
+                    f"scaled gradients, so max_norm applied to gradients {scale:g} times too "
+                    "large, then the scaler divided them. Call scaler.unscale_(optimizer) "
+                    "before clipping (TODO 3).")
     return None
 
 
