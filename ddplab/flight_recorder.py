@@ -131,6 +131,41 @@ def describe_waits(waits: Mapping[int, Optional[Collective]]) -> list[str]:
     return lines
 
 
+def dump_files(records: Mapping[int, Mapping[str, Any]], folder: str) -> list[str]:
+    """Write each rank's records as the dump file NCCL's watchdog would (``folder/rank_N``, a
+    pickle), for torch's own analyser: ``torchfrtrace folder``. Returns the paths written.
+
+    gloo leaves the group's name out of ``pg_config`` (keyed ``""``); the analyser looks the
+    group up by name, so the name and description in each entry's ``process_group`` are put in.
+    """
+    import pickle
+
+    os.makedirs(folder, exist_ok=True)
+    written = []
+    for rank, record in sorted(records.items()):
+        record = dict(record)
+        if "" in record.get("pg_config", {}) and record.get("entries"):
+            name, desc = record["entries"][0]["process_group"]
+            record["pg_config"] = {name: {**record["pg_config"][""], "name": name, "desc": desc}}
+        path = os.path.join(folder, f"rank_{rank}")
+        with open(path, "wb") as file:
+            pickle.dump(record, file)
+        written.append(path)
+    return written
+
+
+def torchfrtrace() -> Optional[Any]:
+    """The function the ``torchfrtrace`` command runs (its console-script entry point), to call
+    with the command's arguments (``torchfrtrace()([folder, "-o", "db.pkl"])``); None when this
+    torch has no such command, or one whose module its wheel lacks (torch 2.6)."""
+    from importlib.metadata import entry_points
+
+    try:
+        return entry_points(group="console_scripts", name="torchfrtrace")["torchfrtrace"].load()
+    except (KeyError, ImportError):
+        return None
+
+
 class Reader:
     """One launch's Flight Recorder, seen from the launcher: what its ranks need in their
     environment (``env``), the read at a timeout (:meth:`read`), and the report (:meth:`report`).

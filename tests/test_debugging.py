@@ -4,6 +4,7 @@ the ``postmortem`` helpers on text they will meet."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -447,3 +448,24 @@ def test_judge_names_a_repeated_batch_where_a_rank_trained_more_steps_than_it_ha
 def a_timeout_message() -> str:
     """A collective's timeout as a rank reports it (the words torch_words recognises)."""
     return next(line for _, line in torch_words.COLLECTIVE_TIMEOUT.seen)
+
+
+def test_dump_files_are_what_torchfrtrace_reads_and_it_flags_the_hung_collective(tmp_path):
+    """The recorded hang, written as NCCL's watchdog would, and torch's own analyser run on it."""
+    import pickle
+
+    from ddplab import flight_recorder
+
+    page = postmortem.recording("flight_recorder_one_rank")["page"]
+    records = postmortem.debug_server_records(page)
+    paths = flight_recorder.dump_files(records, str(tmp_path / "fr"))
+    assert sorted(os.path.basename(p) for p in paths) == ["rank_0", "rank_1"]
+    dumped = pickle.loads((tmp_path / "fr" / "rank_0").read_bytes())
+    group = records[0]["entries"][0]["process_group"][0]
+    assert list(dumped["pg_config"]) == [group] and dumped["entries"] == records[0]["entries"]
+    analyse = flight_recorder.torchfrtrace()
+    if analyse is None:
+        pytest.skip("this torch has no torchfrtrace command")
+    analyse([str(tmp_path / "fr"), "-o", str(tmp_path / "db.pkl")])
+    db = pickle.loads((tmp_path / "db.pkl").read_bytes())[-1]
+    assert [c.collective_seq_id for c in db.collectives if not c.pass_check] == [1]
