@@ -38,18 +38,29 @@ def test_registered_with_its_skeleton():
 
 
 def test_the_judges_launches_are_the_notebooks():
-    """Notebook 13's five ``NAME = run(folder, *args, n=N)`` calls are the judge's LAUNCHES
-    (which ``ddplab check 13`` and the variants launch)."""
+    """Notebook 13's five ``NAME = lab.run(folder, *args, n=N)`` calls are the judge's LAUNCHES
+    (which ``ddplab check 13`` and the variants launch); the two resumes start from the
+    checkpoints the killed run left, and the job is launched by no other call."""
     cells = json.loads((ROOT / "notebooks" / "13_capstone.ipynb").read_text())["cells"]
-    made = {}
-    for node in ast.walk(ast.parse("\n".join("".join(c["source"]) for c in cells
-                                             if c["cell_type"] == "code"))):
+    tree = ast.parse("\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code"))
+    made, starts = {}, {}
+    for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and getattr(
-                node.value.func, "id", None) == "run":
-            folder, *extra = [a.body if isinstance(a, ast.IfExp) else a for a in node.value.args]
-            size = next((k.value.value for k in node.value.keywords if k.arg == "n"), 2)
-            made[node.targets[0].id] = (tuple(a.value for a in extra), folder.value, size)
+                node.value.func, "attr", None) == "run":
+            assert node.value.func.value.id == "lab", ast.unparse(node)
+            folder, *extra = node.value.args
+            keywords = {k.arg: k.value for k in node.value.keywords}
+            name = node.targets[0].id
+            made[name] = (tuple(a.value for a in extra), folder.value,
+                          keywords["n"].value if "n" in keywords else 2)
+            starts[name] = getattr(keywords.get("checkpoints"), "id", None)
     assert {name: made.get(name) for name in judge13.RUNS} == judge13.LAUNCHES
+    assert starts == {"ddp": None, "fsdp": None, "killed": None, "resumed": "killed",
+                      "resharded": "killed"}
+    launches = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Call) and
+                getattr(n.func, "attr", None) == "launch"]
+    assert len(launches) == 1 and "../exercises/capstone.py" in launches[0], launches
+    assert "lab.leave_unfinished_save(killed)" in ast.unparse(tree)
 
 
 def test_ddplab_check_launches_the_five_runs(tmp_path, monkeypatch):
@@ -592,3 +603,115 @@ def test_a_resume_that_reads_an_unfinished_save_is_named():
     hint = judge13._unfinished_hint(resumed)
     assert "step-32" in hint and "without DCP's .metadata" in hint, hint
     assert judge13._unfinished_hint(_run(range(24, 32), status="failed")) is None
+
+
+# --------------------------------------------------------------- the notebook's launches (lab)
+
+
+def _lab(tmp_path, monkeypatch, yours: bool):
+    """A ``Capstone`` after a first launch of the skeleton (or of a job without its TODO line,
+    judged right so far), whose launches are recorded, not run: each leaves two checkpoints."""
+    from ddplab.lab import capstone_run
+
+    launched = []
+
+    def launch(target, nprocs, args=(), **options):
+        launched.append((target, nprocs, [str(a) for a in args], options))
+        folder = Path(args[args.index("--checkpoint-dir") + 1])
+        for step in (8, 16):
+            (folder / f"step-{step:03d}").mkdir(parents=True, exist_ok=True)
+            for name in (".metadata", "__0_0.distcp", "__1_0.distcp"):
+                (folder / f"step-{step:03d}" / name).write_text(name)
+        return _run(range(32))
+
+    monkeypatch.setattr(ddplab, "launch", launch)
+    monkeypatch.setattr(judge13, "_reference", lambda run: run)   # no launch of the reference
+    job = tmp_path / "capstone.py"
+    job.write_text("# my job\n" if yours else SKELETON.read_text())
+    first = _run(range(32)) if yours else RunResult(status="ok", returncode=0, wall_time=1.0,
+                                                    world_size=2, events={0: [], 1: []})
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    lab = capstone_run.Capstone(first, job, data=["--dataset", "digits"], work=work,
+                                timeout=300.0)
+    return lab, launched
+
+
+@pytest.mark.parametrize("yours", [False, True])
+def test_the_labs_runs_are_what_ddplab_check_launches(tmp_path, monkeypatch, yours):
+    """``lab.run``, called as the notebook calls it, launches what ``launch_runs`` (``ddplab
+    check 13``) launches (``--strategy fsdp`` made ``ddp`` where FSDP2 cannot run), each run in
+    its own folder: the reference job while the learner's is the skeleton, else the learner's,
+    with the watch that ends a hang once it is certain."""
+    lab, launched = _lab(tmp_path, monkeypatch, yours)
+    runs = {}
+    for name, (extra, folder, nprocs) in judge13.LAUNCHES.items():
+        start = runs["killed"] if name in ("resumed", "resharded") else None
+        runs[name] = lab.run(folder, *extra, n=nprocs, checkpoints=start)
+        if name == "killed":
+            lab.leave_unfinished_save(runs[name])
+    other = tmp_path / "judge"
+    judged = judge13.launch_runs(lambda nprocs, args, **watch: (nprocs, args), other)
+    assert len(launched) == len(judged) == 5
+    for (target, n, args, options), (nprocs, want) in zip(launched, judged.values()):
+        assert target == (str(tmp_path / "capstone.py") if yours else judge13.REFERENCE)
+        assert n == nprocs and args[:2] == ["--dataset", "digits"]
+        assert args[2:] == [str(a).replace(str(other), str(lab.folder)) for a in want]
+        assert options["timeout"] == (judge13.LATER_TIMEOUT if yours else 300.0)
+        assert (options["on_event"] is not None) == yours
+        assert options["quiet"] == (not yours and "--kill-rank" in args)
+
+
+def test_a_resume_starts_from_the_killed_runs_checkpoints_each_time(tmp_path, monkeypatch):
+    lab, _ = _lab(tmp_path, monkeypatch, yours=False)
+    lab.run("job", "--kill-rank", "1")
+    (lab.folder / "job" / "stale").write_text("a file of an earlier run")
+    killed = lab.run("job", "--kill-rank", "1")   # the cell run again: from nothing
+    assert not (lab.folder / "job" / "stale").exists()
+    unfinished = lab.leave_unfinished_save(killed)
+    assert unfinished.name == "step-024" and not (unfinished / ".metadata").exists()
+    assert unfinished.parent == lab.checkpoints(killed) != lab.folder / "job"
+    for _ in range(2):   # the resumes' cell run twice: from the killed run's checkpoints
+        lab.run("job", checkpoints=killed)
+        assert sorted(os.listdir(lab.folder / "job")) == ["step-008", "step-016", "step-024"]
+        assert sorted(os.listdir(lab.folder / "job" / "step-024")) == [
+            "__0_0.distcp", "__1_0.distcp"]
+        (lab.folder / "job" / "step-016" / ".metadata").unlink()   # as a resume may change it
+
+
+def test_the_lab_stops_after_a_mistake_or_a_change(tmp_path, monkeypatch, capsys):
+    lab, _ = _lab(tmp_path, monkeypatch, yours=True)
+    assert "right so far" in capsys.readouterr().out
+    assert lab.launching("Section 3") and "use your job" in capsys.readouterr().out
+    assert not lab.launching("Section 5", judged=True)   # section 4 has not judged the five
+    assert "run section 4 first" in capsys.readouterr().out
+    monkeypatch.setattr(judge13, "_reference", lambda run: _run(range(32)))
+    wrong = {name: _run(range(32), skipped=(20,)) for name in ("ddp", "fsdp")}
+    assert judge13.judged_wrong(lab.judge(wrong)) and not lab.go
+    assert not lab.launching("Section 4") and "found your job wrong" in capsys.readouterr().out
+    lab, _ = _lab(tmp_path, monkeypatch, yours=True)
+    lab.job.write_text("# my job, changed\n")
+    assert not lab.launching("Section 3") and "job changed" in capsys.readouterr().out
+    lab.job.write_text("# my job\n")
+    assert not lab.launching("Section 3")   # until the notebook runs again from the top
+    skeleton, _ = _lab(tmp_path, monkeypatch, yours=False)
+    assert skeleton.go and skeleton.launching("Section 3")   # the reference runs instead
+    assert "the reference job" in capsys.readouterr().out
+
+
+def test_the_reference_is_named_only_once_the_learners_job_is_judged_right(tmp_path,
+                                                                          monkeypatch, capsys):
+    from ddplab.lab import checks, showcode
+
+    five = {name: _run(range(32)) for name in judge13.RUNS}
+    for yours, right in ((False, True), (True, False), (True, True)):
+        lab, _ = _lab(tmp_path, monkeypatch, yours)
+        monkeypatch.setattr(ddplab, "check", lambda key, runs, right=right: checks.Verdict(
+            key, right, "correct!" if right else "not yet"))
+        lab.show_reference()   # before any verdict on the five runs
+        assert judge13.REFERENCE not in capsys.readouterr().out
+        lab.judge(five)
+        lab.show_reference()
+        shown = capsys.readouterr().out
+        assert (shown.strip() == showcode.source(judge13.REFERENCE).strip()) == (
+            yours and right), shown[:200]

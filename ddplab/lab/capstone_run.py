@@ -1,0 +1,173 @@
+"""Notebook 13's launches: which job its cells launch, into which folder, and when they stop.
+
+After the learner's first launch, one object holds what the cells below need::
+
+    lab = Capstone(first, "../exercises/capstone.py", data=DATA, work=WORK, timeout=TIMEOUT)
+    if lab.launching("Section 3"):
+        ddp = lab.run("ddp", "--amp-dtype", "float16")
+    verdict = lab.judge({"ddp": ddp, ...})
+
+- The job: the learner's file once it is no longer the skeleton (which trains nothing), else
+  the reference job, so that every cell shows what a right job does. The reference is named
+  only by :meth:`Capstone.show_reference`, once the judge has said the learner's job is right.
+- A run: ``--checkpoint-dir`` a folder of its own, emptied first (a cell run again starts from
+  nothing), or filled with the checkpoints a killed run left (``checkpoints=killed``);
+  ``--strategy fsdp`` becomes ``ddp`` where FSDP2 cannot run here (the judge's
+  ``fsdp_strategy``); after a first launch that ended well, a hang ends once it is certain
+  (the judge's ``hang_watch``).
+- The stops: a section launches nothing once the judge found the learner's job wrong, or once
+  the file changed since its first launch was judged (a wrong job may hang in every launch);
+  it says why in one line.
+
+The five runs the judge reads are ``judges.capstone.LAUNCHES``; tests/test_capstone.py checks
+that the notebook's ``lab.run`` calls are those.
+
+Lesson: 13.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from .judges import capstone as judge
+from .showcode import show
+
+WRONG = "the judge found your job wrong. Fix what it named, then run the notebook again."
+CHANGED = "your job changed since section 2 judged it: run the notebook again from the top."
+UNJUDGED = "run section 4 first: it judges the five runs this section builds on."
+TODO = "Your job ran: delete the `# TODO(exercise)` line in exercises/capstone.py."
+BROKEN = "The run above failed: fix what it says (your file still holds its TODO line)."
+
+
+class Capstone:
+    """The cells' launches after the first one, ``first`` (a launch of ``job`` on 2 processes),
+    which is judged here (``verdict``: the judge's line is printed).
+
+    Args:
+        first: the ``RunResult`` of the learner's first launch.
+        job: the learner's file.
+        data: the workload's arguments, given to every launch.
+        work: the folder under which each run gets its own (new for every ``Capstone``).
+        timeout: seconds per launch at most.
+    """
+
+    def __init__(self, first: Any, job: Union[str, Path], *, data: Any = (),
+                 work: Union[str, Path], timeout: float):
+        self.first, self.job, self.data, self.timeout = first, Path(job), list(data), timeout
+        self.verdict = judge.check_so_far(first)
+        self.skeleton = judge.unanswered(self.job, first)
+        self._judged = self.job.read_bytes()   # the job this verdict is about
+        self.go = self.skeleton or not judge.judged_wrong(self.verdict)
+        self.why = WRONG
+        self.final: Any = None   # the verdict on the five runs (:meth:`judge`)
+        self.hint: Optional[str] = None   # the reference's five runs: the judge's hint, if any
+        self.folder = Path(tempfile.mkdtemp(dir=work))
+        self._runs: dict[int, tuple[Any, Path]] = {}
+        self._kept: dict[int, Path] = {}
+        self._said = False
+        if not self.skeleton and judge.unanswered(self.job):   # a job under the TODO line
+            print(TODO if first.ok else BROKEN)
+
+    @property
+    def yours(self) -> bool:
+        """Whether the cells launch the learner's job (else the reference's)."""
+        return not self.skeleton
+
+    @property
+    def correct(self) -> bool:
+        """Whether the five runs were judged right (the reference's are, by the course)."""
+        return self.final is not None and (bool(self.final) if self.yours else True)
+
+    def launching(self, section: str, judged: bool = False) -> bool:
+        """Whether ``section`` launches (``judged``: only after :meth:`judge` said right);
+        when not, one line says why."""
+        if self.go and self.job.read_bytes() != self._judged:
+            self.go, self.why = False, CHANGED
+        why = self.why if not self.go else UNJUDGED if judged and not self.correct else None
+        if why:
+            print(f"{section}: not launched, {why}")
+            return False
+        if not self._said:
+            self._said = True
+            print("the runs below use", "your job" if self.yours else
+                  "the reference job (yours is still the skeleton)")
+        return True
+
+    def run(self, folder: str, *args: Any, n: int = 2, checkpoints: Any = None) -> Any:
+        """Launch the job on ``n`` processes with ``--checkpoint-dir`` the run's ``folder``:
+        emptied first, or a copy of the checkpoints that run ``checkpoints`` left."""
+        path = self.folder / folder
+        args = tuple(judge.fsdp_strategy(n) if a == "fsdp" and i and args[i - 1] == "--strategy"
+                     else a for i, a in enumerate(args))
+        shutil.rmtree(path, ignore_errors=True)
+        if checkpoints is not None:
+            shutil.copytree(self.checkpoints(checkpoints), path)
+        watch = judge.hang_watch(self.first, n) if self.yours and self.first.ok else {}
+        import ddplab
+
+        result = ddplab.launch(
+            str(self.job) if self.yours else judge.REFERENCE, n,
+            args=[*self.data, "--checkpoint-dir", path, *args],
+            quiet=not self.yours and "--kill-rank" in args,   # its rank 0's traceback
+            timeout=min(self.timeout, watch.get("timeout", self.timeout)),
+            on_event=watch.get("on_event"))
+        self._runs[id(result)] = (result, path)
+        return result
+
+    def checkpoints(self, result: Any) -> Path:
+        """The folder of checkpoints run ``result`` left (as :meth:`leave_unfinished_save` left
+        it, also after a later run in the same folder)."""
+        return self._kept.get(id(result)) or self._runs[id(result)][1]
+
+    def leave_unfinished_save(self, result: Any) -> Optional[Path]:
+        """Beside the newest checkpoint of run ``result``, what a kill during the next save
+        leaves (the judge's ``leave_unfinished_save``); that folder is then kept as it is, for
+        every run started from its checkpoints. Returns the unfinished save's folder (in the
+        kept copy), or None."""
+        path = self._runs[id(result)][1]
+        unfinished = judge.leave_unfinished_save(path)
+        kept = Path(tempfile.mkdtemp(dir=self.folder))
+        shutil.copytree(path, kept, dirs_exist_ok=True)
+        self._kept[id(result)] = kept
+        return unfinished and kept / unfinished.relative_to(path)
+
+    def judge(self, runs: dict[str, Any]) -> Any:
+        """The learner's runs judged: ``ddplab.check("13", runs)`` on all five (printed), the
+        judge's line on fewer (the cells below launch the rest); a section after a mistake
+        launches nothing. The reference's runs are judged silently (``hint``: None when right).
+        Returns the verdict (None for the reference's runs)."""
+        whole = set(runs) == set(judge.RUNS)
+        if not self.yours:
+            if whole:
+                self.hint = judge.judge_capstone({**runs, "reference": runs["ddp"]})
+                self.final = True
+            return None
+        import ddplab
+
+        verdict = ddplab.check("13", runs) if whole else judge.check_so_far(runs)
+        if whole:
+            self.final = verdict
+        if judge.judged_wrong(verdict):
+            self.go, self.why = False, WRONG
+        return verdict
+
+    def show_reference(self) -> None:
+        """The reference job, once the judge said the learner's job is right; else a line."""
+        if self.yours and self.correct:
+            show(judge.REFERENCE)
+        else:
+            print("The reference job is shown here once the judge says your job is correct.")
+
+
+def throughput(result: Any, batch_size: int) -> float:
+    """Samples per second over all ranks: from the median time between two steps of rank 0
+    over the second half of its steps (the first half pays for start-up); nan below 3 steps."""
+    times = sorted(s["time"] for s in judge.rank_steps(result).get(0, {}).values())
+    half = times[len(times) // 2:]
+    gaps = sorted(b - a for a, b in zip(half, half[1:]))
+    if not gaps:
+        return float("nan")
+    return result.world_size * batch_size / gaps[(len(gaps) - 1) // 2]
