@@ -10,7 +10,7 @@ from ddplab.lab.checks import EXERCISES, check, reference_answer
 
 WRONG = {"01": 1000 / 1.16, "02": [1, 2, 3], "03": (1024, 0.001), "04": (168, 0),
          "05": [3, 4, 5], "06": (torch.float32, torch.float32), "07": 2, "07b": ["node9", "node10"], "08": 64,
-         "09": 13.2 / 6.1, "09b": 2.0, "12": (1, 1, 1, 1)}
+         "09": 14.0 / 2.5, "09b": 2.0, "12": (1, 1, 1, 1)}
 
 
 def test_every_notebook_has_one_exercise():
@@ -49,7 +49,7 @@ def test_reference_answers_are_what_the_lessons_teach():
     assert reference_answer("07") == 6
     assert reference_answer("07b") == ["node8", "node9"]         # node10 sorts first: GROUP_RANK 0
     assert reference_answer("08") == pytest.approx(32.0)        # (n - 1) M / (2 (n - 1) / n M)
-    assert reference_answer("09") == pytest.approx(0.875, abs=1e-3)
+    assert reference_answer("09") == pytest.approx(10 * 14.0 / (13 * 2.5))   # time to the target
     assert reference_answer("09b") == pytest.approx(40 / 35)       # (30 + 10) / (30 + 5) ms
     assert reference_answer("12") == (3, 1, 1, 3)   # q, k, v gather, out scatters; backward mirrors
 
@@ -76,10 +76,13 @@ def test_hints_name_the_mistake(capsys):
     assert "does not repeat" in capsys.readouterr().out
     check("12", (3, 1, 0, 0))                     # backward taken to be free
     assert "backward communicates too" in capsys.readouterr().out
-    check("09", 14.0 / 2.0)                       # the speed-up, not the efficiency
-    assert "that is the speed-up" in capsys.readouterr().out
-    check("09", 0.5)                              # the question names efficiency; a hint defines it
-    assert "efficiency = speed-up / 8" in capsys.readouterr().out
+    check("09", 14.0 / 2.5)                       # one epoch's speed-up, not time to the target
+    assert "one epoch" in capsys.readouterr().out
+    check("09", 14.0 / 2.5 / 8)                   # the per-epoch efficiency
+    assert "an efficiency" in capsys.readouterr().out
+    check("09", 13 / 10)                          # epochs compared, not the time they take
+    hint = capsys.readouterr().out
+    assert "not a number of epochs" in hint and "4.3" not in hint
     check("09b", 2)                               # the compute's speed-up, not the step's
     assert "still waits for every batch" in capsys.readouterr().out
     check("08", 64)                               # the server's link both ways vs ring sends
@@ -89,7 +92,7 @@ def test_hints_name_the_mistake(capsys):
 def test_answers_in_other_spellings():
     assert check("02", (9, 6, 5, 3, 2, 1)) and check("03", [512, "0.16"])
     assert check("05", (4, 5)) and check("06", ("float16", "float32"))
-    assert check("07", "6") and check("08", "32") and check("09", 0.875)
+    assert check("07", "6") and check("08", "32") and check("09", "4.31")
     assert check("12", ["3", "1", "1", "3"]) and not check("12", 3)
     assert not check("01", "fast") and not check("03", 1024) and not check("04", "169")
     assert not check("08", "a lot") and not check("09", 1.5)

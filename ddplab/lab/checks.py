@@ -324,26 +324,33 @@ def _exercise_08() -> float:
     return server / ring
 
 
+EPOCHS_09, EPOCH_S_09 = {1: 10, 8: 13}, {1: 14.0, 8: 2.5}   # to the target accuracy; s per epoch
+
+
 def _compare_09(answer: Any, expected: Any) -> Optional[str]:
     try:
-        efficiency = float(answer)
+        speedup = float(answer)
     except (TypeError, ValueError):
-        return "answer with a number between 0 and 1."
-    if math.isclose(efficiency, expected, rel_tol=0.02):
+        return "answer with one number: how many times sooner."
+    if math.isclose(speedup, expected, rel_tol=0.02):
         return None
-    if math.isclose(efficiency, 14.0 / 2.0, rel_tol=0.02):
-        return "that is the speed-up; efficiency divides it by the number of GPUs."
-    if efficiency > 1:
-        return "efficiency = speed-up / GPUs, at most 1 (1 would be the ideal line)."
-    return "speed-up = time on 1 GPU / time on 8 GPUs; efficiency = speed-up / 8."
+    if math.isclose(speedup, EPOCH_S_09[1] / EPOCH_S_09[8], rel_tol=0.02):
+        return ("that is how much faster one epoch runs; the question asks when each job "
+                "reaches the target accuracy.")
+    if speedup < 1:
+        return ("below 1: an efficiency, or time after / time before; the question asks how "
+                "many times sooner.")
+    return ("the target is an accuracy, not a number of epochs: what does each job spend to "
+            "reach it?")
 
 
-@exercise("09", "A job trains one epoch in 14.0 s on 1 GPU and in 2.0 s with DDP on 8 GPUs. "
-          "What is its parallel efficiency? "
-          "answer = <a number between 0 and 1>", _compare_09)
+@exercise("09", f"A job reaches its target accuracy after {EPOCHS_09[1]} epochs on 1 GPU, at "
+          f"{EPOCH_S_09[1]} s an epoch. With DDP on 8 GPUs (the same per-GPU batch, the learning "
+          f"rate scaled, with warm-up) an epoch takes {EPOCH_S_09[8]} s, but the 8 times larger "
+          f"global batch needs {EPOCHS_09[8]} epochs to reach the same accuracy. How many times "
+          "sooner does the 8-GPU job reach the target? answer = <a number>", _compare_09)
 def _exercise_09() -> float:
-    single, ddp8, gpus = 14.0, 2.0, 8
-    return single / ddp8 / gpus
+    return EPOCHS_09[1] * EPOCH_S_09[1] / (EPOCHS_09[8] * EPOCH_S_09[8])
 
 
 WAIT_09B, COMPUTE_09B = 30.0, 10.0   # ms per step: waiting for the batch, computing
