@@ -9,7 +9,8 @@ rank waited), or from the repository root::
 and hand the launch's result to the judge: ``ddplab.check("08", result)``.
 
 What to write, each from its docstring (look up in ``torch.distributed`` what you need: notebook
-08 showed its collectives and its point-to-point operations, blocking and not):
+08 showed its collectives in section 1 and its point-to-point operations, blocking and not, in
+section 2):
 
 1. ``average(tensor)``: every rank ends with the element-wise mean of all ranks' tensors
    (what DDP does to gradients);

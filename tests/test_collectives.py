@@ -35,6 +35,13 @@ def test_collectives_give_the_textbook_results():
     left = [got["barrier", r]["left"] for r in range(n)]
     assert arrived[-1] - arrived[0] > 0.3
     assert min(left) >= max(arrived) - 0.05
+    p2p = {e["rank"]: e for e in result.events_of("p2p")}
+    assert sorted(p2p) == [0, n - 1]                     # one sender, one receiver
+    assert p2p[n - 1]["message"] == [3.0, 1.0, 4.0] and p2p[0]["reply"] == [6.0, 2.0, 8.0]
+    # causal, not speed: recv returned after the sender's 0.2 s of work; rank 0's wait() after
+    # the reply, which the receiver sent another 0.2 s later; irecv returned before that reply
+    assert p2p[n - 1]["received"] > 0.18 and p2p[0]["done"] > 0.36
+    assert p2p[0]["sent"] <= p2p[0]["posted"] < p2p[n - 1]["received"] + 0.18
 
 
 def test_gloo_has_the_list_reduce_scatter_exactly_where_the_gate_says():

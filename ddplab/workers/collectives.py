@@ -12,6 +12,12 @@ result can be checked by hand. For each collective every rank emits one ``collec
 ``arrived`` and ``left`` (seconds since a common start): rank r arrives r x ``--stagger``
 seconds late, and nobody leaves before the last one arrived.
 
+Point to point (``p2p`` events, seconds since a common start): rank 0 sends one message to the
+last rank with the blocking ``send``/``recv`` after ``--stagger`` seconds of work; the last
+rank answers with ``isend``, ``--stagger`` seconds later, into rank 0's ``irecv``. Rank 0
+reports ``sent``, ``posted`` (when ``irecv`` returned), ``done`` (when its ``wait()`` did) and
+``reply``; the last rank ``received`` (when ``recv`` returned) and ``message``.
+
 Lesson: 08.
 """
 
@@ -118,6 +124,37 @@ def run_barrier(info: dist.DistInfo, stagger: float) -> None:
     events.emit("collective", name="barrier", arrived=arrived, left=left)
 
 
+def run_point_to_point(info: dist.DistInfo, delay: float) -> None:
+    """One message from rank 0 to the last rank, blocking; the answer back, non-blocking.
+
+    Lesson: 08.
+    """
+    last = info.world_size - 1
+    torch_dist.barrier()                  # a common start, one clock
+    start = time.time()
+    # [p2p]
+    if info.rank == 0:
+        time.sleep(delay)                                   # busy a moment before it sends
+        torch_dist.send(torch.tensor([3.0, 1.0, 4.0], device=info.device), dst=last)
+        sent = time.time() - start                          # send: returns once the message is out
+        reply = torch.zeros(3, device=info.device)
+        request = torch_dist.irecv(reply, src=last)         # irecv: returns a request at once ...
+        posted = time.time() - start
+        request.wait()                                      # ... the wait is here
+        done = time.time() - start
+        events.emit("p2p", sent=sent, posted=posted, done=done, reply=reply.tolist())
+    elif info.rank == last:
+        message = torch.zeros(3, device=info.device)
+        torch_dist.recv(message, src=0)                     # recv: returns once it has arrived
+        received = time.time() - start
+        time.sleep(delay)
+        answer = 2 * message
+        request = torch_dist.isend(answer, dst=0)           # isend: leave `answer` alone ...
+        request.wait()                                      # ... until wait() returns
+        events.emit("p2p", received=received, message=message.tolist())
+    # [/p2p]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Join the group, run every collective, run the barrier, leave."""
     args = parse_args(argv)
@@ -126,7 +163,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         raise SystemExit("collectives need at least 2 processes: launch with --nproc-per-node 4")
     run_collectives(info)
     run_barrier(info, args.stagger)
-    dist.print0(f"ran broadcast, all_reduce, all_gather, reduce_scatter and barrier on "
+    run_point_to_point(info, args.stagger)
+    dist.print0(f"ran broadcast, all_reduce, all_gather, reduce_scatter, barrier, send/recv and "
+                f"isend/irecv on "
                 f"{info.world_size} processes ({info.backend})")
     dist.cleanup()
 
