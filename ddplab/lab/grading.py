@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..launcher.procs import private_folder   # a temporary folder a kill -9 does not leave
+from ..launcher.procs import marked, private_folder   # (private: a kill -9 leaves none)
 
 #: Marks every process of one graded exercise (its environment), to end what it leaves.
 MARK = "DDPLAB_CHECK_MARK"
@@ -249,16 +249,7 @@ def _launches(key: str) -> int:
 
 def _tree_of(mark: str) -> list[int]:
     """Every process whose environment holds ``MARK=mark`` (Linux's /proc; elsewhere none)."""
-    needle = f"{MARK}={mark}".encode()
-    found = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
+    return marked(MARK, mark)
 
 
 def end_all(proc: subprocess.Popen, mark: str) -> None:

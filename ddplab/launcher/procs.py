@@ -41,15 +41,21 @@ def end_children(keep: frozenset[int] = frozenset()) -> None:
                 os.waitpid(pid, 0)
 
 
-def kill_marked(name: str, value: str) -> None:
-    """SIGKILL every process but this one whose environment holds ``name=value``."""
-    if not value:
-        return
-    mark = f"{name}={value}".encode()
-    for pid in process_table():
+def marked(name: str, value: str) -> list[int]:
+    """Every process but this one whose environment holds ``name=value`` (where /proc says)."""
+    mark, found = f"{name}={value}".encode(), []
+    for pid in process_table() if value else ():
         with contextlib.suppress(OSError), open(f"/proc/{pid}/environ", "rb") as environ:
             if pid != os.getpid() and mark in environ.read().split(b"\0"):
-                os.kill(pid, signal.SIGKILL)
+                found.append(pid)
+    return found
+
+
+def kill_marked(name: str, value: str) -> None:
+    """SIGKILL every process but this one whose environment holds ``name=value``."""
+    for pid in marked(name, value):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def group_running(pgid: int) -> bool:
