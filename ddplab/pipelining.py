@@ -3,8 +3,8 @@ every micro-batch forward through a stage (receive from the left, compute, send 
 every micro-batch backward, last first (receive from the right, compute, send left), each pass
 timed per micro-batch.
 
-Kept apart from the worker because notebook 11 shows the worker's file before its exercise (a
-two-stage forward pass with ``send``/``recv``) and these two functions after the verdict::
+Kept apart from the worker because notebook 11 shows the worker's file before its exercise (one
+step of a two-stage pipeline, both passes, by hand) and these two functions after the verdict::
 
     timeline = Timeline(info.device)
     inputs, outputs = forward(stage, list(x.chunk(4)), hidden, info, timeline)

@@ -313,22 +313,34 @@ VARIANTS = [
     ), right=False, words=("its batch 4 twice", "each of its own batches once"),
         absent=("skip", "stop early"), args=("--pg-timeout", "120")),   # a safety net
     # ----------------------------------------------------------------- 11: pipeline
-    Variant("11 non-blocking send and recv", "11", "pipeline_forward.py", (
-        ("            torch_dist.send(activation, dst=1)\n",
-         "            torch_dist.isend(activation, dst=1).wait()\n"),
-        ("            torch_dist.recv(received, src=0)\n",
-         "            torch_dist.irecv(received, src=0).wait()\n"),
+    Variant("11 non-blocking messages, and the loss summed then divided", "11",
+            "pipeline_forward.py", (
+        ("            torch_dist.recv(x, src=0)\n",
+         "            torch_dist.irecv(x, src=0).wait()\n"),
+        ("            torch_dist.send(y.detach(), dst=1)\n",
+         "            torch_dist.isend(y.detach(), dst=1).wait()\n"),
+        ("            weight = len(micro_targets[micro]) / sum(len(t) for t in micro_targets)\n"
+         "            (F.cross_entropy(output, micro_targets[micro]) * weight).backward()\n",
+         "            total = sum(len(t) for t in micro_targets)\n"
+         "            (F.cross_entropy(output, micro_targets[micro], reduction=\"sum\") / total"
+         ").backward()\n"),
     ), right=True),
-    Variant("11 the recv is missing", "11", "pipeline_forward.py", (
-        ("            torch_dist.recv(received, src=0)\n", ""),
-    ), right=False, words=("nothing arrived|never received",)),
-    Variant("11 one send and one recv for all micro-batches", "11", "pipeline_forward.py", (
-        ("            torch_dist.send(activation, dst=1)\n",
-         "            if not results:\n                torch_dist.send(activation, dst=1)\n"),
-        ("            torch_dist.recv(received, src=0)\n",
-         "            if not results:\n                torch_dist.recv(received, src=0)\n"
-         "                first = received.clone()\n            received = first\n"),
-    ), right=False, words=("micro-batch 1", "something other than the activation")),
+    Variant("11 the received activation is not tracked by autograd", "11",
+            "pipeline_forward.py", (
+        ("            x.requires_grad_()          # so that backward computes d loss / d x, "
+         "for rank 0\n", ""),
+    ), right=False, words=("does not track", "no gradient to send back")),
+    Variant("11 the micro-batches' mean losses not weighted", "11", "pipeline_forward.py", (
+        ("            (F.cross_entropy(output, micro_targets[micro]) * weight).backward()\n",
+         "            F.cross_entropy(output, micro_targets[micro]).backward()\n"),
+    ), right=False, words=("sum of the 4", "share of the batch")),
+    Variant("11 rank 0 waits for each gradient right after its send (deadlock)", "11",
+            "pipeline_forward.py", (
+        ("            torch_dist.send(y.detach(), dst=1)\n",
+         "            torch_dist.send(y.detach(), dst=1)\n"
+         "            torch_dist.recv(torch.empty_like(y), src=1)\n"),
+    ), right=False, words=("deadlock", "rank 0 in forward and rank 1 in forward"),
+        args=("--pg-timeout", "3")),  # the hang: its end
     # ----------------------------------------------------------------- 12: the TP plan
     Variant("12 one style for both ends of the block, heads read from the weight", "12",
             "tp_plan.py", (

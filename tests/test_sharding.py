@@ -1,11 +1,12 @@
 """Lesson 11 on real gloo processes: FSDP/ZeRO bytes and losses, the hand-written pipeline,
-its timeline, the send/recv exercise (skeleton judged wrong, solution right), and the FSDP2 +
-DCP exercise's skeleton and single-launch verdicts (its variants: test_exercise_variants.py)."""
+its timeline, the pipeline exercise (skeleton judged wrong, solution right, two of its hints),
+and the FSDP2 + DCP exercise's skeleton and single-launch verdicts (the variants of both:
+test_exercise_variants.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import re
+import difflib
 from pathlib import Path
 
 import pytest
@@ -159,9 +160,12 @@ def test_bubble_of_a_step_taken_in_turns_is_one_half_and_of_a_full_pipeline_smal
 def test_solution_differs_from_the_skeleton_only_in_the_gaps():
     skeleton = skeleton_path("11").read_text().splitlines()
     solution = SOLUTION.read_text().splitlines()
-    assert len(skeleton) == len(solution)
-    changed = [(a, b) for a, b in zip(skeleton[1:], solution[1:]) if a != b]
-    assert len(changed) == 2 and all("TODO(exercise)" in a for a, _ in changed)
+    todo = [i for i, line in enumerate(skeleton) if line.strip().startswith("# TODO(exercise)")]
+    assert len(todo) == 3
+    hunks = [op for op in difflib.SequenceMatcher(None, skeleton[1:], solution[1:],
+                                                  autojunk=False).get_opcodes()
+             if op[0] != "equal"]
+    assert [(i1 + 1, i2 + 1) for _, i1, i2, _, _ in hunks] == [(i, i + 1) for i in todo]
 
 
 def test_untouched_skeleton_is_judged_wrong_with_a_hint(capsys):
@@ -176,18 +180,27 @@ def test_solution_is_judged_right():
     assert check("11", result), result.error
 
 
-@pytest.mark.parametrize("keep, hint", [("recv", "never came"), ("send", "never received")])
-def test_one_sided_send_or_recv_gets_its_own_hint(tmp_path, keep, hint):
-    text = skeleton_path("11").read_text()
-    filled = {"send": "torch_dist.send(activation, dst=1)",
-              "recv": "torch_dist.recv(received, src=0)"}[keep]
-    pattern = {"send": r"# TODO\(exercise\): .* rank 1's `received` .*",
-               "recv": r"# TODO\(exercise\): .* `received` must equal rank 0's .*"}
-    half = tmp_path / "half_done.py"
-    half.write_text(re.sub(pattern[keep], filled, text))
-    result = launch(half, 2, quiet=True, timeout=120)
+def test_forward_alone_is_judged_by_its_missing_backward(tmp_path):
+    """The forward blocks of the solution, the backward left as the skeleton has it."""
+    solution = SOLUTION.read_text()
+    half = solution[:solution.index("        if rank == 1:   # each micro-batch's")] + (
+        "        # TODO(exercise): this micro-batch's backward on this rank, and its message.\n"
+        + solution[solution.index("# [/exercise]"):])
+    (tmp_path / "half_done.py").write_text(half)
+    result = launch(tmp_path / "half_done.py", 2, quiet=True, timeout=120)
     verdict = check("11", result)
-    assert not verdict and hint in verdict.message, verdict.message
+    assert not verdict and "no gradient after backward_stage" in verdict.message, verdict.message
+
+
+def test_a_recv_without_its_send_is_named_after_the_process_group_timeout(tmp_path):
+    text = SOLUTION.read_text().replace("            torch_dist.send(inputs[micro].grad, dst=0)\n",
+                                        "")
+    (tmp_path / "no_gradient_sent.py").write_text(text)
+    result = launch(tmp_path / "no_gradient_sent.py", 2, quiet=True, timeout=120,
+                    args=["--pg-timeout", "3"])
+    verdict = check("11", result)
+    assert not verdict and "rank 0 waited in recv, in backward, for a gradient" in \
+        verdict.message, verdict.message
 
 
 # ------------------------------------------------------------------- exercise 11b: FSDP2 + DCP

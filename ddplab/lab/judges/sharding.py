@@ -1,10 +1,13 @@
-"""Judges of exercise 11 (the send/recv of a two-stage pipeline's forward pass) and 11b (FSDP2
-and distributed checkpoints).
+"""Judges of exercise 11 (one step of a two-stage pipeline, forward and backward, with send and
+recv) and 11b (FSDP2 and distributed checkpoints).
 
 The skeleton (``exercises/pipeline_forward.py``) reports, as ``metric`` events, the checksum of
 every activation rank 0 computed (``sent``), of every input rank 1 ran its stage on
-(``received``), how far rank 1's output is from the unsplit model's (``output_error``), and,
-when a send or recv found no partner, the error it raised (``p2p_error``).
+(``received``) and whether autograd tracked it (``tracked``), how far rank 1's output is from
+the unsplit model's (``output_error``), each rank's sends and receives (``messages``), how far
+its gradients are from the unsplit model's for the whole batch's mean loss and for two wrong
+ones (``gradients``), and, when a send or recv found no partner or raised, the phase, the call
+under way and the error (``p2p_error``).
 
 11b's skeleton (``exercises/fsdp2.py``) is launched three times (save on 2 ranks, load on 4 and
 in one process) and judged as a set: how the parameters are laid out and the learner's estimate
@@ -30,20 +33,20 @@ TOLERANCE = 1e-5
 
 
 @judge("11", "pipeline_forward.py",
-       "send each micro-batch's activation from rank 0 to rank 1, so that the two-stage "
-       "pipeline's output equals the unsplit model's")
+       "write both passes of a two-stage pipeline with send and recv, so that one step's "
+       "outputs and gradients equal the unsplit model's, with 4 messages each way")
 def pipeline_forward(result: Any) -> Optional[str]:
     sent, received = metric(result, "sent").get(0), metric(result, "received").get(1)
-    error = metric(result, "output_error").get(1)
     failed = metric(result, "p2p_error")
-    if 1 in failed:
-        return ("rank 1 waited in recv for an activation that never came (its error is printed "
-                "above): every recv on rank 1 needs a matching send on rank 0, one per "
-                "micro-batch, to dst=1.")
-    if 0 in failed:
-        return ("rank 0's send was never received (its error is printed above): rank 1 must "
-                "receive every activation rank 0 sends, one per micro-batch, from src=0.")
+    hint = _pipeline_failed({r: e for r, e in failed.items() if e["phase"] == "forward"})
+    if hint is not None:
+        return hint
     if sent is None or received is None:
+        raised = metric(result, "step_error")
+        if raised:
+            rank, e = min(raised.items())
+            return (f"rank {rank} raised {e['type']} in {e['phase']} ({e['error']}; its "
+                    "traceback is printed above).")
         return ("the run reported no checksums: launch exercises/pipeline_forward.py on 2 "
                 "processes and change only the TODO(exercise) blocks.")
     if len(received) != len(sent):
@@ -51,16 +54,94 @@ def pipeline_forward(result: Any) -> Optional[str]:
                 "receive one activation per micro-batch, inside the loop of forward_stage.")
     if not any(received):
         return ("rank 1 ran its stage on zeros: nothing arrived. In forward_stage, rank 0 "
-                "must send each activation to rank 1, and rank 1 must receive it into "
-                "`received` before computing on it (torch.distributed.send and recv).")
+                "must send each activation to rank 1, and rank 1 must receive it into its "
+                "buffer before computing on it (torch.distributed.send and recv).")
     for micro, (a, b) in enumerate(zip(sent, received)):
         if not math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6):
             return (f"micro-batch {micro}: rank 1 computed on something other than the "
                     "activation rank 0 computed for it. Send each activation once, in order, "
-                    "and receive into `received` right before rank 1 uses it.")
+                    "and receive it right before rank 1 uses it.")
+    error = metric(result, "output_error").get(1)
     if error is None or error > TOLERANCE:
         return (f"the activations arrived, but the output differs from the unsplit model's "
                 f"by {error}: rank 1 must run its stage on the received activation.")
+    if not all(metric(result, "tracked").get(1, [])):
+        return ("rank 1 ran its stage on a received activation that autograd does not track "
+                "(requires_grad is False: recv fills a plain tensor). Its backward then "
+                "computes no gradient of the loss with respect to that input, so rank 1 has "
+                "no gradient to send back and rank 0's layers never learn. Make the received "
+                "activation require a gradient before the stage runs on it.")
+    raised = metric(result, "step_error")
+    if raised:
+        rank, e = min(raised.items())
+        return (f"the forward pass is right; then rank {rank} raised {e['type']} in "
+                f"{e['phase']} ({e['error']}; its traceback is printed above).")
+    hint = _pipeline_failed(failed)   # (in backward: the forward pass is right)
+    if hint:
+        return f"the forward pass is right; then {hint}"
+    return _pipeline_backward(result, len(sent))
+
+
+def _pipeline_failed(failed: dict[int, Any]) -> Optional[str]:
+    """A hint when a rank's send or recv found no partner (``p2p_error``), else None."""
+    waits = {rank: e for rank, e in failed.items() if e.get("waiting")}
+    if len(waits) == 2 and all(e["waiting"] in ("recv", "irecv") for e in waits.values()):
+        where = " and ".join(f"rank {r} in {e['phase']}" for r, e in sorted(waits.items()))
+        return (f"deadlock: both ranks waited in recv at once ({where}), each for a message "
+                "the other would send only after its own recv returned, until the process "
+                "group's timeout ended them (their errors are printed above). Blocking "
+                "messages must pair up in the same order on both sides: GPipe sends every "
+                "activation first, then every gradient, the last micro-batch first.")
+    for rank, e in sorted(waits.items()):
+        other, what = 1 - rank, ("an activation" if rank == 1 else "a gradient") \
+            if e["waiting"] in ("recv", "irecv") else None
+        if what:
+            return (f"rank {rank} waited in recv, in {e['phase']}, for {what} that rank "
+                    f"{other} never sent (its error is printed above): every recv needs its "
+                    f"send on the other rank, one per micro-batch.")
+        return (f"rank {rank}'s {e['waiting']} in {e['phase']} was never received (its error "
+                f"is printed above): rank {other} must receive every message rank {rank} "
+                "sends, one per micro-batch.")
+    return None
+
+
+def _pipeline_backward(result: Any, micro_batches: int) -> Optional[str]:
+    """The forward pass was right: judge the gradients and the messages of the step."""
+    gradients, messages = metric(result, "gradients"), metric(result, "messages")
+    for rank in (1, 0):
+        found = gradients.get(rank)
+        if found is None:
+            return "the step reported no gradients: change only the TODO(exercise) blocks."
+        if not found:
+            return (f"rank {rank}'s parameters have no gradient after backward_stage: each "
+                    "rank must run backward through its stage for every micro-batch "
+                    "(rank 1 from the loss, rank 0 from the gradient rank 1 sends it).")
+        if found["mean"] <= TOLERANCE:
+            continue
+        if found["sum"] <= TOLERANCE:
+            return (f"rank {rank}'s gradients are those of the sum of the {micro_batches} "
+                    "micro-batches' mean losses, about {0} times too large: each micro-batch's "
+                    "loss is a mean over its own samples only. Weight each by its share of "
+                    "the batch (its samples / all samples), so that they add up to the whole "
+                    "batch's mean.".format(micro_batches))
+        if found["mean_of_means"] <= TOLERANCE:
+            return (f"rank {rank}'s gradients are those of the mean of the micro-batches' mean "
+                    f"losses (each divided by {micro_batches}): right only when every "
+                    "micro-batch has as many samples, and here they have 8, 8, 8 and 6. "
+                    "Weight each by its share of the batch (its samples / all samples).")
+        if rank == 0:
+            return ("rank 1's gradients are right, rank 0's are not: rank 0 must run backward "
+                    "from the gradient rank 1 sent for the same micro-batch (the gradient of "
+                    "the loss with respect to rank 1's input), in the order rank 1 sends them.")
+        return (f"rank 1's gradients differ from the unsplit model's by {found['mean']:.1e}: "
+                "one backward per micro-batch, of the whole batch's mean loss.")
+    for rank in (0, 1):
+        counts = messages.get(rank, {})
+        if counts != {"send": micro_batches, "recv": micro_batches}:
+            return (f"rank {rank} sent {counts.get('send')} and received {counts.get('recv')} "
+                    f"messages for {micro_batches} micro-batches: the gradients are right, but "
+                    "one step needs one activation forward and one gradient back per "
+                    f"micro-batch, {micro_batches} each way.")
     return None
 
 
