@@ -1,6 +1,6 @@
-"""torch.compile with DDP on real gloo ranks: compiled inside DDP, the profiler sees one compiled
-graph per bucket, forward and backward; every compiled run gives eager DDP's losses; no C++
-compiler, no inductor."""
+"""torch.compile with DDP on real gloo ranks: the MLP class is compiled in either order, and the
+profiler sees one compiled graph per bucket, forward and backward; every compiled run gives eager
+DDP's losses; no C++ compiler, no inductor."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ def test_graphs_split_per_bucket_and_the_losses_equal_eager():
     assert result.ok, result.error
     graphs = {e["order"]: e for e in result.events_of("graphs")}
     assert sorted(graphs) == sorted(compile_ddp.ORDERS)
-    inside = graphs["compile_then_wrap"]
-    assert inside["buckets"] >= 2 and inside["forward"] == inside["backward"] == inside["buckets"]
-    assert all(e["backend"] == "aot_eager" and e["frames"] >= 1 for e in graphs.values())
+    for e in graphs.values():        # either order: one compiled graph per bucket (DDPOptimizer)
+        assert e["buckets"] >= 2 and e["forward"] == e["backward"] == e["buckets"], e
+        assert e["backend"] == "aot_eager" and e["frames"] >= 1 and not e["sequential"]
     losses: dict[str, list[float]] = {}
     for e in result.events_of("loss"):
         losses.setdefault(e["run"], []).append(e["loss"])

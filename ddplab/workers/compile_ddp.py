@@ -6,7 +6,9 @@ Run it::
     python -m ddplab launch --nproc-per-node 2 ddplab.workers.compile_ddp --backend aot_eager
 
 Every run trains the same MLP from the same seed on the same batches for a few steps under DDP,
-with gradient buckets of 1 MB (the MLP's weights make several):
+with gradient buckets of 1 MB (the MLP's weights make several). The MLP is a class of its own
+(``MLP``, an ``nn.Module`` subclass, as real models are); ``--sequential`` builds the same layers
+as an ``nn.Sequential`` instead:
 
 - ``eager``: plain DDP, the reference;
 - ``wrap_then_compile``: ``torch.compile(DDP(model))``, the order PyTorch's DDP notes show;
@@ -18,14 +20,20 @@ compiled piece that ran: ``Torch-Compiled Region`` (a Python frame Dynamo compil
 and the backward; inductor and aot_eager both go through it). When Dynamo compiles a module
 inside DDP's forward, its ``DDPOptimizer`` splits the graph at the bucket boundaries, so that
 each bucket's all-reduce can start while backward goes on through the earlier layers.
+
+In ``torch.compile(DDP(model))`` Dynamo breaks its graph inside DDP's forward, and the model's
+``forward`` starts a new frame. Dynamo compiles a new frame in the model's own file, but skips one
+in torch's ``torch/nn`` files (it traces those only when called from a frame it is already
+tracing): with ``--sequential`` that order runs the model eagerly (torch 2.14).
+
 ``--backend`` defaults to ``inductor``, which generates C++ on the CPU; without a C++ compiler
 the worker uses ``aot_eager`` instead and says so.
 
 Events:
 
-- ``graphs`` (rank 0, per order): ``order``, ``backend``, ``frames`` (compiled regions run in
-  one step), ``forward``/``backward`` (compiled graphs run in one step), ``buckets`` (buckets
-  DDP all-reduced in that step, seen by a comm hook).
+- ``graphs`` (rank 0, per order): ``order``, ``backend``, ``sequential``, ``frames`` (compiled
+  regions run in one step), ``forward``/``backward`` (compiled graphs run in one step),
+  ``buckets`` (buckets DDP all-reduced in that step, seen by a comm hook).
 - ``loss`` (rank 0, per run and step): ``run`` (``eager`` or ``ORDER/BACKEND``), ``step``,
   ``loss`` (mean over the ranks).
 - ``skipped`` (rank 0): ``backend``, ``reason`` (when inductor could not run).
@@ -61,6 +69,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="torch.compile backend of the real compile: inductor, aot_eager, eager")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sequential", action="store_true",
+                   help="the same layers in an nn.Sequential instead of the MLP class")
     return p.parse_args(argv)
 
 
@@ -70,21 +80,40 @@ def cxx_compiler() -> Optional[str]:
         or shutil.which("c++")
 
 
-def build() -> nn.Sequential:
-    """An MLP whose weights fill several 1 MB buckets (two 512 x 512 layers are 1 MB each)."""
-    return nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                         nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+class MLP(nn.Module):
+    """The MLP as a model of your own: a subclass of ``nn.Module`` with its own ``forward``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(64, 512), nn.Linear(512, 512),
+                                     nn.Linear(512, 512), nn.Linear(512, 10)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers[:-1]:
+            x = F.relu(layer(x))
+        return self.layers[-1](x)
+
+
+def build(sequential: bool = False) -> nn.Module:
+    """An MLP whose weights fill several 1 MB buckets (two 512 x 512 layers are 1 MB each).
+
+    ``sequential``: the same layers in an ``nn.Sequential``, a container of torch's own.
+    """
+    if sequential:
+        return nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                             nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    return MLP()
 
 
 # [orders]
-def wrap(order: str, backend: Any, info: dist.DistInfo,
-         bucket_cap_mb: float = 1) -> tuple[nn.Module, DDP]:
+def wrap(order: str, backend: Any, info: dist.DistInfo, bucket_cap_mb: float = 1,
+         sequential: bool = False) -> tuple[nn.Module, DDP]:
     """The MLP from the seed, under DDP, compiled in ``order`` (or not, for ``eager``).
 
     Returns the module to call and the DDP wrapper inside it.
     """
     torch.manual_seed(0)
-    model = build().to(info.device)
+    model = build(sequential).to(info.device)
     if order == "compile_then_wrap":
         ddp = DDP(torch.compile(model, backend=backend), device_ids=info.device_ids,
                   bucket_cap_mb=bucket_cap_mb)
@@ -160,13 +189,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if info.is_main:
             events.emit("skipped", backend=backend, reason=reason)
         backend = "aot_eager"
-    train(wrap("eager", None, info)[0], info, args, "eager")
+    train(wrap("eager", None, info, sequential=args.sequential)[0], info, args, "eager")
     for order in ORDERS:
         torch.compiler.reset()
-        model, ddp = wrap(order, backend, info)
+        model, ddp = wrap(order, backend, info, sequential=args.sequential)
         seen = train(model, info, args, f"{order}/{backend}", count_buckets(ddp))
         if info.is_main:
-            events.emit("graphs", order=order, backend=backend, **seen)
+            events.emit("graphs", order=order, backend=backend, sequential=args.sequential,
+                        **seen)
     dist.cleanup()
 
 
