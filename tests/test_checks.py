@@ -9,7 +9,8 @@ import torch
 from ddplab.lab.checks import EXERCISES, check, reference_answer
 
 WRONG = {"01": 1000 / 1.16, "02": [1, 2, 3], "03": (1024, 0.001), "04": (168, 0),
-         "05": [3, 4, 5], "06": (torch.float32, torch.float32), "07": 2, "07b": ["node9", "node10"], "08": 64,
+         "05": [3, 4, 5], "06": (torch.float32, torch.float32), "07": [0, 1, 2, 3],
+         "07b": ["node9", "node10"], "08": 64,
          "09": 14.0 / 2.5, "09b": 2.0, "12": (1, 1, 1, 1)}
 
 
@@ -46,7 +47,7 @@ def test_reference_answers_are_what_the_lessons_teach():
     assert reference_answer("02") == [1, 2, 3, 5, 6, 9]          # 9: chunks of 3, only three
     assert reference_answer("03") == (512, pytest.approx(0.16))
     assert reference_answer("04") == (169, 5)
-    assert reference_answer("07") == 6
+    assert reference_answer("07") == [0, 0, 0, 0]      # torchrun passes no argument
     assert reference_answer("07b") == ["node8", "node9"]         # node10 sorts first: GROUP_RANK 0
     assert reference_answer("08") == pytest.approx(32.0)        # (n - 1) M / (2 (n - 1) / n M)
     assert reference_answer("09") == pytest.approx(10 * 14.0 / (13 * 2.5))   # time to the target
@@ -63,6 +64,9 @@ def test_hints_name_the_mistake(capsys):
     assert "multiple of 4" in capsys.readouterr().out
     check("03", (64, 0.16))
     assert "64 x 8" in capsys.readouterr().out
+    check("07", [0, 1, 2, 3])                     # what the old launcher gave, not torchrun
+    hint = capsys.readouterr().out
+    assert "old launcher" in hint and "[0, 0, 0, 0]" not in hint and "default" not in hint
     check("07b", ["node9", "node10"])             # the first to start, or the endpoint, as node 0
     hint = capsys.readouterr().out
     assert "hosts the rendezvous endpoint" in hint and "section 2" in hint
@@ -92,7 +96,7 @@ def test_hints_name_the_mistake(capsys):
 def test_answers_in_other_spellings():
     assert check("02", (9, 6, 5, 3, 2, 1)) and check("03", [512, "0.16"])
     assert check("05", (4, 5)) and check("06", ("float16", "float32"))
-    assert check("07", "6") and check("08", "32") and check("09", "4.31")
+    assert check("07", ("0", "0", "0", "0")) and check("08", "32") and check("09", "4.31")
     assert check("12", ["3", "1", "1", "3"]) and not check("12", 3)
     assert not check("01", "fast") and not check("03", 1024) and not check("04", "169")
     assert not check("08", "a lot") and not check("09", 1.5)
@@ -111,6 +115,17 @@ def test_the_example_in_checks_docstring_is_judged_as_its_comment_says(capsys):
     assert example, "check's docstring should show a warm-up answer"
     key, answer, said = example.groups()
     assert "why not" in said and not check(key, ast.literal_eval(answer))
+
+
+def test_exercise_07_is_torchs_reading_of_both_launchers():
+    """The reference comes from torch's torchrun code; the same parser under the old launcher
+    (which appends --local-rank=N) reads every worker's own rank: the answer is not constant."""
+    from ddplab.lab import checks, cmdlines
+
+    parser = checks._question_07_parser()
+    old = [parser.parse_args(cmdlines.legacy_script_argv(local_rank=r, nproc_per_node=4))
+           .local_rank for r in range(4)]
+    assert old == [0, 1, 2, 3] != reference_answer("07")
 
 
 def test_07b_reference_is_how_torch_numbers_the_nodes(monkeypatch):

@@ -10,7 +10,7 @@ cell: not in a source cell (what the notebook types, prints or asserts), and not
 
 - a number: how Python prints it and its roundings to 0-3 decimals, each only when it has at
   least 3 significant characters (``909``, ``909.1``, ``0.54``, ``0.875``). Shorter forms, such as
-  07's answer 6, occur everywhere and prove nothing, so they are not searched;
+  the 6 of ``6 GPUs``, occur everywhere and prove nothing, so they are not searched;
 - a pair or list: its printed form as a whole (``[2, 2, 2, 0]``, ``(512, 0.16)``,
   ``(torch.float16, torch.float32)``; a list also without trailing zeros, ``[2, 2, 2]``, the way
   a chunk list prints), and each number in it, by the rule above (a demonstration that prints
@@ -146,5 +146,6 @@ def test_the_rule_finds_what_it_should():
     assert occurs("[1, 2, 3, 5, 6, 9]", cells[0]["source"][0])
     assert occurs("1024", cells[1]["source"][0])
     assert not occurs("0.16", "loss 0.1634") and not occurs("0.16", "10.16") and occurs("0.16", "lr 0.16.")
+    assert "[0, 0, 0, 0]" in printed_forms([0, 0, 0, 0])   # a list of zeros counts as a whole
     assert number_forms(6) == set() and "909.09" in number_forms(1000 / 1.1)
     assert shown_above(cells, lambda cell: "".join(cell["source"])) != []

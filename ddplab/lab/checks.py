@@ -230,25 +230,50 @@ def _exercise_06() -> tuple[Any, Any]:
 # ------------------------------------------------------------- exercises 07-09 (lessons 07-09)
 
 
+QUESTION_07_GPUS = 4   # the exercise's machine: 4 GPUs, torchrun --nproc-per-node 4
+
+
 def _compare_07(answer: Any, expected: Any) -> Optional[str]:
     try:
-        rank = int(answer)
+        gpus = [int(gpu) for gpu in answer]
     except (TypeError, ValueError):
-        return "answer with one whole number: the global RANK."
-    if rank == expected:
+        gpus = []
+    if len(gpus) != QUESTION_07_GPUS:
+        return "answer with a list of four GPU numbers: the GPU of LOCAL_RANK 0, 1, 2 and 3."
+    if gpus == expected:
         return None
-    if rank == 2:
-        return "2 is its LOCAL_RANK (its place on its own node); RANK counts across all nodes."
-    return ("the nodes before it contribute their processes first: RANK = GROUP_RANK x "
-            "LOCAL_WORLD_SIZE + LOCAL_RANK.")
+    if gpus == list(range(QUESTION_07_GPUS)):
+        return ("that is what the old launcher gave the script. Compare how each launcher hands "
+                "a process its local rank, and what this parser reads.")
+    return "each process parses its own command line: what does torchrun put on it?"
 
 
-@exercise("07", "A job runs `torchrun --nnodes 3 --nproc-per-node 4 ...` on three machines. "
-          "What is the global RANK of the process with LOCAL_RANK 2 on the node whose "
-          "GROUP_RANK (node rank) is 1? answer = <a number>", _compare_07)
-def _exercise_07() -> int:
-    group_rank, local_world_size, local_rank = 1, 4, 2
-    return group_rank * local_world_size + local_rank
+def _question_07_parser() -> Any:
+    """The exercise's parser: a script written for ``torch.distributed.launch`` on torch 2.x."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--local-rank", type=int, default=0)
+    return parser
+
+
+@exercise("07", "A script reads its GPU with `parser.add_argument(\"--local-rank\", type=int, "
+          "default=0)` and `torch.cuda.set_device(args.local_rank)`. It worked under "
+          "`python -m torch.distributed.launch --nproc-per-node 4 train.py` on torch 2.x; now it "
+          "runs unchanged under `torchrun --nproc-per-node 4 train.py` on a machine with 4 GPUs. "
+          "Which GPU does each process select? answer = [GPU of LOCAL_RANK 0, 1, 2, 3]",
+          _compare_07)
+def _exercise_07() -> list[int]:
+    """What the parser reads on each of torchrun's workers, from the arguments the installed
+    torch's own torchrun code gives them (``config_from_args``, then the local-rank macro)."""
+    from torch.distributed.elastic.utils.api import macros
+
+    from ddplab.lab import cmdlines
+
+    script_args = cmdlines.torchrun_config(
+        ["--nproc-per-node", str(QUESTION_07_GPUS), "train.py"])["script_args"]
+    return [_question_07_parser().parse_args(macros.substitute(script_args, str(local))).local_rank
+            for local in range(QUESTION_07_GPUS)]
 
 
 def _compare_07b(answer: Any, expected: Any) -> Optional[str]:
