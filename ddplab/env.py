@@ -491,7 +491,7 @@ def format_summary(facts: dict[str, Any]) -> str:
         else "cold subprocess"
     found = facts["problems"]
     lines = [f"ddplab doctor: torch {facts['torch']}, {where}, {facts['cpu_count']} CPU cores; "
-             f"the course runs {facts.get('plan') or course_plan(facts)}; launches: {launches}; "
+             f"lessons run {facts.get('plan') or course_plan(facts)} unless a cell asks for more; launches: {launches}; "
              f"{len(found) or 'no'} problem{'s' if len(found) != 1 else ''} "
              "(all facts: ddplab.doctor(full=True))"]
     lines += [f"PROBLEM: {item['problem']}\n  fix: {item['fix']}" for item in found]
@@ -510,7 +510,7 @@ def format_report(facts: dict[str, Any]) -> str:
         ("CPU cores", facts["cpu_count"]),
         ("GPUs", f"{facts['gpu_count']}: {gpus}"),
         ("backends available", backends),
-        ("the course runs", facts.get("plan") or course_plan(facts)),
+        ("lessons run", facts.get("plan") or course_plan(facts)),
         ("free port", facts["free_port"]),
         ("/dev/shm", f"{shm // 2**20} MiB" if shm else "absent"),
         ("start method", facts["start_method"]),

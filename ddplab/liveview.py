@@ -33,7 +33,7 @@ _PLAN_SHOWN: list[str] = []  # the line show_plan_once printed in this kernel, i
 def show_plan_once() -> Optional[str]:
     """In a notebook, at its first launch: the doctor's one line on how the course runs here.
 
-    Printed once per kernel (``ddplab: the course runs 2 ranks on CPU with gloo (...)``), from
+    Printed once per kernel (``ddplab: lessons run 2 ranks on CPU with gloo (...) unless a cell asks for more``), from
     the facts the hardware cell's ``doctor()`` already gathered. Nothing outside Jupyter.
     """
     if _PLAN_SHOWN or not in_notebook():
@@ -41,7 +41,7 @@ def show_plan_once() -> Optional[str]:
     from . import env
 
     try:
-        line = f"ddplab: the course runs {env.course_plan(env.probe())}"
+        line = f"ddplab: lessons run {env.course_plan(env.probe())} unless a cell asks for more"
     except (RuntimeError, OSError, ValueError):  # no torch facts: the launch says what failed
         return None
     _PLAN_SHOWN.append(line)
@@ -52,8 +52,9 @@ def show_plan_once() -> Optional[str]:
 class LiveView:
     """Rank-prefixed output plus a progress bar and a live loss plot for one launch."""
 
-    def __init__(self, quiet: bool = False, live: bool = True, min_interval: float = 1.0):
-        if not quiet:
+    def __init__(self, quiet: bool = False, live: bool = True, min_interval: float = 1.0,
+                 plan: bool = True):
+        if plan and not quiet:   # (a one-process launch has no ranks to say anything of)
             show_plan_once()
         self.quiet = quiet
         self.live = live and not quiet

@@ -29,7 +29,7 @@ def test_doctor_succeeds_and_prints_the_full_report():
 
     done = ddplab("doctor")
     assert done.returncode == 0, done.stderr
-    assert f"the course runs      {env.course_plan(env.probe())}" in done.stdout
+    assert f"lessons run          {env.course_plan(env.probe())}" in done.stdout
     assert len(done.stdout.splitlines()) > 10   # every fact, not the notebooks' one line
 
 

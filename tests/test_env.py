@@ -227,8 +227,8 @@ def test_doctor_prints_the_plan_in_one_line(capsys):
     """The plan for this machine's GPUs (each GPU count's plan is checked above, faked)."""
     gpus = gpus_here()
     report = ddplab.doctor(full=True)
-    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("the course runs")]
-    assert lines == [f"the course runs      {report['plan']}"]
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("lessons run ")]
+    assert lines == [f"lessons run          {report['plan']}"]
     if gpus == 0:
         assert report["plan"] == "2 ranks on CPU with gloo (no GPU here)"
     else:

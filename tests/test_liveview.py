@@ -53,8 +53,9 @@ def test_a_notebooks_first_launch_prints_the_doctors_plan_once(monkeypatch, caps
     assert capsys.readouterr().out == ""
     monkeypatch.setattr(widgets, "in_notebook", lambda: True)
     LiveView(quiet=True)                                 # a quiet launch shows nothing
+    LiveView(plan=False)                                 # nor a one-process launch
     assert capsys.readouterr().out == ""
     LiveView()
     LiveView()
     plan = env.course_plan(env.probe())
-    assert capsys.readouterr().out == f"ddplab: the course runs {plan}\n"
+    assert capsys.readouterr().out == f"ddplab: lessons run {plan} unless a cell asks for more\n"

@@ -75,7 +75,7 @@ def _start_jobs(specs: list[LaunchSpec], quiet: bool, live: bool) -> tuple[list[
     checked = [spec.check() for spec in specs]
     from ..liveview import LiveView
 
-    view = LiveView(quiet=quiet, live=live)
+    view = LiveView(quiet=quiet, live=live, plan=any(s.nprocs * s.nnodes > 1 for s in specs))
     jobs: list[Job] = []
     try:
         for index, spec in enumerate(checked):
