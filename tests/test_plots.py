@@ -28,6 +28,7 @@ def test_table_aligns_columns_and_formats_floats(capsys):
     assert lines[0] == "runs" and lines[1].split() == ["run", "accuracy", "time"]
     assert "0.9346" in text and lines[3].index("0.9346") == lines[1].index("accuracy")
     assert capsys.readouterr().out.strip() == text
+    assert text._ipython_display_() is None   # a cell ending in table(...) shows it once
     assert plots.table([{"a": 1}], quiet=True) and capsys.readouterr().out == ""
 
 

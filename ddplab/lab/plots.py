@@ -58,7 +58,14 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Optional[Sequence[str]] = 
     text = "\n".join(([title] if title else []) + lines)
     if not quiet:
         print(text)
-    return text
+    return _Printed(text) if not quiet else text
+
+
+class _Printed(str):
+    """Text already printed: a notebook cell ending in ``table(...)`` does not echo it again."""
+
+    def _ipython_display_(self) -> None:
+        pass
 
 
 # ------------------------------------------------------------------ figures
