@@ -230,7 +230,8 @@ VARIANTS = [
     ), right=True, nprocs=4),
     Variant("08 the sum, not the mean", "08", "collective.py", (
         ("    return tensor / torch_dist.get_world_size()", "    return tensor"),
-    ), right=False, words=("the sum over ranks", "divide"), nprocs=4),
+    ), right=False, words=("the sum over ranks", "times the mean"),
+        absent=("get_world_size", "all_reduce"), nprocs=4),
     Variant("08 the ring turns the wrong way", "08", "collective.py", (
         ("torch_dist.isend(tensor, dst=(rank + 1) % world_size)",
          "torch_dist.isend(tensor, dst=(rank - 1) % world_size)"),

@@ -183,7 +183,14 @@ def test_amp_facts_missing_from_a_rank_are_reported(amp_solution):
 def test_collective_skeleton_runs_and_is_judged_wrong(run):
     verdict = ddplab.check("08", run(judges.skeleton_path("08"), 4))
     assert not verdict
-    assert "dist.all_reduce" in verdict.message and "TODO 1" in verdict.message
+    assert "nothing was exchanged" in verdict.message and "TODO 1" in verdict.message
+    assert not calls_named(verdict.message)   # the mistake and the requirement, not the code
+
+
+def calls_named(message: str) -> list[str]:
+    """The torch.distributed calls a hint spells out (it should name none)."""
+    return [call for call in ("all_reduce", "get_world_size", "isend", "irecv", "send(",
+                              "recv(", "wait", "ReduceOp") if call in message]
 
 
 def test_collective_solution_is_judged_right(collective_solution):
@@ -199,11 +206,14 @@ def test_collective_hints(collective_solution):
     inputs = judges.metric(collective_solution, "input")
     total = [sum(column) for column in zip(*inputs.values())]
     summed = ddplab.check("08", with_facts(collective_solution, average=total))
-    assert not summed and "divide it by" in summed.message
+    assert not summed and "the sum over ranks" in summed.message
+    assert "4 times the mean" in summed.message
     backwards = ddplab.check("08", shifted_from(collective_solution, +1))
     assert not backwards and "other way" in backwards.message
     nothing = ddplab.check("08", shifted_from(collective_solution, 0))
     assert not nothing and "nothing arrived" in nothing.message
+    for verdict in (summed, backwards, nothing):
+        assert not calls_named(verdict.message), verdict.message
 
 
 def shifted_from(result: RunResult, offset: int) -> RunResult:

@@ -259,22 +259,28 @@ def _short(values: Any) -> str:
 
 def _average_hint(averages: dict[int, Any], inputs: dict[int, Any], total: Sequence[float],
                   mean: Sequence[float]) -> Optional[str]:
+    """What each rank's average() returned against the mean it should have: a hint names the
+    mistake (nothing exchanged, the sum instead of the mean) and the requirement, not the code."""
+    n = len(inputs)
     for rank, got in sorted(averages.items()):
         if _close(got, mean):
             continue
         if _close(got, inputs[rank]):
-            return (f"rank {rank}: average() returned the rank's own tensor: nothing was "
-                    "exchanged. Call dist.all_reduce(tensor) (it sums over ranks in place), "
-                    "then divide by dist.get_world_size() (TODO 1).")
+            return (f"rank {rank}: average() returned the rank's own tensor {_short(got)}: "
+                    f"nothing was exchanged, so each rank still holds only its own values. "
+                    f"Every rank should return the element-wise mean of all {n} ranks' "
+                    f"tensors, here {_short(mean)} (TODO 1).")
         if _close(got, total):
-            return (f"rank {rank}: average() returned the sum over ranks: divide it by "
-                    "dist.get_world_size() (TODO 1).")
+            return (f"rank {rank}: average() returned the sum over ranks {_short(got)}, {n} "
+                    f"times the mean {_short(mean)}: the ranks did exchange and add, but a mean "
+                    f"divides that sum by the number of ranks (TODO 1).")
         return (f"rank {rank}: average() returned {_short(got)}, but the mean of every rank's "
                 f"input is {_short(mean)} (TODO 1).")
     return None
 
 
 def _shift_hint(shifted: dict[int, Any], inputs: dict[int, Any]) -> Optional[str]:
+    """What each rank's ring_shift() returned against its left neighbour's tensor."""
     n = len(inputs)
     for rank, got in sorted(shifted.items()):
         left, right = (rank - 1) % n, (rank + 1) % n
@@ -282,13 +288,13 @@ def _shift_hint(shifted: dict[int, Any], inputs: dict[int, Any]) -> Optional[str
             continue
         if _close(got, inputs[rank]):
             return (f"rank {rank}: ring_shift() returned the rank's own tensor: nothing "
-                    f"arrived. Send to the right neighbour with dist.isend(tensor, dst=(rank + "
-                    f"1) % world_size), receive from the left with dist.irecv(buffer, src=(rank "
-                    f"- 1) % world_size), wait for both and return the buffer (TODO 2).")
+                    f"arrived. It should return rank {left}'s tensor {_short(inputs[left])}, "
+                    f"sent from its left while it sends its own to rank {right}, every rank at "
+                    f"the same moment (TODO 2).")
         if n > 2 and _close(got, inputs[right]):
-            return (f"rank {rank}: ring_shift() received from the right neighbour (rank "
-                    f"{right}); the ring turns the other way: send to rank + 1, receive from "
-                    f"rank - 1 (TODO 2).")
+            return (f"rank {rank}: ring_shift() returned the tensor of its right neighbour "
+                    f"(rank {right}); the ring turns the other way: each rank's tensor should "
+                    f"travel to rank + 1, so rank {rank} gets rank {left}'s (TODO 2).")
         return (f"rank {rank}: ring_shift() returned {_short(got)}, but rank {left}'s tensor "
                 f"{_short(inputs[left])} should have arrived from the left (TODO 2).")
     return None
