@@ -112,3 +112,15 @@ def test_a_collapsed_cell_is_a_proof_that_says_what_it_verified(path):
             f"{path.name}: a collapsed cell prints what it verified:\n{source}"
         assert not cell["metadata"]["jupyter"].get("outputs_hidden"), \
             f"{path.name}: a collapsed cell's one line of output stays visible:\n{source}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_torch_is_cited_at_the_release_the_course_checks(path):
+    """torch's files at the tag of the locked release (their lines move on main), its docs at
+    docs.pytorch.org (the one host the course links)."""
+    from ddplab.versions import LOCKED_TORCH
+
+    text = path.read_text()
+    blobs = set(re.findall(r"github\.com/pytorch/pytorch/blob/([^/\s\"]+)/", text))
+    assert blobs <= {f"v{LOCKED_TORCH}"}, f"{path.name} links torch's files at {sorted(blobs)}"
+    assert "://pytorch.org/docs" not in text, f"{path.name}: link docs.pytorch.org/docs instead"
