@@ -52,7 +52,7 @@ def test_bad_values_are_refused_with_advice(bad):
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_the_script_runs_with_fake_slurm_commands(tmp_path):
     # scontrol writes its second line late: a reader that stops at the first must not fail the job
-    fakes = {"scontrol": "echo node-a; sleep 0.3; echo node-b", "srun": 'exec "$@"',
+    fakes = {"scontrol": "echo node-a; sleep 0.3; echo node-b", "srun": 'echo SRUN_CPUS_PER_TASK=$SRUN_CPUS_PER_TASK; exec "$@"',
              "torchrun": 'echo TORCHRUN "$@"'}
     for name, body in fakes.items():
         path = tmp_path / name
@@ -67,6 +67,7 @@ def test_the_script_runs_with_fake_slurm_commands(tmp_path):
                          check=True).stdout
     assert ("TORCHRUN --nnodes 3 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint "
             "node-a:29500 --rdzv-id 42 -m ddplab.workers.train --epochs 1") in out
+    assert "SRUN_CPUS_PER_TASK=8" in out.split()   # srun (Slurm >= 22.05) gets the task's cores
 
 
 def test_node_commands_differ_only_in_the_node_rank():
@@ -82,6 +83,13 @@ def test_torchrun_commands_are_the_same_on_every_node():
                                    tool="torchrun")
     assert len(commands) == 3 and len(set(commands)) == 1
     assert "--node-rank" not in commands[0] and "--rdzv-backend c10d" in commands[0]
+
+
+def test_the_rendezvous_numbers_the_agents_by_their_address_as_a_string():
+    """torch's c10d rendezvous sorts the agents' --local-addr as strings: 10 before 2."""
+    assert slurm.group_ranks(["127.0.0.2", "127.0.0.10"]) == {"127.0.0.10": 0, "127.0.0.2": 1}
+    with pytest.raises(ValueError, match="all different"):
+        slurm.group_ranks(["127.0.0.2", "127.0.0.2"])
 
 
 def test_cli_prints_the_script(capsys):

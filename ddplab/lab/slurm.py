@@ -9,7 +9,9 @@
     python -m ddplab.lab.slurm --nodes 4 --gpus-per-node 8 -- --epochs 10 > job.sbatch
     sbatch job.sbatch
 
-``node_commands`` gives what to type on each machine when there is no scheduler.
+``node_commands`` gives what to type on each machine when there is no scheduler;
+``group_ranks`` runs torch's c10d rendezvous for agents that name their own address
+(torchrun's ``--local-addr``) and returns the node number each got.
 
 Lesson: 07b.
 """
@@ -21,7 +23,7 @@ import re
 import shlex
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "templates" / "slurm.sbatch"
 DEFAULT_PORT = 29500
@@ -156,6 +158,63 @@ def node_commands(
                     f"--rdzv-id my-job -m")
         commands.append(f"{head} {rest}")
     return commands
+
+
+def group_ranks(local_addrs: Sequence[str], timeout: float = 30.0) -> dict[str, int]:
+    """Run torch's c10d rendezvous for one agent per address; return each one's GROUP_RANK.
+
+    Each agent is a rendezvous handler in a thread of this process, made by torch's own
+    registry with ``local_addr`` as torchrun's ``--local-addr`` gives it, so the numbering is
+    torch's (no worker starts). The store is served from 127.0.0.1; an address is only the
+    agent's name in the rendezvous, and rank 0 opens a TCP store on it, so on one machine use
+    loopback addresses (any 127.x.y.z).
+
+    Args:
+        local_addrs: one address per agent, all different, in the order the agents start.
+        timeout: seconds to wait for every agent to join.
+
+    Returns:
+        ``{address: GROUP_RANK}``.
+
+    Lesson: 07b.
+    """
+    import threading
+    import uuid
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    from ..env import free_port
+
+    addrs = [str(a) for a in local_addrs]
+    if len(set(addrs)) != len(addrs) or not addrs:
+        raise ValueError(f"local_addrs={addrs}: give one address per agent, all different.")
+    endpoint, run_id = f"127.0.0.1:{free_port()}", f"ddplab-{uuid.uuid4().hex[:8]}"
+    handlers = [get_rendezvous_handler(RendezvousParameters(
+        "c10d", endpoint, run_id, len(addrs), len(addrs), local_addr=addr,
+        is_host=index == 0, join_timeout=timeout)) for index, addr in enumerate(addrs)]
+    found: dict[str, Any] = {}
+
+    def join(addr: str, handler: Any) -> None:
+        try:
+            found[addr] = handler.next_rendezvous().rank
+        except Exception as exc:  # noqa: BLE001  (raised below, in the caller's thread)
+            found[addr] = exc
+
+    threads = [threading.Thread(target=join, args=pair, daemon=True)
+               for pair in zip(addrs, handlers)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout + 5)
+    finally:
+        for handler in reversed(handlers):
+            handler.shutdown()
+    errors = [v for v in found.values() if isinstance(v, Exception)]
+    if errors or len(found) < len(addrs):
+        raise RuntimeError(f"the rendezvous of {addrs} did not complete: {errors or found}")
+    return {addr: int(found[addr]) for addr in addrs}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

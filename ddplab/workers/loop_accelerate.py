@@ -65,8 +65,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     # [/loop]
     # [save]
     path = os.path.join(args.checkpoint_dir, "model.pt")
-    accelerator.wait_for_everyone()               # a barrier
+    accelerator.wait_for_everyone()               # a barrier: every rank is done training
     accelerator.save(accelerator.unwrap_model(model).state_dict(), path)   # rank 0 only
+    accelerator.wait_for_everyone()               # complete before anyone reads
     # [/save]
     report_result("accelerate", accelerator.unwrap_model(model), split, device, path,
                   accelerator.is_main_process)
