@@ -13,6 +13,7 @@ from ddplab.lab.judges import skeleton_path
 from ddplab.lab.judges.tensor_parallel import COLWISE, NORMS, ROWWISE
 from ddplab.lab.checks import reference_answer
 from ddplab.launcher.results import RunResult
+from ddplab.workers.tensor_parallel import read_plan
 
 pytestmark = pytest.mark.slow
 WORKER = "ddplab.workers.tensor_parallel"
@@ -52,6 +53,8 @@ def test_four_ranks_meshes_placements_tp_modules_and_2d_equal_one_process():
     assert list(moves[("Shard(0)", "Replicate()")]) == ["all_gather_into_tensor"]
     assert moves[("Replicate()", "Shard(0)")] == {}                  # a local slice, no message
     sp = {(e["module"], e["rank"]): e for e in result.events_of("sp")}
+    assert set(sp) == {("norm_mlp", r) for r in range(4)}   # the quiz's attention: its own event
+    sp.update({("attention", e["rank"]): e for e in result.events_of("sp_attention")})
     assert len(sp) == 8                        # sequence parallel: each rank fed its tokens
     ag, rs = "all_gather_into_tensor", "reduce_scatter_tensor"
     for r in range(4):
@@ -59,6 +62,7 @@ def test_four_ranks_meshes_placements_tp_modules_and_2d_equal_one_process():
         for e in (block, attention):           # the same output and gradients as run whole
             assert e["local_shape"] == [16, 2, 16] and e["shape"] == [16, 8, 16]
             assert max(e["output_error"], e["grad_error"], e["input_grad_error"]) < 1e-4, e
+            assert e["activation_bytes"] * 4 == e["whole_activation_bytes"] == 16 * 8 * 16 * 4
         # LayerNorm + MLP: up gathers the sequence, down scatters it; backward mirrors that
         assert block["forward_collectives"] == block["backward_collectives"] == {ag: 1, rs: 1}
         assert block["norm_grad_placement"] == "[Partial(sum)]"   # each rank: its tokens' share
@@ -109,6 +113,22 @@ def test_two_ranks_skip_2d_and_a_bad_width_is_refused():
     assert not bad.ok and "--hidden 33" in bad.error
     alone = launch(WORKER, 1, args=["--parts", "mlp"], quiet=True)
     assert not alone.ok and "--parts 2d" in alone.error
+
+
+def test_a_plan_tried_on_the_mlp_reports_its_result_or_its_error():
+    tried = ("--parts", "mlp", "--mlp-plan")
+    gathered = launch(WORKER, 2, args=[*tried, "up=colwise_gathered", "down=none"], quiet=True)
+    assert gathered.ok, gathered.error
+    for e in gathered.events_of("plan_try"):          # right, but down whole on every rank
+        assert e["output_error"] < 1e-5 and e["grad_error"] < 1e-5, e
+        assert e["forward_collectives"] == {"all_gather_into_tensor": 1}
+        assert e["full_param_bytes"] / 2 < e["param_bytes"] < e["full_param_bytes"]
+    broken = launch(WORKER, 2, args=[*tried, "up=colwise", "down=none"], quiet=True)
+    assert broken.ok, broken.error                    # the run reports the error, not a crash
+    assert len(broken.events_of("plan_try")) == 2
+    assert all(e["error"] for e in broken.events_of("plan_try"))
+    with pytest.raises(SystemExit, match="down=diagonal"):
+        read_plan(["up=colwise", "down=diagonal"])
 
 
 # ------------------------------------------------------------------------- exercise 12

@@ -19,7 +19,8 @@ The parts run one after the other in one job (``--parts``, default all of them):
   gradients, bytes per rank, collectives, and the forward time of both.
 - ``sp``: sequence parallel on a residual LayerNorm + MLP block (the sequence split over the
   ranks outside the TP region), against the same block unsharded; and section ``mlp``'s
-  attention with each of ``q``, ``k``, ``v`` gathering the sequence itself (exercise 12's quiz).
+  attention with each of ``q``, ``k``, ``v`` gathering the sequence itself (event
+  ``sp_attention``, read only after the notebook's question about it).
 - ``2d``: an MLP trained on the digits with TP over ``tp`` and ``fully_shard`` over ``dp``
   (4 or more ranks); alone (1 process) the same MLP trains unsharded on the same global
   batches, the single-process reference.
@@ -35,11 +36,14 @@ Events:
 - ``bias`` (every rank): ``bias`` (a RowwiseParallel layer's whole bias) and ``local`` (what
   this rank's output holds at a zero input, before the reduction).
 - ``sp`` (every rank): ``module`` (``norm_mlp``: ``x + mlp(norm(x))`` under sequence
-  parallel; ``attention``: q, k, v each ``ColwiseParallel(input_layouts=Shard(1))``),
+  parallel), and ``sp_attention`` (every rank): the attention with q, k, v each
+  ``ColwiseParallel(input_layouts=Shard(1))``; both with
   ``local_shape`` and ``shape`` (this rank's input and the whole), ``output_error``,
   ``grad_error`` (every parameter's gradient, gathered) and ``input_grad_error`` (this rank's
   slice of ``x.grad``) against the module run whole in one process, ``forward_collectives``,
-  ``backward_collectives``; for ``norm_mlp`` also ``norm_grad_placement`` (the norm's weight
+  ``backward_collectives``, ``activation_bytes`` (this rank's output) and
+  ``whole_activation_bytes`` (the whole output, what plain TP keeps on every rank); for
+  ``norm_mlp`` also ``norm_grad_placement`` (the norm's weight
   gradient after backward) and ``norm_summed_collectives`` (turning it whole).
 - ``tp`` (every rank): ``module`` (``mlp`` or ``attention``), ``dims``, ``tp_size``,
   ``output_error``, ``grad_error`` (the parameters') and ``input_grad_error`` (``x.grad``):
@@ -52,9 +56,10 @@ Events:
   ``values`` (every parameter, whole, flattened); ``memory_2d`` (every rank): ``param_bytes``,
   ``full_param_bytes``, ``placements``, ``dims``.
 - ``skipped`` (rank 0): ``part``, ``reason``, when a part cannot run here.
-
-``llama_plan`` is the course's answer to exercise 12 (``exercises/tp_plan.py``): notebook 12
-shows it once the learner's own plan is judged right.
+- ``plan_try`` (every rank, with ``--mlp-plan``): section ``mlp``'s MLP under the plan given
+  on the command line: ``plan``, and either ``error`` (the type and first line of what was
+  raised) or ``output_error``, ``grad_error``, ``param_bytes``, ``full_param_bytes``,
+  ``forward_collectives``, ``backward_collectives``.
 
 FSDP2 on the CPU needs torch 2.7 (see ``ddplab.sharded``); below, ``2d`` is skipped on
 the CPU and says why. Everything else runs on gloo from torch 2.6 on.
@@ -77,8 +82,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
-                                               PrepareModuleOutput, RowwiseParallel,
+from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
 from ddplab import data, dist, events
@@ -102,6 +106,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--repeats", type=int, default=20, help="timed forwards per module")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mlp-plan", nargs="+", metavar="LAYER=STYLE", default=None,
+                   help="with --parts mlp: try this plan on the MLP instead (layers up, down; "
+                        f"styles {', '.join(STYLES)})")
     return p.parse_args(argv)
 
 
@@ -205,34 +212,36 @@ PLANS = {"mlp": {"up": ColwiseParallel(), "down": RowwiseParallel()},
 # [/modules]
 
 
-# [llama_plan]
-def llama_plan(block: nn.Module, mesh: DeviceMesh) -> nn.Module:
-    """A plan for exercise 12's Llama-like block (exercises/tp_plan.py), whole input and output.
+# [try_plan]
+STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel,
+          "colwise_gathered": lambda: ColwiseParallel(output_layouts=Replicate())}
 
-    Sequence parallel around the sub-blocks (norms and residual sums on 1/N of the tokens);
-    before each sub-block one all-gather of the sequence, inside it column-wise then row-wise,
-    after it one reduce-scatter back to the slices.
-    """
-    for name, (first, last) in {"attention": (("wq", "wk", "wv"), "wo"),
-                                "feed_forward": (("w1", "w3"), "w2")}.items():
-        sub = getattr(block, name)
-        styles = {layer: ColwiseParallel() for layer in first}
-        styles[last] = RowwiseParallel(output_layouts=Shard(1))
-        parallelize_module(sub, mesh, styles)
-        parallelize_module(sub, mesh, PrepareModuleInput(input_layouts=Shard(1),
-                                                         desired_input_layouts=Replicate()))
-    for name in ("attention_norm", "ffn_norm"):
-        parallelize_module(getattr(block, name), mesh, SequenceParallel())
-    # Attention.forward views q, k, v with self.n_heads: this rank holds only its heads.
-    rows = block.attention.wq.weight.to_local().shape[0]
-    block.attention.n_heads = rows // block.attention.head_dim
-    # The block takes and gives whole sequences: sliced on the way in, gathered on the way out.
-    # (PrepareModuleInputOutput does both in one style, in torch releases after 2.7.)
-    parallelize_module(block, mesh, PrepareModuleInput(
-        input_layouts=Replicate(), desired_input_layouts=Shard(1), use_local_output=True))
-    return parallelize_module(block, mesh, PrepareModuleOutput(
-        output_layouts=Shard(1), desired_output_layouts=Replicate()))
-# [/llama_plan]
+
+def try_plan(plan: dict[str, str], mesh: DeviceMesh, info: dist.DistInfo,
+             args: argparse.Namespace) -> None:
+    """Section ``mlp``'s MLP under ``plan`` (layer -> style name, or "none"): right or not?"""
+    reference = build("mlp", args, info.device)
+    styles = {layer: STYLES[style]() for layer, style in plan.items() if style != "none"}
+    model = parallelize_module(build("mlp", args, info.device), mesh, styles)
+    torch.manual_seed(args.seed + 1)
+    x = torch.randn(args.batch_size, args.dim, device=info.device)
+    try:
+        with collectives() as forward:
+            out = model(x)
+        with collectives() as backward:
+            out.pow(2).mean().backward()
+    except Exception as error:              # a plan whose layouts do not fit raises here
+        said = (str(error).strip().splitlines() or [""])[0][:200]
+        events.emit("plan_try", plan=plan, error=f"{type(error).__name__}: {said}")
+        return
+    reference(x).pow(2).mean().backward()
+    pairs = zip(model.parameters(), reference.parameters())
+    grads = [largest_gap(p.grad, r.grad) for p, r in pairs]
+    events.emit("plan_try", plan=plan, output_error=largest_gap(out, reference(x)),
+                grad_error=max(grads), param_bytes=local_bytes(model.parameters()),
+                full_param_bytes=local_bytes(reference.parameters()),
+                forward_collectives=forward, backward_collectives=backward)
+# [/try_plan]
 
 
 def build(name: str, args: argparse.Namespace, device: torch.device) -> nn.Module:
@@ -275,7 +284,8 @@ def tensor_parallel(name: str, mesh: DeviceMesh, info: dist.DistInfo,
     with collectives() as backward:
         out.pow(2).mean().backward()
     reference(x_reference).pow(2).mean().backward()
-    grads = [largest_gap(p.grad, r.grad) for p, r in zip(model.parameters(), reference.parameters())]
+    pairs = zip(model.parameters(), reference.parameters())
+    grads = [largest_gap(p.grad, r.grad) for p, r in pairs]
     with torch.no_grad():
         forward_ms = median_ms(lambda: model(x), args.repeats)
         unsharded_ms = median_ms(lambda: reference(x), args.repeats)
@@ -330,7 +340,8 @@ def sequence_parallel_attention(mesh: DeviceMesh, info: dist.DistInfo,
     plan = {name: ColwiseParallel(input_layouts=Shard(1)) for name in ("q", "k", "v")}
     plan["out"] = RowwiseParallel(output_layouts=Shard(1))
     model = parallelize_module(copy.deepcopy(reference), mesh, plan)
-    events.emit("sp", module="attention", **run_on_slices(model, reference, mesh, info, args))
+    events.emit("sp_attention", module="attention",
+                **run_on_slices(model, reference, mesh, info, args))
 
 
 def run_on_slices(model: nn.Module, reference: nn.Module, mesh: DeviceMesh,
@@ -353,7 +364,9 @@ def run_on_slices(model: nn.Module, reference: nn.Module, mesh: DeviceMesh,
             "output_error": largest_gap(out, expected.chunk(mesh.size(), dim=1)[rank]),
             "grad_error": max(grads),
             "input_grad_error": largest_gap(mine.grad, x.grad.chunk(mesh.size(), dim=1)[rank]),
-            "forward_collectives": forward, "backward_collectives": backward}
+            "forward_collectives": forward, "backward_collectives": backward,
+            "activation_bytes": out.numel() * out.element_size(),
+            "whole_activation_bytes": expected.numel() * expected.element_size()}
 
 
 # [2d]
@@ -412,6 +425,16 @@ def train_2d(mesh_2d: Optional[DeviceMesh], info: dist.DistInfo,
 # [/2d]
 
 
+def read_plan(items: Sequence[str]) -> dict[str, str]:
+    """``["up=colwise", "down=none"]`` -> ``{"up": "colwise", "down": "none"}``; exit if unknown."""
+    plan = dict(item.partition("=")[::2] for item in items)
+    for layer, style in plan.items():
+        if layer not in ("up", "down") or style not in (*STYLES, "none"):
+            raise SystemExit(f"--mlp-plan {layer}={style}: the layers are up and down, the "
+                             f"styles {', '.join(STYLES)} or none")
+    return plan
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Run the requested parts in order."""
     args = parse_args(argv)
@@ -439,6 +462,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         elif part == "sp":
             sequence_parallel(mesh_1d, info, args)
             sequence_parallel_attention(mesh_1d, info, args)
+        elif part == "mlp" and args.mlp_plan:
+            try_plan(read_plan(args.mlp_plan), mesh_1d, info, args)
         elif part in ("mlp", "attention"):
             tensor_parallel(part, mesh_1d, info, args)
         else:
