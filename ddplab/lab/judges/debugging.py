@@ -113,7 +113,7 @@ def _hang_hint(places: dict[int, tuple]) -> str:
                 "all-reduce of DDP's gradients in a backward() of the rank still training "
                 "waits for ranks that never join it. A rank that has run out must keep "
                 "answering the others' collectives until every rank is done (notebook 10, "
-                "section 3).")
+                "section 4).")
     joined = [rank for rank, code in codes.items() if "Join(" in code]
     mine = [rank for rank, code in codes.items() if "Join(" not in code]
     if joined and mine:

@@ -173,7 +173,8 @@ def explain_timeout(result: Any) -> str:
     else:
         text += (". Every rank reached the same line, yet the collective never completes: the "
                  "ranks' calls do not match (a different tensor shape, or a different number of "
-                 "collectives before this one). TORCH_DISTRIBUTED_DEBUG=DETAIL (notebook 10) "
+                 "collectives before this one). TORCH_DISTRIBUTED_DEBUG=DETAIL (notebook 10, "
+                 "section 3) "
                  "compares them and says how they differ.")
     return text + f" (The launch's timeout ended the run{seconds}.)"
 
