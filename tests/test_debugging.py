@@ -74,6 +74,18 @@ def test_user_frames_skip_library_code_and_read_both_kinds_of_stack():
     assert [(f.line, f.function) for f in dumped] == [(148, "<module>"), (105, "main")]
 
 
+def test_short_stack_keeps_the_user_frames_and_the_exception_and_cuts_long_lines():
+    short = postmortem.short_stack("\n".join([*PYTHON_TRACEBACK, "  the message's second line"]))
+    lines = short.splitlines()
+    assert "(1 frame of torch and Python left out)" in lines[0] and "site-packages" not in short
+    assert [line.split(" in ")[0] for line in lines[1:3]] == ["  train.py:40", "  train.py:31"]
+    assert lines[3:] == ["RuntimeError: the error of this stack", "  the message's second line"]
+    dumped = postmortem.short_stack("\n".join(FAULTHANDLER_DUMP)).splitlines()  # innermost first
+    assert "(2 frames of" in dumped[0] and dumped[-1].startswith("  eval.py:105 in main")
+    cut = postmortem.short_stack("\n".join([*PYTHON_TRACEBACK, "x" * 200]), width=50)
+    assert max(map(len, cut.splitlines())) <= 50 and cut.endswith(" ...")
+
+
 def test_stopped_at_reads_the_last_stack_of_a_rank_and_its_code(tmp_path):
     script = tmp_path / "job.py"
     script.write_text("\n" * 30 + "    dist.all_reduce(total)  # the line\n")

@@ -79,6 +79,28 @@ def user_frames(lines: Iterable[str]) -> list[Frame]:
     return frames
 
 
+def short_stack(text: str, width: int = 100) -> str:
+    """A traceback or ``faulthandler`` dump cut to what a reader needs: its last stack's frames
+    of user code, innermost last, then the exception's lines; torch's and Python's frames are
+    counted, not shown, and every line is cut to ``width`` columns.
+
+    ``"rank 1's stack, your code only (2 frames of torch and Python left out):"``, then one
+    ``"  desync.py:143 in gather_padded: torch_dist.all_gather(...)"`` line per frame.
+    """
+    lines = text.splitlines()
+    start = max((i for i, line in enumerate(lines) if "most recent call" in line), default=0)
+    stack = lines[start:]
+    frames = user_frames(stack)
+    at = [i for i, line in enumerate(stack) if _FRAME.match(line)]
+    after = stack[at[-1] + 1:] if at else stack   # the last frame's code, then the exception
+    first = next((i for i, line in enumerate(after) if line and not line[0].isspace()), None)
+    hidden = len(at) - len(frames)
+    shown = [f"your code only ({hidden} frame{'s' * (hidden != 1)} of torch and Python left out):",
+             *(f"  {frame}" for frame in frames), *(after[first:] if first is not None else [])]
+    return "\n".join(line if len(line) <= width else line[:width - 4] + " ..."
+                     for line in shown if line.strip())
+
+
 def stopped_at(result: Any, rank: int, script: str = "") -> Optional[Frame]:
     """The innermost line of user code in the last of ``rank``'s stacks (tracebacks,
     ``faulthandler`` dumps) that shows one, or None. (A dump of an abort while the interpreter
