@@ -176,6 +176,7 @@ class Reader:
         self.url = f"http://localhost:{self.port}/fr_trace_json"
         self.env = {"TORCH_FR_BUFFER_SIZE": "100", PORT_ENV: str(self.port)}
         self.waits: Optional[dict[int, Optional[Collective]]] = None
+        self.records: dict[int, dict] = {}   # each rank's records, as the server served them
         self.problem = "not asked"
 
     def read(self, seconds: float = 10.0) -> None:
@@ -185,7 +186,8 @@ class Reader:
         while True:
             try:
                 with _NO_PROXY.open(self.url, timeout=seconds) as reply:
-                    self.waits = collective_waits(debug_server_records(reply.read().decode()))
+                    self.records = debug_server_records(reply.read().decode())
+                    self.waits = collective_waits(self.records)
             except urllib.error.URLError as exc:
                 if isinstance(exc.reason, ConnectionRefusedError) and time.monotonic() < start + 2:
                     time.sleep(0.1)  # (rank 0's server may be starting)
@@ -197,11 +199,12 @@ class Reader:
             return
 
     def report(self, result: Any) -> None:
-        """Give a timed-out ``RunResult`` what was read: ``waits`` and a line of ``error``."""
+        """Give a timed-out ``RunResult`` what was read: ``waits``, ``records`` (what
+        :func:`dump_files` writes for ``torchfrtrace``) and a line of ``error``."""
         if result.status != "timeout":
             return
         if self.waits is not None:
-            result.waits = self.waits
+            result.waits, result.records = self.waits, self.records
             result.error += "\nFlight Recorder: " + "; ".join(describe_waits(self.waits))
             return
         said = [e["error"] for rank in sorted(result.events) for e in result.events[rank]

@@ -83,6 +83,7 @@ def test_a_hung_launch_names_each_ranks_collective_and_its_sequence_number():
     waits = result.waits
     assert (waits[0].op, waits[1].op) == ("all_reduce", "all_gather")   # desync.py's two lines
     assert waits[0].seq == waits[1].seq and not waits[0].finished and not waits[1].finished
+    assert flight_recorder.collective_waits(result.records) == waits   # the records it read
     stuck = {rank: postmortem.user_frames(result.stacks[rank].splitlines())[-1].code
              for rank in (0, 1)}
     assert "all_reduce" in stuck[0] and "all_gather" in stuck[1]   # the stacks agree
@@ -136,10 +137,11 @@ def test_the_reader_parses_the_page_rank_0_serves():
     timed_out = _timed_out(error="timed out after 1 s")
     reader.report(timed_out)
     assert timed_out.waits == reader.waits
+    assert timed_out.records == flight_recorder.debug_server_records(page.decode())   # for dumps
     assert _report_line(timed_out).startswith("Flight Recorder: rank 0 waits in all_reduce #1;")
     finished = RunResult(status="ok", returncode=0, wall_time=1.0, world_size=2)
     reader.report(finished)   # only a timeout is reported
-    assert finished.waits == {} and finished.error == ""
+    assert finished.waits == {} and finished.records == {} and finished.error == ""
 
 
 def test_a_reader_with_nothing_to_read_says_so_in_one_line():
@@ -147,7 +149,8 @@ def test_a_reader_with_nothing_to_read_says_so_in_one_line():
     reader.read()
     timed_out = _timed_out(error="timed out after 1 s")
     reader.report(timed_out)
-    assert timed_out.waits == {} and timed_out.error.startswith("timed out after 1 s\n")
+    assert timed_out.waits == {} and timed_out.records == {}
+    assert timed_out.error.startswith("timed out after 1 s\n")
     line = _report_line(timed_out)
     assert line.startswith("Flight Recorder not read:") and str(reader.port) in line
     said = {"kind": flight_recorder.EVENT, "rank": 0, "error": "rank 0: no tabulate"}

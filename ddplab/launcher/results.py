@@ -40,11 +40,12 @@ class RunResult:
     job_root_cause: Optional[RankFailure] = None
     engine: str = "torchrun"
     pids: dict[int, int] = field(default_factory=dict)
-    #: After a timeout: the ranks still running then, and each one's Python stack dump.
+    #: After a timeout: the ranks still running then, each one's Python stack dump; with
+    #: ``flight_recorder=True``, each rank's collective then and its Flight Recorder records.
     still_running: list[int] = field(default_factory=list)
     stacks: dict[int, str] = field(default_factory=dict)
-    #: After a timeout with ``flight_recorder=True``: rank -> the collective it waited in.
     waits: dict[int, Any] = field(default_factory=dict)
+    records: dict[int, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -177,6 +178,5 @@ def _timed_out(result: RunResult, job: Job, why: str, running: list[int],
     where = f"; still running: {', '.join(f'rank {r}' for r in running)}" if running else ""
     seen = " (their Python stacks are in result.stacks)" if stacks else ""
     result.error = f"{why}{where}{seen}: every process of the job was ended."
-    if result.root_cause is not None:
-        result.error += f"\nbefore that, {result.root_cause}"
+    result.error += "" if result.root_cause is None else f"\nbefore that, {result.root_cause}"
     return result
