@@ -96,12 +96,12 @@ def test_a_job_of_ones_own_is_not_a_copy(tmp_path):
     # the skeleton, and a file that does not parse, are nobody's copy
     assert judged(tmp_path, SKELETON.read_text()) is None
     assert judged(tmp_path, "def main(:\n") is None
-    # a docstring may name the reference; a worker of another lesson may be imported
+    # a docstring may name the reference; a course module that is not one may be imported
     own = (SOLUTIONS / "capstone.py").read_text().replace(
         '"""A right capstone', '"""Unlike ddplab.workers.capstone, a right capstone', 1)
     assert judged(tmp_path, own, found=ONLY_WORKER) is None
     ten = (SOLUTIONS / "uneven_join.py").read_text()
-    assert "from ddplab.workers.running_loss import" in ten
+    assert "from ddplab.lab.answers.running_loss import" in ten
     mine = '"""My answer to 10."""\n' + ten.split('"""', 2)[2]
     assert judged(tmp_path, mine, key="10") is None
 

@@ -34,7 +34,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddplab import dist, events
-from ddplab.workers.running_loss import RunningLoss  # a joinable loss log (notebook 10 shows it)
+from ddplab.lab.answers.running_loss import RunningLoss  # a joinable loss log (notebook 10)
 
 
 def uneven_batches(rank: int, world_size: int, batch_size: int = 16) -> list[tuple]:

@@ -1,7 +1,8 @@
 """A loss log that DDP's ``Join`` can finish: the course's answer to exercise 10's log.
 
 Notebook 10 shows this file only once the judge has said the learner's run is correct; the
-exercise's reference solution (``tests/solutions/uneven_join.py``) uses it.
+exercise's reference solution (``tests/solutions/uneven_join.py``) imports it. It needs torch
+only, so a rank may import it although it lives among the notebooks' helpers.
 
 Lesson: 10.
 """
