@@ -47,7 +47,7 @@ def test_reference_answers_are_what_the_lessons_teach():
     assert reference_answer("02") == [1, 2, 3, 5, 6, 9]          # 9: chunks of 3, only three
     assert reference_answer("03") == (512, pytest.approx(0.16))
     assert reference_answer("04") == (169, 5)
-    assert reference_answer("07") == [0, 0, 0, 0]      # torchrun passes no argument
+    assert reference_answer("07") == [4, 5, 6, 7]      # no argument: the default reads RANK
     assert reference_answer("07b") == ["node8", "node9"]         # node10 sorts first: GROUP_RANK 0
     assert reference_answer("08") == pytest.approx(32.0)        # (n - 1) M / (2 (n - 1) / n M)
     assert reference_answer("09") == pytest.approx(10 * 14.0 / (13 * 2.5))   # time to the target
@@ -66,7 +66,10 @@ def test_hints_name_the_mistake(capsys):
     assert "64 x 8" in capsys.readouterr().out
     check("07", [0, 1, 2, 3])                     # what the old launcher gave, not torchrun
     hint = capsys.readouterr().out
-    assert "old launcher" in hint and "[0, 0, 0, 0]" not in hint and "default" not in hint
+    assert "old launcher" in hint and "4" not in hint and "default" not in hint
+    check("07", [0, 0, 0, 0])                     # the default taken to be 0 everywhere
+    hint = capsys.readouterr().out
+    assert "own environment" in hint and "RANK\"" not in hint and "4" not in hint
     check("07b", ["node9", "node10"])             # the first to start, or the endpoint, as node 0
     hint = capsys.readouterr().out
     assert "hosts the rendezvous endpoint" in hint and "section 2" in hint
@@ -96,7 +99,7 @@ def test_hints_name_the_mistake(capsys):
 def test_answers_in_other_spellings():
     assert check("02", (9, 6, 5, 3, 2, 1)) and check("03", [512, "0.16"])
     assert check("05", (4, 5)) and check("06", ("float16", "float32"))
-    assert check("07", ("0", "0", "0", "0")) and check("08", "32") and check("09", "4.31")
+    assert check("07", ("4", "5", "6", "7")) and check("08", "32") and check("09", "4.31")
     assert check("12", ["3", "1", "1", "3"]) and not check("12", 3)
     assert not check("01", "fast") and not check("03", 1024) and not check("04", "169")
     assert not check("08", "a lot") and not check("09", 1.5)
@@ -118,14 +121,17 @@ def test_the_example_in_checks_docstring_is_judged_as_its_comment_says(capsys):
 
 
 def test_exercise_07_is_torchs_reading_of_both_launchers():
-    """The reference comes from torch's torchrun code; the same parser under the old launcher
-    (which appends --local-rank=N) reads every worker's own rank: the answer is not constant."""
+    """The reference comes from torch's torchrun code; the same parser, in the same processes,
+    under the old launcher (which appends --local-rank=N) reads every worker's local rank."""
     from ddplab.lab import checks, cmdlines
 
-    parser = checks._question_07_parser()
-    old = [parser.parse_args(cmdlines.legacy_script_argv(local_rank=r, nproc_per_node=4))
-           .local_rank for r in range(4)]
+    node1 = [checks.question_07_environ(1, r) for r in range(4)]
+    old = [checks.question_07_parser(env).parse_args(
+        cmdlines.legacy_script_argv(local_rank=r, nproc_per_node=4)).local_rank
+        for r, env in enumerate(node1)]
     assert old == [0, 1, 2, 3] != reference_answer("07")
+    assert [int(env["RANK"]) for env in node1] == reference_answer("07")   # the default: RANK
+    assert cmdlines.torchrun_config(checks.QUESTION_07_TORCHRUN)["script_args"] == []
 
 
 def test_07b_reference_is_how_torch_numbers_the_nodes(monkeypatch):

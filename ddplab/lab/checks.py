@@ -230,7 +230,11 @@ def _exercise_06() -> tuple[Any, Any]:
 # ------------------------------------------------------------- exercises 07-09 (lessons 07-09)
 
 
-QUESTION_07_GPUS = 4   # the exercise's machine: 4 GPUs, torchrun --nproc-per-node 4
+QUESTION_07_GPUS = 4   # the exercise's machines: 2 of them, 4 GPUs each, 4 processes on each
+QUESTION_07_NODE = 1   # the question asks about the machine torchrun numbers 1 (GROUP_RANK 1)
+#: torchrun's command line in the question (the same on both machines).
+QUESTION_07_TORCHRUN = ["--nnodes", "2", "--nproc-per-node", str(QUESTION_07_GPUS),
+                        "--rdzv-backend", "c10d", "--rdzv-endpoint", "node1:29400", "train.py"]
 
 
 def _compare_07(answer: Any, expected: Any) -> Optional[str]:
@@ -239,40 +243,55 @@ def _compare_07(answer: Any, expected: Any) -> Optional[str]:
     except (TypeError, ValueError):
         gpus = []
     if len(gpus) != QUESTION_07_GPUS:
-        return "answer with a list of four GPU numbers: the GPU of LOCAL_RANK 0, 1, 2 and 3."
+        return "answer with a list of four device numbers: those of LOCAL_RANK 0, 1, 2 and 3."
     if gpus == expected:
         return None
     if gpus == list(range(QUESTION_07_GPUS)):
-        return ("that is what the old launcher gave the script. Compare how each launcher hands "
-                "a process its local rank, and what this parser reads.")
-    return "each process parses its own command line: what does torchrun put on it?"
+        return ("that is what the old launcher's argument gave each process. Under torchrun, "
+                "where does args.local_rank come from?")
+    if len(set(gpus)) == 1:
+        return ("every process builds its own parser, in its own environment: is that value "
+                "the same on all four processes of the machine with GROUP_RANK 1?")
+    return ("each process parses its own command line: what does torchrun put on it, and what "
+            "does this process's environment hold on the machine with GROUP_RANK 1?")
 
 
-def _question_07_parser() -> Any:
-    """The exercise's parser: a script written for ``torch.distributed.launch`` on torch 2.x."""
+def question_07_parser(environ: Any) -> Any:
+    """The exercise's parser, built as the script builds it in a process with ``environ``."""
     import argparse
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--local-rank", type=int, default=0)
+    parser.add_argument("--local-rank", type=int, default=int(environ.get("RANK", 0)))
     return parser
 
 
+def question_07_environ(group_rank: int, local_rank: int) -> dict[str, str]:
+    """What torchrun's agent sets for a worker of the question's job: ``RANK`` is the agent's
+    base rank (the local world sizes of the agents numbered before it) plus ``LOCAL_RANK``, as
+    ``_assign_worker_ranks`` in torch/distributed/elastic/agent/server/api.py computes it."""
+    rank = group_rank * QUESTION_07_GPUS + local_rank
+    return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "GROUP_RANK": str(group_rank)}
+
+
 @exercise("07", "A script reads its GPU with `parser.add_argument(\"--local-rank\", type=int, "
-          "default=0)` and `torch.cuda.set_device(args.local_rank)`. It worked under "
-          "`python -m torch.distributed.launch --nproc-per-node 4 train.py` on torch 2.x; now it "
-          "runs unchanged under `torchrun --nproc-per-node 4 train.py` on a machine with 4 GPUs. "
-          "Which GPU does each process select? answer = [GPU of LOCAL_RANK 0, 1, 2, 3]",
+          "default=int(os.environ.get(\"RANK\", 0)))` and `torch.cuda.set_device("
+          "args.local_rank)`. It ran on two 4-GPU machines under `python -m "
+          "torch.distributed.launch --nnodes 2 --node-rank N --nproc-per-node 4 ... train.py`; "
+          "now it runs unchanged under `torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend "
+          "c10d --rdzv-endpoint HOST:29400 train.py` on both. What does each process of the "
+          "machine with GROUP_RANK 1 pass to set_device? answer = [for LOCAL_RANK 0, 1, 2, 3]",
           _compare_07)
 def _exercise_07() -> list[int]:
-    """What the parser reads on each of torchrun's workers, from the arguments the installed
-    torch's own torchrun code gives them (``config_from_args``, then the local-rank macro)."""
+    """What the parser reads on each of torchrun's workers on node 1: the arguments come from
+    the installed torch's own torchrun code (``config_from_args``, then the local-rank macro),
+    the default from the environment torchrun's agent gives that worker."""
     from torch.distributed.elastic.utils.api import macros
 
     from ddplab.lab import cmdlines
 
-    script_args = cmdlines.torchrun_config(
-        ["--nproc-per-node", str(QUESTION_07_GPUS), "train.py"])["script_args"]
-    return [_question_07_parser().parse_args(macros.substitute(script_args, str(local))).local_rank
+    script_args = cmdlines.torchrun_config(QUESTION_07_TORCHRUN)["script_args"]
+    return [question_07_parser(question_07_environ(QUESTION_07_NODE, local))
+            .parse_args(macros.substitute(script_args, str(local))).local_rank
             for local in range(QUESTION_07_GPUS)]
 
 
