@@ -200,7 +200,12 @@ def test_step_profile_counts_the_step_and_checkpointing_keeps_less_for_backward(
     assert 8 * params < plain[0, "bytes"]["optimizer_state"] <= 8 * params + 8 * 10   # + step counters
     kept = plain[0, "profiled"]["forward"]
     assert activations <= kept < 1.05 * activations
-    assert checkpointed[0, "profiled"]["forward"] < 0.6 * kept
+    # checkpointing keeps one B x W tensor a block instead of two, plus the CPU RNG state it
+    # saves for each block's recompute (torch.get_rng_state(): 5,056 bytes)
+    saved = kept - checkpointed[0, "profiled"]["forward"]
+    assert saved == 4 * (128 * 256 * 4 - 5056)
+    assert all(p[0, "profiled"][f"{phase}_ms"] > 0 for p in (plain, checkpointed)
+               for phase in ("forward", "backward", "step"))
     assert plain[0, "trace"] is None
 
 

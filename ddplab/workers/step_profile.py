@@ -11,16 +11,18 @@ runs under ``torch.profiler.profile(profile_memory=True)``, its phases marked wi
 ``record_function("forward" | "backward" | "step")``. The profiler counts, for each phase, the
 bytes the CPU allocator handed out minus those given back: for ``forward`` that is what autograd
 keeps for backward (the activations). With ``--checkpoint`` every block runs under
-``torch.utils.checkpoint.checkpoint(use_reentrant=False)``: forward keeps only each block's input
-and backward computes the block again.
+``torch.utils.checkpoint.checkpoint(use_reentrant=False)``: forward keeps each block's input and,
+by default (``preserve_rng_state=True``), the CPU generator's state (``torch.get_rng_state()``,
+5,056 bytes) so that a random op in the block draws the same numbers when backward computes the
+block again. Then ``--timed`` more steps run without the profiler, timed phase by phase.
 
 Events (every rank): metric ``bytes``: ``parameters``, ``gradients`` and ``optimizer_state``
 (Adam's two moments and step counts), ``moments`` (the two moments alone) and ``tensors`` (how
 many parameter tensors), counted from the tensors themselves; metric ``profiled``:
-bytes kept at the end of each phase (``forward``, ``backward``, ``step``) and its milliseconds
-(``forward_ms``, ...), from the profiler; metric ``trace``: the Chrome trace file this rank
-wrote under ``--trace-dir`` (or None), which names every all-reduce DDP ran (``gloo:all_reduce``)
-beside the ``backward`` span.
+bytes kept at the end of each phase (``forward``, ``backward``, ``step``), from the profiler, and
+each phase's median milliseconds over the timed steps (``forward_ms``, ...); metric ``trace``:
+the Chrome trace file this rank wrote under ``--trace-dir`` (or None), which names every
+all-reduce DDP ran (``gloo:all_reduce``) beside the ``backward`` span.
 
 Lesson: 09b.
 """
@@ -28,6 +30,8 @@ Lesson: 09b.
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -53,6 +57,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--checkpoint", action="store_true", help="recompute each block in backward")
     p.add_argument("--bucket-cap-mb", type=float, default=1.0, help="DDP's bucket size (2+ ranks)")
     p.add_argument("--warmup", type=int, default=2, help="steps before the profiled one")
+    p.add_argument("--timed", type=int, default=5, help="steps timed after it (medians)")
     p.add_argument("--trace-dir", help="write this rank's Chrome trace here")
     return p.parse_args(argv)
 
@@ -76,6 +81,23 @@ class Blocks(nn.Module):
 def tensor_bytes(tensors) -> int:
     """Bytes of the tensors' elements."""
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def timed_steps(model, optimizer, inputs, labels, steps: int) -> dict[str, list[float]]:
+    """Milliseconds of each phase over ``steps`` more steps, without the profiler."""
+    times: dict[str, list[float]] = {name: [] for name in PHASES}
+    for _ in range(max(1, steps)):
+        optimizer.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        loss = F.cross_entropy(model(inputs), labels)
+        forward = time.perf_counter()
+        loss.backward()
+        backward = time.perf_counter()
+        optimizer.step()
+        end = time.perf_counter()
+        for name, ms in zip(PHASES, (forward - start, backward - forward, end - backward)):
+            times[name].append(ms * 1000)
+    return times
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -112,7 +134,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     spans = {e.name: e for e in prof.events() if e.name in PHASES}
     profiled = {name: spans[name].cpu_memory_usage for name in PHASES}
-    profiled.update({f"{name}_ms": spans[name].cpu_time_total / 1000 for name in PHASES})
+    profiled.update({f"{name}_ms": statistics.median(times) for name, times in
+                     timed_steps(model, optimizer, inputs, labels, args.timed).items()})
     state = [(name, t) for s in optimizer.state.values() for name, t in s.items()]
     events.emit("metric", name="bytes", value={
         "parameters": tensor_bytes(net.parameters()),
