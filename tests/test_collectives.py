@@ -78,6 +78,14 @@ def test_ring_and_parameter_server_equal_all_reduce_on_awkward_sizes():
         ps = traffic["parameter_server", rank]
         assert ps["bytes_sent"] == ((n - 1) * message if rank == 0 else message)
         assert set(ps["peers"]) == (set(range(1, n)) if rank == 0 else {0})
+    # every rank started with ones: a chunk's value counts the ranks whose numbers it holds
+    held = {e["rank"]: e["held"] for e in result.events_of("ring_steps")}
+    for rank in range(n):
+        assert len(held[rank]) == 2 * (n - 1)
+        assert held[rank][0][(rank - 1) % n] == 2            # step 1: the left one's added
+        assert held[rank][n - 2][(rank + 1) % n] == n        # reduce-scatter: one chunk complete
+        assert sorted(held[rank][n - 2]) != [n] * n          # ... and only that one
+        assert held[rank][-1] == [n] * n                     # all-gather: every chunk complete
 
 
 def test_bandwidth_sweep_reports_positive_numbers_for_both_algorithms():

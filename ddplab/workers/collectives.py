@@ -136,7 +136,7 @@ def run_point_to_point(info: dist.DistInfo, delay: float) -> None:
     if info.rank == 0:
         time.sleep(delay)                                   # busy a moment before it sends
         torch_dist.send(torch.tensor([3.0, 1.0, 4.0], device=info.device), dst=last)
-        sent = time.time() - start                          # send: returns once the message is out
+        sent = time.time() - start                          # send (gloo): returns once it is out
         reply = torch.zeros(3, device=info.device)
         request = torch_dist.irecv(reply, src=last)         # irecv: returns a request at once ...
         posted = time.time() - start
@@ -145,7 +145,7 @@ def run_point_to_point(info: dist.DistInfo, delay: float) -> None:
         events.emit("p2p", sent=sent, posted=posted, done=done, reply=reply.tolist())
     elif info.rank == last:
         message = torch.zeros(3, device=info.device)
-        torch_dist.recv(message, src=0)                     # recv: returns once it has arrived
+        torch_dist.recv(message, src=0)                     # recv (gloo): returns once it arrived
         received = time.time() - start
         time.sleep(delay)
         answer = 2 * message

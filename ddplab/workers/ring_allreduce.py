@@ -11,6 +11,8 @@ What it reports (events):
 - ``compare`` (every rank, one per size): ``numel``, ``ring_error`` and ``ps_error``, the max
   absolute difference from ``dist.all_reduce`` on the same random tensor, for sizes that do and
   do not divide by the world size (``--sizes``).
+- ``ring_steps`` (every rank): ``held``, after each of the ring's ``2 (n - 1)`` steps, how many
+  ranks' numbers each chunk holds (all start with ones; one element per chunk).
 - ``traffic`` (every rank, one per algorithm): ``algorithm`` (ring or parameter_server),
   ``message_bytes``, ``bytes_sent``, ``bytes_received`` and ``peers`` (the ranks it talked to).
 - ``bandwidth`` (rank 0, with ``--bench``; one per algorithm and size): ``algorithm`` (ring or
@@ -70,7 +72,8 @@ def exchange(send: torch.Tensor, to: int, recv: torch.Tensor, source: int,
 
 
 # [ring]
-def ring_allreduce(tensor: torch.Tensor, traffic: Optional[Traffic] = None) -> torch.Tensor:
+def ring_allreduce(tensor: torch.Tensor, traffic: Optional[Traffic] = None,
+                   watch: Optional[Callable[[list[torch.Tensor]], None]] = None) -> torch.Tensor:
     """Sum ``tensor`` over all ranks, in place, talking only to the two ring neighbours.
 
     The tensor is cut into ``world_size`` chunks (``tensor_split``: sizes differ by at most one
@@ -78,7 +81,8 @@ def ring_allreduce(tensor: torch.Tensor, traffic: Optional[Traffic] = None) -> t
     passes one chunk to its right neighbour and adds the chunk arriving from its left; after
     that, rank r holds the complete sum of chunk ``(r + 1) % n``. Phase 2, all-gather: ``n - 1``
     more steps pass the finished chunks around the ring. Each rank sends ``2 (n - 1)`` chunks
-    of ``1/n`` of the tensor: ``2 (n - 1) / n`` times its size, whatever ``n`` is.
+    of ``1/n`` of the tensor: ``2 (n - 1) / n`` times its size, whatever ``n`` is. ``watch``,
+    if given, sees the chunks after every step.
 
     Lesson: 08.
     """
@@ -91,10 +95,14 @@ def ring_allreduce(tensor: torch.Tensor, traffic: Optional[Traffic] = None) -> t
         incoming = torch.empty_like(chunks[into])
         exchange(chunks[send], right, incoming, left, traffic)
         chunks[into] += incoming
+        if watch:
+            watch(chunks)  # for the notebook's table: what each rank holds now
 
     for step in range(n - 1):  # phase 2: all-gather
         send, into = (rank + 1 - step) % n, (rank - step) % n
         exchange(chunks[send], right, chunks[into], left, traffic)
+        if watch:
+            watch(chunks)  # for the notebook's table: what each rank holds now
     return tensor
 # [/ring]
 
@@ -160,7 +168,13 @@ def compare(sizes: Sequence[int], info: dist.DistInfo, seed: int) -> None:
 
 
 def count_traffic(numel: int, info: dist.DistInfo) -> None:
-    """Emit ``traffic`` events: bytes and peers of each algorithm on one tensor."""
+    """Emit ``traffic`` events: bytes and peers of each algorithm on one tensor; and
+    ``ring_steps``: every rank starts with ones, so after each step of the ring each chunk's
+    value counts the ranks whose numbers it holds."""
+    held: list[list[int]] = []
+    ring_allreduce(torch.ones(info.world_size, device=info.device),
+                   watch=lambda chunks: held.append([int(c.sum().item()) for c in chunks]))
+    events.emit("ring_steps", held=held)
     for name, algorithm in (("ring", ring_allreduce),
                             ("parameter_server", parameter_server_allreduce)):
         traffic = Traffic()
