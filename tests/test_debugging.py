@@ -4,7 +4,9 @@ the ``postmortem`` helpers on text they will meet."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -382,6 +384,10 @@ def test_untouched_skeleton_times_out_and_the_hint_names_the_ranks_that_left():
     assert not verdict and "timed out" in verdict.message
     assert "rank 0 at line" in verdict.message and "`loss.backward()`" in verdict.message
     assert "left the loop" in verdict.message and "shadows only" not in verdict.message
+    section = re.search(r"notebook 10, section (\d+)", verdict.message)[1]   # the one it names
+    cells = json.loads((ROOT / "notebooks" / "10_debugging.ipynb").read_text())["cells"]
+    assert any(f"\n## {section}. Uneven inputs" in "\n" + "".join(cell["source"])
+               for cell in cells if cell["cell_type"] == "markdown")
 
 
 @pytest.mark.slow
