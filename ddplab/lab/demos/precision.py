@@ -8,13 +8,17 @@ own process, so every fact about float16, bfloat16 and the GradScaler is shown o
     autocast_facts("cpu")                 # matmul in bfloat16, weights and loss in float32
     tiny_gradient(torch.float16, use_scaler=False)    # 0.0: the gradient underflowed
     scaler_overflow_step()                # an inf gradient: step skipped, scale halved
+    matmul_speed()                        # float32 against bf16 products on this CPU
+    tf32_settings()                       # TF32's defaults and parents, read in a fresh Python
 
 Lesson: 06.
 """
 
 from __future__ import annotations
 
-import statistics
+import json
+import subprocess
+import sys
 import time
 import warnings
 from typing import Any, Optional, Sequence
@@ -162,16 +166,20 @@ def deprecated_amp_names() -> list[str]:
     return [f"{w.category.__name__}: {w.message}" for w in caught]
 
 
-def matmul_speed(sizes: Sequence[int] = (64, 256, 1024), repeats: int = 3, inner: int = 5
+def matmul_speed(sizes: Sequence[int] = (64, 128, 256), repeats: int = 7, inner: int = 10
                  ) -> list[dict[str, float]]:
     """Time square matrix products on the CPU in float32 and under bf16 autocast.
 
     Shows what this CPU's bf16 units can do: large products may gain, small ones lose to the
-    cost of casting. Timing is the median of ``repeats`` runs of ``inner`` products each, on
-    one thread (as each worker process of a launch uses).
+    cost of casting. Each of ``repeats`` runs times ``inner`` products, on one thread (as each
+    worker process of a launch uses); a first run warms up and is dropped. Other work on the
+    machine can only make a run slower, never faster, so the fastest run is the measurement
+    (as ``timeit``'s documentation advises) and the slowest shows how noisy the machine was.
 
     Returns:
-        One row per size: ``size``, ``fp32_ms``, ``bf16_ms``, ``speedup`` (fp32 / bf16 time).
+        One row per size: ``size``, ``fp32_ms`` and ``bf16_ms`` (the fastest run, per
+        product), ``fp32_max_ms`` and ``bf16_max_ms`` (the slowest), and ``speedup``
+        (``fp32_ms / bf16_ms``).
 
     Lesson: 06.
     """
@@ -188,7 +196,7 @@ def matmul_speed(sizes: Sequence[int] = (64, 256, 1024), repeats: int = 3, inner
 def _time_matmul(size: int, repeats: int, inner: int) -> dict[str, float]:
     """One row of ``matmul_speed``."""
     a, b = torch.randn(size, size), torch.randn(size, size)
-    times = {}
+    row: dict[str, float] = {"size": size}
     for name, enabled in (("fp32", False), ("bf16", True)):
         samples = []
         for _ in range(repeats + 1):  # the first run warms up and is dropped
@@ -196,7 +204,44 @@ def _time_matmul(size: int, repeats: int, inner: int) -> dict[str, float]:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
                 for _ in range(inner):
                     a @ b
-            samples.append((time.perf_counter() - start) / inner)
-        times[name] = statistics.median(samples[1:]) * 1e3
-    return {"size": size, "fp32_ms": times["fp32"], "bf16_ms": times["bf16"],
-            "speedup": times["fp32"] / times["bf16"]}
+            samples.append((time.perf_counter() - start) / inner * 1e3)
+        row[f"{name}_ms"], row[f"{name}_max_ms"] = min(samples[1:]), max(samples[1:])
+    row["speedup"] = row["fp32_ms"] / row["bf16_ms"]
+    return row
+
+
+_READ_TF32 = """import json, torch
+cuda, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+read = {"matmul": cuda.fp32_precision, "convolutions": cudnn.conv.fp32_precision,
+        "float32 matmul precision": torch.get_float32_matmul_precision()}
+cudnn.fp32_precision = "tf32"                    # the CUDA backend's setting
+read["matmul, CUDA backend tf32"] = cuda.fp32_precision
+cudnn.fp32_precision = "none"
+torch.backends.fp32_precision = "tf32"           # the top parent
+read["matmul, parent set to tf32"] = cuda.fp32_precision
+try:                                             # an old name, read after a new setting
+    read["then allow_tf32 reads"] = str(cuda.allow_tf32)
+except RuntimeError:
+    read["then allow_tf32 reads"] = "RuntimeError"
+print(json.dumps(read))
+"""
+
+
+def tf32_settings() -> dict[str, str]:
+    """Read TF32's settings in a fresh Python: the defaults, then each parent set to ``"tf32"``.
+
+    A subprocess, so the caller's settings stay as they are; reading them starts no GPU.
+
+    Returns:
+        ``matmul`` and ``convolutions`` (``torch.backends.cuda.matmul.fp32_precision`` and
+        ``torch.backends.cudnn.conv.fp32_precision`` as a fresh process has them),
+        ``float32 matmul precision`` (``torch.get_float32_matmul_precision()``), the matmul
+        setting once ``torch.backends.cudnn.fp32_precision`` (``matmul, CUDA backend tf32``)
+        and then only ``torch.backends.fp32_precision`` (``matmul, parent set to tf32``) are
+        ``"tf32"``, and ``then allow_tf32 reads``: the old name's value, or ``"RuntimeError"``.
+
+    Lesson: 06.
+    """
+    done = subprocess.run([sys.executable, "-c", _READ_TF32], capture_output=True, text=True,
+                          check=True)
+    return json.loads(done.stdout)
