@@ -9,7 +9,7 @@ import torch
 from ddplab.lab.checks import EXERCISES, check, reference_answer
 
 WRONG = {"01": 1000 / 1.16, "02": [1, 2, 3], "03": (1024, 0.001), "04": (168, 0),
-         "05": [3, 4, 5], "06": (torch.float32, torch.float32), "07": [0, 1, 2, 3],
+         "05": [3, 4, 5], "06": (torch.float16, torch.float16, torch.float32), "07": [0, 1, 2, 3],
          "07b": ["node9", "node10"], "08": 64,
          "09": 14.0 / 2.5, "09b": 2.0, "12": (1, 1, 1, 1)}
 
@@ -47,6 +47,8 @@ def test_reference_answers_are_what_the_lessons_teach():
     assert reference_answer("02") == [1, 2, 3, 5, 6, 9]          # 9: chunks of 3, only three
     assert reference_answer("03") == (512, pytest.approx(0.16))
     assert reference_answer("04") == (169, 5)
+    # a loss is on CPU autocast's float32 list; a .grad has its tensor's dtype
+    assert reference_answer("06") == (torch.float32, torch.float16, torch.float32)
     assert reference_answer("07") == [4, 5, 6, 7]      # no argument: the default reads RANK
     assert reference_answer("07b") == ["node8", "node9"]         # node10 sorts first: GROUP_RANK 0
     assert reference_answer("08") == pytest.approx(32.0)        # (n - 1) M / (2 (n - 1) / n M)
@@ -64,6 +66,16 @@ def test_hints_name_the_mistake(capsys):
     assert "multiple of 4" in capsys.readouterr().out
     check("03", (64, 0.16))
     assert "64 x 8" in capsys.readouterr().out
+    check("06", (torch.float16, torch.float16, torch.float32))   # the loss taken to be 16-bit
+    hint = capsys.readouterr().out
+    assert "mse_loss is a loss" in hint and "float32" not in hint
+    check("06", ("float32", "float32", "float32"))   # out.grad taken to be the weights' dtype
+    hint = capsys.readouterr().out
+    assert ".grad has that tensor's dtype" in hint and "float16" not in hint
+    check("06", ("float32", "float16", "float16"))   # the weights' .grad taken to be 16-bit
+    assert "keep their own dtype" in capsys.readouterr().out
+    check("06", (torch.float32, torch.float16))      # two dtypes: the old question's shape
+    assert "three dtypes" in capsys.readouterr().out
     check("07", [0, 1, 2, 3])                     # what the old launcher gave, not torchrun
     hint = capsys.readouterr().out
     assert "old launcher" in hint and "4" not in hint and "default" not in hint
@@ -98,7 +110,7 @@ def test_hints_name_the_mistake(capsys):
 
 def test_answers_in_other_spellings():
     assert check("02", (9, 6, 5, 3, 2, 1)) and check("03", [512, "0.16"])
-    assert check("05", (4, 5)) and check("06", ("float16", "float32"))
+    assert check("05", (4, 5)) and check("06", ("float32", "float16", "float32"))
     assert check("07", ("4", "5", "6", "7")) and check("08", "32") and check("09", "4.31")
     assert check("12", ["3", "1", "1", "3"]) and not check("12", 3)
     assert not check("01", "fast") and not check("03", 1024) and not check("04", "169")

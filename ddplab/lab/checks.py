@@ -199,32 +199,45 @@ def _dtype_name(value: Any) -> str:
 
 
 def _compare_06(answer: Any, expected: Any) -> Optional[str]:
-    pair = _pair(answer)
-    if pair is None:
-        return "answer with a pair: (dtype of the output, dtype of the weights)."
-    out, weight = (_dtype_name(v) for v in pair)
-    want_out, want_weight = (_dtype_name(v) for v in expected)
-    if out != want_out:
-        return ("convolutions are on autocast's list, like linear layers and matmuls: they "
-                "compute in autocast's dtype, whatever the dtype of their input.")
-    if weight != want_weight:
+    try:
+        given = tuple(answer)
+    except TypeError:
+        given = ()
+    if len(given) != 3:
+        return "answer with three dtypes: (loss.dtype, out.grad.dtype, conv.weight.grad.dtype)."
+    loss, out_grad, weight_grad = (_dtype_name(v) for v in given)
+    want_loss, want_out_grad, want_weight_grad = (_dtype_name(v) for v in expected)
+    if loss != want_loss:
+        return ("mse_loss is a loss: find the list it is on in autocast's CPU op reference "
+                "(section 2), and what that list does to a float16 input.")
+    if out_grad != want_out_grad:
+        return ("a tensor's .grad has that tensor's dtype: which dtype does the convolution "
+                "produce under this autocast (section 3 says what flows back through it)?")
+    if weight_grad != want_weight_grad:
         return ("autocast casts copies of the weights for the computation; the parameters "
-                "themselves (and the optimizer's updates) keep their own dtype.")
+                "themselves, and so their .grad, keep their own dtype.")
     return None
 
 
-@exercise("06", "Under `torch.autocast('cpu', dtype=torch.float16)`, a float32 batch of images "
-          "goes through `nn.Conv2d(3, 8, kernel_size=3)`. What is the dtype of the output, and "
-          "of the layer's weights? answer = (output_dtype, weight_dtype), e.g. "
-          "(torch.bfloat16, torch.bfloat16)", _compare_06)
-def _exercise_06() -> tuple[Any, Any]:
+@exercise("06", "Under `torch.autocast('cpu', dtype=torch.float16)`, a float32 batch goes "
+          "through `conv = nn.Conv2d(3, 8, kernel_size=3)`: `out = conv(x)` and `loss = "
+          "F.mse_loss(out, torch.zeros_like(out))`, both inside the block. Then "
+          "`out.retain_grad()` and `loss.backward()`, outside it. What are the dtypes of "
+          "`loss`, `out.grad` and `conv.weight.grad`? answer = (loss_dtype, out_grad_dtype, "
+          "weight_grad_dtype), e.g. (torch.bfloat16, torch.bfloat16, torch.bfloat16)",
+          _compare_06)
+def _exercise_06() -> tuple[Any, Any, Any]:
     import torch
     from torch import nn
+    from torch.nn import functional as F
 
-    layer = nn.Conv2d(3, 8, kernel_size=3)
+    conv = nn.Conv2d(3, 8, kernel_size=3)
     with torch.autocast("cpu", dtype=torch.float16):
-        out = layer(torch.randn(2, 3, 8, 8))
-    return out.dtype, layer.weight.dtype
+        out = conv(torch.randn(2, 3, 8, 8))
+        loss = F.mse_loss(out, torch.zeros_like(out))   # a loss: on CPU autocast's float32 list
+    out.retain_grad()
+    loss.backward()
+    return loss.dtype, out.grad.dtype, conv.weight.grad.dtype
 
 
 # ------------------------------------------------------------- exercises 07-09 (lessons 07-09)
