@@ -60,6 +60,14 @@ What must be true of a run, and why
     weights (under FSDP2, ``get_model_state_dict`` with ``StateDictOptions(full_state_dict=
     True)``). With or without autocast: both are right.
 
+A suggested order, the one in which the judge reads your runs (so that each verdict names
+the next thing to write):
+
+a. the DDP job on 2 ranks, with its reports and its saves: items 1, 2, 4-8 and 10;
+b. ``--strategy fsdp`` on 2 ranks: item 3's FSDP2 half, and item 10's gathered weights;
+c. the resume on the same 2 ranks, after the kill: item 9, bit for bit;
+d. the resume on 4 ranks with FSDP2: item 9 on another world size.
+
 The fault: ``--kill-rank 1 --kill-at-step K`` (the given part does it) kills rank 1 with
 ``SIGKILL`` in step K, with no exception and no cleanup. Notebook 13 launches your job five
 times (DDP unbroken, FSDP unbroken, killed, resumed, resumed on 4 ranks) and hands the runs to
