@@ -45,7 +45,7 @@ def test_a_verdict_in_a_notebook_adds_no_output_cell_of_its_own():
 def test_reference_answers_are_what_the_lessons_teach():
     assert reference_answer("01") == pytest.approx(1000 / 1.1)   # median of epochs 2-6
     assert reference_answer("02") == [1, 2, 3, 5, 6, 9]          # 9: chunks of 3, only three
-    assert reference_answer("03") == (512, pytest.approx(0.16))
+    assert reference_answer("03") == (192, pytest.approx(0.12))   # 16 x 4 x 3; 0.02 x 192 / 32
     assert reference_answer("04") == (169, 5)
     # a loss is on CPU autocast's float32 list; a .grad has its tensor's dtype
     assert reference_answer("06") == (torch.float32, torch.float16, torch.float32)
@@ -64,8 +64,12 @@ def test_hints_name_the_mistake(capsys):
     assert "fewer chunks than GPUs" in capsys.readouterr().out
     check("02", [1, 2, 3, 4, 5, 6, 9])
     assert "multiple of 4" in capsys.readouterr().out
-    check("03", (64, 0.16))
-    assert "64 x 8" in capsys.readouterr().out
+    check("03", (64, 0.12))                       # the micro-batches left out
+    hint = capsys.readouterr().out
+    assert "micro-batches" in hint and "192" not in hint
+    check("03", (192, 0.24))                      # x world size x micro-batches, as --scale-lr
+    hint = capsys.readouterr().out
+    assert "tuned batch" in hint and "0.12" not in hint
     check("06", (torch.float16, torch.float16, torch.float32))   # the loss taken to be 16-bit
     hint = capsys.readouterr().out
     assert "mse_loss is a loss" in hint and "float32" not in hint
@@ -109,7 +113,7 @@ def test_hints_name_the_mistake(capsys):
 
 
 def test_answers_in_other_spellings():
-    assert check("02", (9, 6, 5, 3, 2, 1)) and check("03", [512, "0.16"])
+    assert check("02", (9, 6, 5, 3, 2, 1)) and check("03", [192, "0.12"])
     assert check("05", (4, 5)) and check("06", ("float32", "float16", "float32"))
     assert check("07", ("4", "5", "6", "7")) and check("08", "32") and check("09", "4.31")
     assert check("12", ["3", "1", "1", "3"]) and not check("12", 3)

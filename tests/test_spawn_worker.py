@@ -69,3 +69,6 @@ def test_sections_shown_by_the_notebook_exist():
 def test_arguments_have_defaults_for_a_plain_run():
     args = spawn_ddp.parse_args([])
     assert (args.nprocs, args.epochs, args.batch_size, args.dataset) == (2, 2, 32, "digits")
+    assert not args.seed_per_rank and not args.no_init_sync   # one start, broadcast by DDP
+    tried = spawn_ddp.parse_args(["--seed-per-rank", "--no-init-sync"])   # notebook 03's Try it
+    assert tried.seed_per_rank and tried.no_init_sync

@@ -501,20 +501,28 @@ def _compare_03(answer: Any, expected: Any) -> Optional[str]:
     except (TypeError, ValueError):
         return "the global batch is a whole number and the learning rate a number."
     if batch != expected[0]:
-        return "each of the 8 processes takes its own batch of 64: global = 64 x 8."
+        return ("the global batch is every sample that goes into one optimizer step: count the "
+                "processes, and the micro-batches each one accumulates before it steps.")
+    if math.isclose(lr, 0.02 * 4 * 3, rel_tol=1e-6):
+        return ("that multiplies by world size x micro-batches, as the worker's --scale-lr does "
+                "when the per-process batch is the one the learning rate was tuned with; here "
+                "it is not: the rule compares the new global batch with the tuned batch.")
     if not math.isclose(lr, expected[1], rel_tol=1e-6):
         return ("the linear scaling rule multiplies the learning rate by the same factor as "
-                "the batch grew: global batch / one GPU's batch.")
+                "the batch grew, from the batch the learning rate was tuned with.")
     return None
 
 
-@exercise("03", "A job trains with SGD at lr 0.02 and batch_size=64 on one GPU, then moves to "
-          "DDP on 8 GPUs with batch_size=64 in every process. What is the global batch, and "
-          "which learning rate does the linear scaling rule give? answer = (global_batch, lr)",
+@exercise("03", "A job was tuned on one GPU with SGD at lr 0.02 and batch_size=32. It moves to "
+          "DDP on 4 GPUs with batch_size=16 in every process, and every rank accumulates 3 "
+          "micro-batches per optimizer step. What is the global batch of one step, and which "
+          "learning rate does the linear scaling rule give? answer = (global_batch, lr)",
           _compare_03)
 def _exercise_03() -> tuple[int, float]:
-    per_process, world_size, lr = 64, 8, 0.02
-    return per_process * world_size, lr * world_size
+    tuned_batch, tuned_lr = 32, 0.02
+    per_process, world_size, micro_batches = 16, 4, 3
+    global_batch = per_process * world_size * micro_batches
+    return global_batch, tuned_lr * global_batch / tuned_batch
 
 
 # ------------------------------------------------------------------ exercise 12 (lesson 12)

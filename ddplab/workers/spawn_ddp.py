@@ -15,7 +15,9 @@ nprocs=nprocs)``, which starts ``nprocs`` fresh interpreters and calls ``main(ra
 args)`` in each. Every rank trains on its own share of the data; DDP averages the gradients
 during ``backward()``, so the weights stay identical on every rank. Each rank reports ``metric``
 events: ``first_step`` (its own loss on its own first batch, and the gradient checksum after
-the all-reduce) and ``param_checksum`` (sum of all weights at the end, float64). Rank 0 then
+the all-reduce) and ``param_checksum`` (sum of all weights at the end, float64); ranks that
+end with different weights raise ``RuntimeError`` (``--seed-per-rank --no-init-sync`` makes
+them: other start weights, and no broadcast in DDP's constructor to even them). Rank 0 then
 emits a ``summary`` with ``param_checksums_per_rank``, ``final_accuracy``, ``world_size``,
 ``batch_size``, ``global_batch``, ``steps_per_epoch``, ``samples_seen_per_rank`` (over all
 epochs) and ``history``.
@@ -61,6 +63,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32, help="per process")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed-per-rank", action="store_true",
+                   help="seed rank r with seed + r: every rank builds other weights")
+    p.add_argument("--no-init-sync", action="store_true",
+                   help="DDP(..., init_sync=False): the constructor broadcasts nothing")
     return p.parse_args(argv)
 
 
@@ -97,10 +103,11 @@ def main(rank: int, world_size: int, args: argparse.Namespace) -> None:
     # [/data]
 
     # [model]
-    torch.manual_seed(args.seed)                # same start on every rank (DDP also broadcasts)
+    torch.manual_seed(args.seed + rank if args.seed_per_rank else args.seed)   # DDP broadcasts
     name = args.model or models.default_model(args.dataset)
     model = models.build_model(name, split.num_classes, split.in_channels).to(device)
-    model = DDP(model, device_ids=[rank] if device.type == "cuda" else None)
+    model = DDP(model, device_ids=[rank] if device.type == "cuda" else None,
+                init_sync=not args.no_init_sync)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     # [/model]
 
