@@ -11,12 +11,11 @@ path and each decision is tested with CUDA faked: ``dp_device_ids`` and ``sync_d
 the backend, the device and DDP's ``device_ids`` in ``ddplab.dist``, the autocast dtype and the
 GradScaler in ``ddplab.amp`` (and ``checkpoint.map_location_for``).
 
-One optimizer step with ``grad_accum = k`` runs k micro-batches; each loss is divided by k so
-the accumulated gradient is the mean over micro-batches, and under DDP the first k-1 backward
-passes run inside ``model.no_sync()`` so gradients are all-reduced once per step, not k times.
-``data.make_loader(..., interleave=k)`` feeds those micro-batches from the shares of k virtual
-ranks, so the samples of a step depend only on the global batch: ``--mode single --grad-accum
-2`` with batch b ends with the weights of DDP on 2 processes with batch b.
+One optimizer step with ``grad_accum = k`` runs k micro-batches and steps once, on the mean
+gradient over the micro-batches, all-reduced once per step under DDP (``accumulate``; writing it
+is exercise 03b). ``data.make_loader(..., interleave=k)`` feeds those micro-batches from the
+shares of k virtual ranks, so the samples of a step depend only on the global batch: ``--mode
+single --grad-accum 2`` with batch b ends with the weights of DDP on 2 processes with batch b.
 
 Lessons: 01 (loop, timing), 02 (DataParallel), 03 (DDP, accumulation, LR scaling),
 05 (resume), 06 (AMP), 09 (benchmark).
