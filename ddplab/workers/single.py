@@ -10,7 +10,9 @@ From a notebook: ``ddplab.launch("ddplab.workers.single", 1, args=["--epochs", "
 
 Nothing here is distributed: pick the device, load the data, build the model, loop. Lesson 03's
 ``ddplab/workers/plain_ddp.py`` is this same file plus the lines that make it data-parallel
-(the process group, ``DistributedSampler``, the DDP wrap, rank-0 saves). What it reports
+(the process group, ``DistributedSampler``, the DDP wrap, rank-0 saves) and the flags lessons 03
+to 05 use to show pitfalls (``--no-set-epoch``, ``--stop-after-epoch``, ``--resume``...). What
+it reports
 (``@ddplab`` event lines, see ``ddplab.events``):
 
 - ``epoch`` per epoch: ``epoch`` (from 1), ``loss`` (mean), ``samples``, ``steps``,
