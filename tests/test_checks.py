@@ -3,12 +3,16 @@ says why."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from ddplab.lab.checks import EXERCISES, check, reference_answer
+from ddplab.lab.demos.dataparallel import scatter_sizes
 
-WRONG = {"01": 1000 / 1.16, "02": [1, 2, 3], "03": (1024, 0.001), "04": (168, 0),
+WRONG = {"01": 1000 / 1.16, "02": lambda batch, gpus: max(0, gpus - batch),
+         "03": (1024, 0.001), "04": (168, 0),
          "05": [3, 4, 5], "06": (torch.float16, torch.float16, torch.float32), "07": [0, 1, 2, 3],
          "07b": ["node9", "node10"], "08": 64,
          "09": 14.0 / 2.5, "09b": 2.0, "12": (1, 1, 1, 1)}
@@ -44,7 +48,10 @@ def test_a_verdict_in_a_notebook_adds_no_output_cell_of_its_own():
 
 def test_reference_answers_are_what_the_lessons_teach():
     assert reference_answer("01") == pytest.approx(1000 / 1.1)   # median of epochs 2-6
-    assert reference_answer("02") == [1, 2, 3, 5, 6, 9]          # 9: chunks of 3, only three
+    idle_gpus = reference_answer("02")                           # the rule, as a function
+    assert [b for b in range(1, 13) if idle_gpus(b, 4)] == [1, 2, 3, 5, 6, 9]   # 9: 3 chunks of 3
+    assert all(idle_gpus(b, g) == g - len(scatter_sizes(b, g))   # Tensor.chunk, as DataParallel
+               for b in range(1, 200) for g in range(1, 33))
     assert reference_answer("03") == (192, pytest.approx(0.12))   # 16 x 4 x 3; 0.02 x 192 / 32
     assert reference_answer("04") == (169, 5)
     # a loss is on CPU autocast's float32 list; a .grad has its tensor's dtype
@@ -60,10 +67,20 @@ def test_reference_answers_are_what_the_lessons_teach():
 def test_hints_name_the_mistake(capsys):
     check("01", 1000 / 1.45)                      # warm-up epoch included
     assert "warm-up" in capsys.readouterr().out
-    check("02", [1, 2, 3])
-    assert "fewer chunks than GPUs" in capsys.readouterr().out
-    check("02", [1, 2, 3, 4, 5, 6, 9])
-    assert "multiple of 4" in capsys.readouterr().out
+    check("02", [1, 2, 3, 5, 6, 9])               # the old question's list, not the rule
+    assert "your function" in capsys.readouterr().out
+    check("02", lambda batch, gpus: gpus - len(scatter_sizes(batch, gpus)))   # the tool, no rule
+    assert "in arithmetic" in capsys.readouterr().out
+    check("02", lambda batch, gpus: max(0, gpus - batch))   # only batches smaller than the GPUs
+    hint = capsys.readouterr().out
+    assert "larger than the GPU count" in hint and "//" not in hint
+    check("02", lambda batch, gpus: gpus - math.ceil(batch / (batch // gpus + 1)))   # chunk + 1
+    assert "divides by the GPU count" in capsys.readouterr().out
+    check("02", lambda batch, gpus: 0 if batch % gpus == 0 else 1)   # wrong beyond the divisors
+    hint = capsys.readouterr().out
+    assert "scatter_sizes(3, 2)" in hint and "ceil" not in hint
+    check("02", lambda batch, gpus: 1 / 0)
+    assert "raised ZeroDivisionError" in capsys.readouterr().out
     check("03", (64, 0.12))                       # the micro-batches left out
     hint = capsys.readouterr().out
     assert "micro-batches" in hint and "192" not in hint
@@ -113,7 +130,8 @@ def test_hints_name_the_mistake(capsys):
 
 
 def test_answers_in_other_spellings():
-    assert check("02", (9, 6, 5, 3, 2, 1)) and check("03", [192, "0.12"])
+    assert check("02", lambda b, g: g - math.ceil(b / math.ceil(b / g)))
+    assert check("03", [192, "0.12"])
     assert check("05", (4, 5)) and check("06", ("float32", "float16", "float32"))
     assert check("07", ("4", "5", "6", "7")) and check("08", "32") and check("09", "4.31")
     assert check("12", ["3", "1", "1", "3"]) and not check("12", 3)

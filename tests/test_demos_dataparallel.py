@@ -68,3 +68,28 @@ def test_a_repair_that_leaves_the_prefix_is_not_counted_as_a_fix():
 def test_sections_of_the_by_hand_code_can_be_shown():
     for name in ("scatter", "replicate", "parallel_apply", "gather", "reduce"):
         assert source("ddplab/lab/demos/dataparallel.py", name).strip()
+
+
+def test_reused_replicas_give_the_same_gradient_and_only_the_copies_asked_for():
+    """Lesson 02 times the step without its replicate step: reusing copies computes the same."""
+    model = _cnn()
+    x, y = torch.randn(10, 1, 8, 8), torch.randint(0, 10, (10,))
+    made_once = [_cnn() for _ in range(4)]
+    fresh = dataparallel.data_parallel_gradient(model, x, y, 4)
+    reused = dataparallel.data_parallel_gradient(model, x, y, 4, made_once)
+    assert all(torch.equal(fresh[name], reused[name]) for name in fresh)
+    # 6 samples on 4 GPUs make 3 chunks: the fourth copy stays unused, as a GPU would idle
+    copies = [_cnn() for _ in range(4)]
+    dataparallel.data_parallel_gradient(model, x[:6], y[:6], 4, copies)
+    assert [all(p.grad is not None for p in c.parameters()) for c in copies] == [True] * 3 + [
+        False]
+
+
+def test_time_replicate_times_both_versions_and_leaves_the_model_untouched():
+    model = _cnn()
+    before = [p.detach().clone() for p in model.parameters()]
+    timing = dataparallel.time_replicate(model, devices=2, batch_size=8, repeats=3)
+    assert timing.devices == 2 and timing.with_replicate > 0 and timing.without_replicate > 0
+    assert timing.replicate_share == 1 - timing.without_replicate / timing.with_replicate
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters())

@@ -138,12 +138,12 @@ def test_no_output_above_a_quiz_shows_its_answer(path):
 
 
 def test_the_rule_finds_what_it_should():
-    cells = [{"cell_type": "code", "source": ["print('a GPU idles at [1, 2, 3, 5, 6, 9]')"],
+    cells = [{"cell_type": "code", "source": ["print('throughput: 909.09 samples/s')"],
               "outputs": []},
              {"cell_type": "markdown", "source": ["A global batch of 1024, lr 0.0040."]},
-             {"cell_type": "code", "source": ["ddplab.check(\"02\", answer)"], "outputs": []}]
+             {"cell_type": "code", "source": ["ddplab.check(\"01\", answer)"], "outputs": []}]
     assert "[2, 2, 2]" in printed_forms([2, 2, 2, 0]) and "1024" in printed_forms((1024, 0.004))
-    assert occurs("[1, 2, 3, 5, 6, 9]", cells[0]["source"][0])
+    assert occurs("909.09", cells[0]["source"][0])
     assert occurs("1024", cells[1]["source"][0])
     assert not occurs("0.16", "loss 0.1634") and not occurs("0.16", "10.16") and occurs("0.16", "lr 0.16.")
     assert "[0, 0, 0, 0]" in printed_forms([0, 0, 0, 0])   # a list of zeros counts as a whole

@@ -468,28 +468,64 @@ def _exercise_01() -> float:
 
 
 def _compare_02(answer: Any, expected: Any) -> Optional[str]:
-    try:
-        sizes = sorted({int(n) for n in answer})
-    except (TypeError, ValueError):
-        return "answer with a list of batch sizes, e.g. [1, 2]."
-    if sizes == expected:
-        return None
-    if any(n % 4 == 0 for n in sizes):
-        return "a multiple of 4 gives every GPU a chunk of the same size: none idles."
-    if set(sizes) < set(expected):
-        return ("a batch that does not divide by 4 can also give fewer chunks than GPUs: "
-                "Tensor.chunk makes chunks of ceil(batch / 4) until the batch runs out.")
-    return ("count the chunks: ceil(batch / 4) samples each, until the batch runs out; a GPU "
-            "idles when there are fewer chunks than 4.")
-
-
-@exercise("02", "nn.DataParallel runs on 4 GPUs. Which batch sizes from 1 to 12 leave at least "
-          "one GPU with no samples at all? answer = [batch sizes]",
-          _compare_02)
-def _exercise_02() -> list[int]:
+    if not callable(answer):
+        return ("answer with your function: answer = idle_gpus, where idle_gpus(batch, gpus) "
+                "returns a count of GPUs.")
+    if _code_names(answer) & {"chunk", "scatter_sizes", "tensor_split", "split"}:
+        return ("write the rule in arithmetic (//, %, math.ceil): chunk and scatter_sizes are "
+                "what it should predict, not the way to compute it.")
     from .demos import dataparallel
 
-    return [b for b in range(1, 13) if len(dataparallel.scatter_sizes(b, 4)) < 4]
+    misses = []
+    for batch, gpus in _GRID_02:
+        try:
+            got = answer(batch, gpus)
+        except Exception as exc:  # the learner's code: any error is a hint, not a crash
+            return (f"idle_gpus({batch}, {gpus}) raised {type(exc).__name__}; it should return "
+                    "a count for every batch >= 1 and gpus >= 1.")
+        if got is None:
+            return "idle_gpus returned None: return the number of GPUs that get no samples."
+        if got != gpus - len(dataparallel.scatter_sizes(batch, gpus)):
+            misses.append((batch, gpus, got))
+    if not misses:
+        return None
+    if any(batch % gpus == 0 for batch, gpus, _ in misses):
+        return ("a batch that divides by the GPU count gives every GPU a chunk of the same "
+                "size: none idles.")
+    if all(batch > gpus for batch, gpus, _ in misses):
+        return ("a batch larger than the GPU count can leave GPUs idle too: chunks of "
+                "ceil(batch / gpus) samples can run out before the last GPU.")
+    batch, gpus, got = misses[0]
+    return (f"for a batch of {batch} on {gpus} GPUs your rule says {got!r}; "
+            f"scatter_sizes({batch}, {gpus}) shows the chunks.")
+
+
+_GRID_02 = [(batch, gpus) for gpus in range(1, 17) for batch in range(1, 65)]
+
+
+def _code_names(fn: Any) -> set[str]:
+    """Every global and attribute name a function's code (nested code too) refers to."""
+    names: set[str] = set()
+    todo = [getattr(fn, "__code__", None)]
+    while todo:
+        code = todo.pop()
+        if code is not None:
+            names |= set(code.co_names)
+            todo += [c for c in code.co_consts if hasattr(c, "co_names")]
+    return names
+
+
+@exercise("02", "nn.DataParallel scatters a batch of `batch` samples over `gpus` GPUs. Write the "
+          "rule: a function idle_gpus(batch, gpus) that returns how many GPUs get no samples, "
+          "in arithmetic (not chunk or scatter_sizes); the check tries every batch from 1 to 64 "
+          "on 1 to 16 GPUs. answer = idle_gpus",
+          _compare_02)
+def _exercise_02() -> Callable[[int, int], int]:
+    def idle_gpus(batch: int, gpus: int) -> int:
+        per_gpu = -(-batch // gpus)            # ceil(batch / gpus) samples in a full chunk
+        return gpus - -(-batch // per_gpu)     # the GPUs after the last chunk
+
+    return idle_gpus
 
 
 def _compare_03(answer: Any, expected: Any) -> Optional[str]:

@@ -7,6 +7,8 @@ machine shows what ``nn.DataParallel`` does in one training step:
 - ``data_parallel_gradient`` does step by step what DataParallel does in one forward and
   backward (scatter, replicate, parallel_apply, gather, reduce), and ``dp_by_hand`` compares
   its gradient with the full batch's: equal without BatchNorm, different with it.
+- ``time_replicate`` times that step with and without its replicate step, to show what
+  re-copying the model at every step costs.
 - ``module_prefix_demo``: a wrapped model's state_dict does not load into a plain model; both
   fixes, shown working.
 
@@ -26,8 +28,10 @@ Lesson: 02.
 from __future__ import annotations
 
 import copy
+import statistics
+import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -68,7 +72,8 @@ def full_batch_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch.Te
 
 
 def data_parallel_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
-                           devices: int) -> Gradients:
+                           devices: int, replicas: Optional[Sequence[nn.Module]] = None
+                           ) -> Gradients:
     """Return the gradient DataParallel computes on ``devices`` GPUs, done step by step on CPU.
 
     Each step is what ``nn.DataParallel`` does in one training step; here every "GPU" is a copy
@@ -78,6 +83,9 @@ def data_parallel_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch
         model: the model on "GPU 0".
         inputs, labels: the whole batch, on "GPU 0".
         devices: number of GPUs to spread the batch over.
+        replicas: copies made by an earlier call, reused instead of copying the model again
+            (what DataParallel does not do; ``time_replicate`` uses it to time the step
+            without its replicate step). Their gradients must be cleared first.
 
     Returns:
         The gradient of every parameter, as it ends up in the model on GPU 0.
@@ -88,8 +96,10 @@ def data_parallel_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch
     chunks = inputs.chunk(devices)
     # [/scatter]
     # [replicate] copy the module (weights and buffers) to every GPU, at every forward
-    replicas = [copy.deepcopy(model) for _ in chunks]
+    if replicas is None:
+        replicas = [copy.deepcopy(model) for _ in chunks]
     # [/replicate]
+    replicas = list(replicas)[:len(chunks)]
     # [parallel_apply] every replica runs its chunk (one thread per GPU)
     outputs = [replica(chunk) for replica, chunk in zip(replicas, chunks)]
     # [/parallel_apply]
@@ -159,6 +169,68 @@ def dp_by_hand(model: nn.Module, name: str = "", batch_size: int = 32, devices: 
     rel_diffs = [d / max(full[n].abs().max().item(), 1e-12) for d, n in zip(abs_diffs, full)]
     return GradientComparison(name or type(model).__name__, batch_size, devices,
                               scatter_sizes(batch_size, devices), max(abs_diffs), max(rel_diffs))
+
+
+@dataclass
+class ReplicateTiming:
+    """What ``time_replicate`` measured: the median seconds of one by-hand DataParallel step.
+
+    Lesson: 02.
+    """
+
+    devices: int
+    with_replicate: float
+    without_replicate: float
+
+    @property
+    def replicate_share(self) -> float:
+        """The part of a step that re-copying the model took (the difference of the medians)."""
+        return 1 - self.without_replicate / self.with_replicate
+
+
+def time_replicate(model: nn.Module, devices: int, batch_size: int = 32, repeats: int = 21,
+                   seed: int = 0, image_shape: Sequence[int] = (1, 8, 8),
+                   num_classes: int = 10) -> ReplicateTiming:
+    """Time ``data_parallel_gradient`` with its replicate step and with replicas made once.
+
+    The two versions alternate, ``repeats`` times each after one untimed warm-up call of
+    each, so a busy moment of the machine touches both, on one CPU thread (threads that wait
+    for each other on a busy machine add noise); the medians are returned. The
+    replicas are copies of ``model``, which the step never changes, so reusing them gives the
+    same gradient: the difference is the cost of copying the model at every step.
+
+    Args:
+        model: the model on "GPU 0" (left untouched).
+        devices: number of GPUs to simulate.
+        batch_size, seed, image_shape, num_classes: the random batch, as in ``dp_by_hand``.
+        repeats: timed steps of each version.
+
+    Returns:
+        A ``ReplicateTiming``.
+
+    Lesson: 02.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(batch_size, *image_shape, generator=generator)
+    labels = torch.randint(0, num_classes, (batch_size,), generator=generator)
+    made_once = [copy.deepcopy(model) for _ in range(devices)]
+    times: dict[bool, list[float]] = {True: [], False: []}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for repeat in range(repeats + 1):             # repeat 0 is the warm-up, not kept
+            for replicate in (True, False):
+                for replica in made_once:
+                    replica.zero_grad()
+                start = time.perf_counter()
+                data_parallel_gradient(model, inputs, labels, devices,
+                                       None if replicate else made_once)
+                if repeat:
+                    times[replicate].append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return ReplicateTiming(devices, statistics.median(times[True]),
+                           statistics.median(times[False]))
 
 
 # ------------------------------------------------------------------ the module. prefix
