@@ -172,7 +172,19 @@ def test_untouched_skeleton_is_judged_wrong_with_a_hint(capsys):
     result = launch(skeleton_path("11"), 2, quiet=True, timeout=120)
     assert result.ok, result.error          # it runs; the judge, not a traceback, explains
     verdict = check("11", result)
-    assert not verdict and "zeros" in verdict.message and "send" in verdict.message
+    assert not verdict and "zeros" in verdict.message and "no message" in verdict.message
+    assert "send" not in verdict.message and "recv" not in verdict.message   # no calls named
+
+
+def test_messages_that_miss_rank_1s_input_get_the_named_hint(tmp_path):
+    """An attempt that sends and receives, but not into the tensor rank 1's stage runs on."""
+    text = SOLUTION.read_text()
+    assert text.count("torch_dist.recv(x, src=0)") == 1
+    (tmp_path / "recv_elsewhere.py").write_text(
+        text.replace("torch_dist.recv(x, src=0)", "torch_dist.recv(torch.zeros_like(x), src=0)"))
+    result = launch(tmp_path / "recv_elsewhere.py", 2, quiet=True, timeout=120)
+    verdict = check("11", result)
+    assert not verdict and "messages went" in verdict.message, verdict.message
 
 
 def test_solution_is_judged_right():

@@ -53,9 +53,13 @@ def pipeline_forward(result: Any) -> Optional[str]:
         return (f"rank 1 ran its stage {len(received)} times for {len(sent)} micro-batches: "
                 "receive one activation per micro-batch, inside the loop of forward_stage.")
     if not any(received):
-        return ("rank 1 ran its stage on zeros: nothing arrived. In forward_stage, rank 0 "
-                "must send each activation to rank 1, and rank 1 must receive it into its "
-                "buffer before computing on it (torch.distributed.send and recv).")
+        exchanged = sum(sum(c.values()) for c in metric(result, "messages").values())
+        if not exchanged:   # the untouched skeleton: say what the run did, not what to write
+            return ("rank 1 ran its stage on zeros: no message travelled between the ranks, "
+                    "so rank 1 never computed on what rank 0 computed.")
+        return ("rank 1 ran its stage on zeros: messages went, but none reached the tensor "
+                "rank 1 computes on. Rank 0 must send each activation to rank 1, and rank 1 "
+                "must receive it into that buffer before computing on it.")
     for micro, (a, b) in enumerate(zip(sent, received)):
         if not math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6):
             return (f"micro-batch {micro}: rank 1 computed on something other than the "
