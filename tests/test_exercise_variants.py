@@ -362,7 +362,7 @@ VARIANTS = [
     Variant("12 the course's plan (shown in notebook 12 once the learner's is right)", "12",
             "tp_plan.py", (
         ("    n = mesh.size()\n",
-         "    from ddplab.lab.tp_answer import llama_plan\n"
+         "    from ddplab.lab.answers.tensor_parallel import llama_plan\n"
          "    return llama_plan(block, mesh)\n    n = mesh.size()\n"),
     ), right=True),
     Variant("12 hard-coded head count", "12", "tp_plan.py", (
