@@ -113,6 +113,16 @@ def test_two_ranks_skip_2d_and_a_bad_width_is_refused():
     assert not bad.ok and "--hidden 33" in bad.error
     alone = launch(WORKER, 1, args=["--parts", "mlp"], quiet=True)
     assert not alone.ok and "--parts 2d" in alone.error
+    plan = ("--parts", "mlp", "--mlp-plan", "up=colwise", "down=rowwise")   # section 3's plan
+    tried = launch(WORKER, 2, args=plan, quiet=True)
+    assert tried.ok, tried.error
+    section_3 = {e["rank"]: e for e in result.events_of("tp") if e["module"] == "mlp"}
+    for e in tried.events_of("plan_try"):              # the plan cell counts what section 3 does
+        same = section_3[e["rank"]]
+        for key in ("forward_collectives", "backward_collectives", "param_bytes"):
+            assert e[key] == same[key], (key, e[key], same[key])
+        assert e["backward_collectives"] == {"all_reduce": 1}          # x.grad, summed
+        assert max(e["output_error"], e["grad_error"], e["input_grad_error"]) < 1e-5, e
 
 
 def test_a_plan_tried_on_the_mlp_reports_its_result_or_its_error():
@@ -122,11 +132,16 @@ def test_a_plan_tried_on_the_mlp_reports_its_result_or_its_error():
     for e in gathered.events_of("plan_try"):          # right, but down whole on every rank
         assert e["output_error"] < 1e-5 and e["grad_error"] < 1e-5, e
         assert e["forward_collectives"] == {"all_gather_into_tensor": 1}
+        assert e["backward_collectives"] == {"all_reduce": 1} and e["input_grad_error"] < 1e-5
         assert e["full_param_bytes"] / 2 < e["param_bytes"] < e["full_param_bytes"]
     broken = launch(WORKER, 2, args=[*tried, "up=colwise", "down=none"], quiet=True)
     assert broken.ok, broken.error                    # the run reports the error, not a crash
     assert len(broken.events_of("plan_try")) == 2
     assert all(e["error"] for e in broken.events_of("plan_try"))
+    sliced = launch(WORKER, 2, args=[*tried, "up=colwise_gathered", "down=colwise"], quiet=True)
+    assert sliced.ok, sliced.error                    # each rank returns its slice of the output
+    assert all("(16, 8)" in e["error"] and "(16, 16)" in e["error"]
+               for e in sliced.events_of("plan_try"))
     with pytest.raises(SystemExit, match="down=diagonal"):
         read_plan(["up=colwise", "down=diagonal"])
 

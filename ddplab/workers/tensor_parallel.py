@@ -58,7 +58,8 @@ Events:
 - ``skipped`` (rank 0): ``part``, ``reason``, when a part cannot run here.
 - ``plan_try`` (every rank, with ``--mlp-plan``): section ``mlp``'s MLP under the plan given
   on the command line: ``plan``, and either ``error`` (the type and first line of what was
-  raised) or ``output_error``, ``grad_error``, ``param_bytes``, ``full_param_bytes``,
+  raised, or the shape of an output that is not the whole) or ``output_error``, ``grad_error``,
+  ``input_grad_error`` (of ``x.grad``), ``param_bytes``, ``full_param_bytes``,
   ``forward_collectives``, ``backward_collectives``.
 
 FSDP2 on the CPU needs torch 2.7 (see ``ddplab.sharded``); below, ``2d`` is skipped on
@@ -224,7 +225,8 @@ def try_plan(plan: dict[str, str], mesh: DeviceMesh, info: dist.DistInfo,
     styles = {layer: STYLES[style]() for layer, style in plan.items() if style != "none"}
     model = parallelize_module(build("mlp", args, info.device), mesh, styles)
     torch.manual_seed(args.seed + 1)
-    x = torch.randn(args.batch_size, args.dim, device=info.device)
+    x = torch.randn(args.batch_size, args.dim, device=info.device, requires_grad=True)
+    x_reference = x.detach().clone().requires_grad_(True)     # the same input, its own gradient
     try:
         with collectives() as forward:
             out = model(x)
@@ -234,11 +236,17 @@ def try_plan(plan: dict[str, str], mesh: DeviceMesh, info: dist.DistInfo,
         said = (str(error).strip().splitlines() or [""])[0][:200]
         events.emit("plan_try", plan=plan, error=f"{type(error).__name__}: {said}")
         return
-    reference(x).pow(2).mean().backward()
+    whole = reference(x_reference)
+    if out.shape != whole.shape:            # e.g. "down": "colwise": each rank returns its slice
+        events.emit("plan_try", plan=plan, error=f"each rank returned an output of shape "
+                    f"{tuple(out.shape)}, not the MLP's {tuple(whole.shape)}: a slice of it")
+        return
+    whole.pow(2).mean().backward()
     pairs = zip(model.parameters(), reference.parameters())
     grads = [largest_gap(p.grad, r.grad) for p, r in pairs]
     events.emit("plan_try", plan=plan, output_error=largest_gap(out, reference(x)),
-                grad_error=max(grads), param_bytes=local_bytes(model.parameters()),
+                grad_error=max(grads), input_grad_error=largest_gap(x.grad, x_reference.grad),
+                param_bytes=local_bytes(model.parameters()),
                 full_param_bytes=local_bytes(reference.parameters()),
                 forward_collectives=forward, backward_collectives=backward)
 # [/try_plan]
@@ -283,7 +291,12 @@ def tensor_parallel(name: str, mesh: DeviceMesh, info: dist.DistInfo,
         out = model(x)
     with collectives() as backward:
         out.pow(2).mean().backward()
-    reference(x_reference).pow(2).mean().backward()
+    whole = reference(x_reference)
+    if out.shape != whole.shape:            # e.g. "down": "colwise": each rank returns its slice
+        events.emit("plan_try", plan=plan, error=f"each rank returned an output of shape "
+                    f"{tuple(out.shape)}, not the MLP's {tuple(whole.shape)}: a slice of it")
+        return
+    whole.pow(2).mean().backward()
     pairs = zip(model.parameters(), reference.parameters())
     grads = [largest_gap(p.grad, r.grad) for p, r in pairs]
     with torch.no_grad():
