@@ -35,8 +35,9 @@ resumes where it stopped (run it with ``python`` or ``torchrun --nproc-per-node 
 What it does for you:
 
 - Saves once, on rank 0, the *unwrapped* model (``model.module`` of DDP/DataParallel), the
-  optimizer, the AMP GradScaler, the epoch, the sampler epoch and the RNG states, then waits at a
-  barrier so no rank reads a file that is still being written.
+  optimizer, the AMP GradScaler, the epoch, the sampler epoch and every rank's own RNG states
+  (gathered to rank 0, keyed by rank), then waits at a barrier so no rank reads a file that is
+  still being written. On resume each rank restores its own RNG states, not rank 0's.
 - Writes atomically: a temporary file in the same folder, flushed to disk (fsync), then renamed
   over the old one (``os.replace``); a crash mid-write leaves the previous checkpoint intact.
 - Loads with ``map_location`` set to the rank's own device (without it, tensors go back to the
@@ -273,8 +274,10 @@ def save_checkpoint(
 ) -> None:
     """Save a training checkpoint on rank 0, atomically, then wait for every rank.
 
-    Call it on every rank: only rank 0 writes, and all ranks leave together after a barrier,
-    so the file is complete before anyone can read (or delete) it.
+    Call it on every rank: every rank's RNG states are gathered to rank 0 (``gather_object``),
+    only rank 0 writes, and all ranks leave together after a barrier, so the file is complete
+    before anyone can read (or delete) it. With NCCL, ``gather_object`` uses the current CUDA
+    device: call ``torch.cuda.set_device(local_rank)`` first (``ddplab.dist.setup`` does).
 
     Args:
         path: the checkpoint file (its folder is created).
@@ -288,7 +291,13 @@ def save_checkpoint(
     Lesson: 05.
     """
     grouped = torch_dist.is_available() and torch_dist.is_initialized()  # see the module doc
-    if not grouped or torch_dist.get_rank() == 0:
+    rank = torch_dist.get_rank() if grouped else 0
+    rngs: list[Any] = [rng_states()]
+    if grouped and torch_dist.get_world_size() > 1:  # each rank's own stream, keyed by rank
+        everyone = [None] * torch_dist.get_world_size() if rank == 0 else None
+        torch_dist.gather_object(rngs[0], everyone, dst=0)
+        rngs = everyone or []
+    if rank == 0:
         state = {
             "format": FORMAT,
             "model": unwrap_model(model).state_dict(),
@@ -296,7 +305,7 @@ def save_checkpoint(
             "scaler": scaler.state_dict() if scaler is not None else None,
             "epoch": int(epoch),
             "sampler_epoch": int(epoch if sampler_epoch is None else sampler_epoch),
-            "rng": rng_states(),
+            "rng": dict(enumerate(rngs)),  # {rank: that rank's rng_states()}
             "extra": dict(extra or {}),
         }
         atomic_save(state, path)
@@ -409,7 +418,9 @@ def load_checkpoint(
         optimizer: restore its state if given.
         scaler: restore the GradScaler if given (and saved).
         device: where tensors go; None means this rank's device (``map_location_for``).
-        restore_rng: also restore the saved RNG states.
+        restore_rng: also restore this rank's own saved RNG states (rank r gets what rank r
+            saved). A rank the checkpoint has no states for (resumed on more ranks than
+            saved it) keeps its own and warns; on fewer ranks the extra states go unused.
 
     Returns:
         ``{"epoch", "sampler_epoch", "extra"}`` of the checkpoint (zeros and {} for a plain
@@ -430,5 +441,21 @@ def load_checkpoint(
     if scaler is not None and state["scaler"]:
         scaler.load_state_dict(state["scaler"])
     if restore_rng:
-        set_rng_states(state["rng"])
+        _restore_own_rng(state["rng"])
     return {k: state[k] for k in ("epoch", "sampler_epoch", "extra")}
+
+
+def _restore_own_rng(saved: Mapping[Any, Any]) -> None:
+    """Restore this rank's entry of ``{rank: rng_states()}`` (never another rank's)."""
+    grouped = torch_dist.is_available() and torch_dist.is_initialized()
+    rank = torch_dist.get_rank() if grouped else 0
+    if "torch" in saved:  # a file from before per-rank states: rank 0's states only
+        saved = {0: saved}
+    if rank in saved:
+        set_rng_states(saved[rank])
+        return
+    warnings.warn(
+        f"the checkpoint holds RNG states for {len(saved)} rank(s) and none for rank {rank} "
+        "(it was saved on fewer processes): this rank keeps its current RNG states.",
+        stacklevel=3,
+    )

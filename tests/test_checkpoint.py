@@ -285,3 +285,54 @@ def test_only_rank0_writes_and_every_rank_finds_the_file(tmp_path: Path) -> None
     facts = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [f["writes"] for f in facts] == [1, 0]
     assert all(f["found"] for f in facts)
+
+
+def _rng_on_two_ranks(rank: int, init_file: str, folder: str) -> None:
+    """One rank of a gloo job: save RNG streams per rank, reseed, load; report what it drew."""
+    import json
+    import warnings
+
+    torch.set_num_threads(1)  # forked: the parent's OpenMP threads do not exist in this child
+    model, _ = _trained_pair()
+    one = os.path.join(folder, "one.pt")
+    if rank == 0:  # a world of one saved this file: it holds rank 0's states only
+        checkpoint.save_checkpoint(one, model)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                         world_size=2)
+    torch.manual_seed(100 + rank)  # each rank's own stream, mid-run
+    random.seed(200 + rank)
+    path = os.path.join(folder, "c.pt")
+    checkpoint.save_checkpoint(path, model)
+    expected = torch.rand(3).tolist(), random.random()  # this rank's next draws
+    torch.manual_seed(0)
+    random.seed(0)
+    checkpoint.load_checkpoint(path, model, device="cpu")
+    got = torch.rand(3).tolist(), random.random()
+    torch.manual_seed(7)
+    kept = torch.rand(3).tolist()
+    torch.manual_seed(7)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        checkpoint.load_checkpoint(one, model, device="cpu")
+    after_one = torch.rand(3).tolist()
+    torch.distributed.destroy_process_group()
+    with open(os.path.join(folder, f"rng{rank}.json"), "w") as file:
+        json.dump({"expected": expected, "got": got, "kept": after_one == kept,
+                   "warned": any("rank 1" in str(w.message) for w in caught)}, file)
+
+
+@pytest.mark.slow
+def test_each_rank_restores_its_own_rng_states(tmp_path: Path) -> None:
+    import json
+
+    torch.multiprocessing.start_processes(
+        _rng_on_two_ranks, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2,
+        start_method="fork")
+    facts = [json.loads((tmp_path / f"rng{r}.json").read_text()) for r in range(2)]
+    assert facts[0]["expected"] != facts[1]["expected"]  # two different streams were saved
+    assert [f["got"] for f in facts] == [f["expected"] for f in facts]  # rank 1 gets rank 1's
+    saved = torch.load(tmp_path / "c.pt", weights_only=True)["rng"]
+    assert sorted(saved) == [0, 1]
+    # a file saved by one process: rank 0 restores, rank 1 keeps its own stream and warns
+    assert [f["kept"] for f in facts] == [False, True]
+    assert [f["warned"] for f in facts] == [False, True]
