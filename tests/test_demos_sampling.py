@@ -49,3 +49,21 @@ def test_padding_biases_a_sharded_evaluation():
 def test_error_of_returns_the_exception_or_none():
     assert isinstance(error_of(lambda: 1 / 0), ZeroDivisionError)
     assert error_of(lambda: None) is None
+
+
+def _events(losses):
+    """Fake ``epoch`` events: ``losses[(epoch, rank)]`` with a short order each."""
+    return [{"epoch": e, "rank": r, "loss": loss, "order": [e, r, 9, 8, 7, 6, 5]}
+            for (e, r), loss in losses.items()]
+
+
+def test_identical_loss_epochs_needs_every_rank_equal():
+    with_set = sampling.by_epoch_and_rank(_events({(1, 0): 1.0, (1, 1): 2.0, (2, 0): 0.5,
+                                                   (2, 1): 0.7, (3, 0): 0.4, (3, 1): 0.3}))
+    without = sampling.by_epoch_and_rank(_events({(1, 0): 1.0, (1, 1): 2.0, (2, 0): 0.5,
+                                                  (2, 1): 0.8, (3, 0): 0.1, (3, 1): 0.2}))
+    assert sampling.identical_loss_epochs(with_set, without) == {1}   # epoch 2: rank 1 differs
+    rows = sampling.side_by_side(with_set, without, first=3)
+    assert [(row["epoch"], row["rank"]) for row in rows] == sorted(with_set)
+    assert rows[3]["loss, set_epoch"] == 0.7 and rows[3]["loss, none"] == 0.8
+    assert rows[0]["first indices, set_epoch"] == [1, 0, 9]

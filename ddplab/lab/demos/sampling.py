@@ -109,3 +109,41 @@ def padded_accuracy(correct: Sequence[bool], world_size: int) -> tuple[float, fl
     shares = sampler_shares(len(correct), world_size, shuffle=False)
     scored = [bool(correct[i]) for share in shares for i in share]
     return sum(map(bool, correct)) / len(correct), sum(scored) / len(scored)
+
+
+def by_epoch_and_rank(events: Sequence[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
+    """Index a training run's ``epoch`` events by ``(epoch, rank)``.
+
+    Lesson: 04.
+    """
+    return {(e["epoch"], e["rank"]): e for e in events}
+
+
+def side_by_side(with_set: dict[tuple[int, int], dict[str, Any]],
+                 without: dict[tuple[int, int], dict[str, Any]], first: int = 6
+                 ) -> list[dict[str, Any]]:
+    """One row per (epoch, rank): the first indices read and the loss, in both runs.
+
+    Args:
+        with_set, without: ``by_epoch_and_rank`` of the run with ``set_epoch`` and without it.
+        first: how many of the epoch's first indices to show.
+
+    Lesson: 04.
+    """
+    return [{"epoch": epoch, "rank": rank,
+             "first indices, set_epoch": with_set[epoch, rank]["order"][:first],
+             "no set_epoch": without[epoch, rank]["order"][:first],
+             "loss, set_epoch": with_set[epoch, rank]["loss"],
+             "loss, none": without[epoch, rank]["loss"]} for epoch, rank in sorted(with_set)]
+
+
+def identical_loss_epochs(with_set: dict[tuple[int, int], dict[str, Any]],
+                          without: dict[tuple[int, int], dict[str, Any]]) -> set[int]:
+    """The epochs in which every rank reported the same loss in both runs.
+
+    Lesson: 04.
+    """
+    epochs = {epoch for epoch, _rank in with_set}
+    return {epoch for epoch in epochs
+            if all(with_set[key]["loss"] == without[key]["loss"]
+                   for key in with_set if key[0] == epoch)}
