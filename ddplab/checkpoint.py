@@ -367,7 +367,10 @@ def _verify_zip(path: PathLike) -> None:
 
 def _corrupted(path: PathLike, error: BaseException) -> CheckpointError:
     """The error for an unreadable file: what happened, the likely cause, what to do."""
-    detail = (str(error).splitlines() or [""])[0][:120]
+    detail = (str(error).splitlines() or [""])[0]
+    if len(detail) > 120:  # a long message: its first sentence, or whole words
+        end = detail.rfind(". ", 0, 120)
+        detail = detail[:end + 1] if end > 0 else detail[:120].rsplit(" ", 1)[0] + " ..."
     return CheckpointError(
         f"checkpoint {os.fspath(path)!r} is truncated or corrupted ({type(error).__name__}: "
         f"{detail}). A crash while it was written, or a copy that did not finish, does this. "

@@ -336,3 +336,18 @@ def test_each_rank_restores_its_own_rng_states(tmp_path: Path) -> None:
     # a file saved by one process: rank 0 restores, rank 1 keeps its own stream and warns
     assert [f["kept"] for f in facts] == [False, True]
     assert [f["warned"] for f in facts] == [False, True]
+
+
+def test_corrupted_file_message_cuts_the_cause_at_a_sentence_end(tmp_path: Path) -> None:
+    model, _ = _trained_pair()
+    checkpoint.save_checkpoint(tmp_path / "c.pt", model)
+    long = "The archive is damaged here. " + "It goes on and on, quoting " * 10
+    with mock.patch("torch.load", side_effect=RuntimeError(long)), \
+            pytest.raises(checkpoint.CheckpointError) as caught:
+        checkpoint.read_checkpoint(tmp_path / "c.pt", "cpu")
+    assert "(RuntimeError: The archive is damaged here.)" in str(caught.value)
+    unbroken = "x" * 50 + " word" * 40  # no sentence end: cut between words
+    with mock.patch("torch.load", side_effect=RuntimeError(unbroken)), \
+            pytest.raises(checkpoint.CheckpointError) as caught:
+        checkpoint.read_checkpoint(tmp_path / "c.pt", "cpu")
+    assert " word ...)" in str(caught.value) and " wor)" not in str(caught.value)
