@@ -111,6 +111,8 @@ def test_cli_writes_the_report_and_plots(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert {r["policy"] for r in results["accuracy"]} == set(bench.POLICIES)
     assert all(r["status"] == "ok" for r in results["accuracy"])
+    assert all(len(r["losses"]) == 2 and all(math.isfinite(x) for x in r["losses"])
+               for r in results["accuracy"])   # the training loss of each of the 2 epochs
 
 
 @pytest.mark.slow

@@ -193,7 +193,7 @@ def markdown_table(rows: Sequence[Row]) -> str:
 
     Lesson: 09.
     """
-    lines = ["| setup | processes | our epoch (s) | our samples/s | our speed-up | ideal | "
+    lines = ["| setup | processes | our epoch (s) | our samples/s | our speed-up | our ideal | "
              "source GPUs | source epoch (s) | source speed-up |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
@@ -271,7 +271,8 @@ def accuracy_vs_batch(workload: str = "digits", *, global_batches: Sequence[int]
 
     Returns:
         One dict per (policy, global batch): ``policy``, ``global_batch``, ``nprocs``,
-        ``grad_accum``, ``lr`` (effective), ``accuracy``, ``status``.
+        ``grad_accum``, ``lr`` (effective), ``accuracy``, ``losses`` (the training loss of each
+        epoch), ``status``.
 
     Lesson: 09.
     """
@@ -291,6 +292,7 @@ def accuracy_vs_batch(workload: str = "digits", *, global_batches: Sequence[int]
             record = {"policy": policy, "global_batch": global_batch, "nprocs": procs,
                       "grad_accum": accum, "lr": summary.get("lr", float("nan")),
                       "accuracy": summary.get("final_accuracy", float("nan")),
+                      "losses": [epoch["loss"] for epoch in summary.get("history", [])],
                       "status": result.status}
             found.append(record)
             if global_batch == batch_size:
