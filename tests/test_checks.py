@@ -14,8 +14,8 @@ from ddplab.lab.demos.dataparallel import scatter_sizes
 WRONG = {"01": 1000 / 1.16, "02": lambda batch, gpus: max(0, gpus - batch),
          "03": (1024, 0.001), "04": (168, 0),
          "05": [3, 4, 5], "06": (torch.float16, torch.float16, torch.float32), "07": [0, 1, 2, 3],
-         "07b": ["node9", "node10"], "08": 64,
-         "09": 14.0 / 2.5, "09b": 2.0, "12": (1, 1, 1, 1)}
+         "07b": ["bravo", "charlie"], "08": 64,
+         "09": 14.0 / 2.5, "09b": 8 * 2 * 128 * 1024 * 4 + 5120, "12": (1, 1, 1, 1)}
 
 
 def test_every_notebook_has_one_exercise():
@@ -57,10 +57,11 @@ def test_reference_answers_are_what_the_lessons_teach():
     # a loss is on CPU autocast's float32 list; a .grad has its tensor's dtype
     assert reference_answer("06") == (torch.float32, torch.float16, torch.float32)
     assert reference_answer("07") == [4, 5, 6, 7]      # no argument: the default reads RANK
-    assert reference_answer("07b") == ["node8", "node9"]         # node10 sorts first: GROUP_RANK 0
+    assert reference_answer("07b") == ["alpha", "bravo"]         # --node-rank 0: charlie
     assert reference_answer("08") == pytest.approx(32.0)        # (n - 1) M / (2 (n - 1) / n M)
     assert reference_answer("09") == pytest.approx(10 * 14.0 / (13 * 2.5))   # time to the target
-    assert reference_answer("09b") == pytest.approx(40 / 35)       # (30 + 10) / (30 + 5) ms
+    # 8 blocks keep their input (B x W floats) and the RNG state; the loss its log-probabilities
+    assert reference_answer("09b") == 8 * (128 * 1024 * 4 + 5056) + 128 * 10 * 4
     assert reference_answer("12") == (3, 1, 1, 3)   # q, k, v gather, out scatters; backward mirrors
 
 
@@ -103,10 +104,11 @@ def test_hints_name_the_mistake(capsys):
     check("07", [0, 0, 0, 0])                     # the default taken to be 0 everywhere
     hint = capsys.readouterr().out
     assert "own environment" in hint and "RANK\"" not in hint and "4" not in hint
-    check("07b", ["node9", "node10"])             # the first to start, or the endpoint, as node 0
+    check("07b", ["bravo", "charlie"])            # numbered as c10d would: alpha sorts first
     hint = capsys.readouterr().out
-    assert "hosts the rendezvous endpoint" in hint and "section 2" in hint
-    assert "node10" not in hint and "string" not in hint   # a hint, not the way to the answer
+    assert "--rdzv-backend" in hint and "section 2" in hint
+    assert "charlie" not in hint and "static" not in hint   # a hint, not the way to the answer
+    assert "node-rank" not in hint
     check("07b", [])                              # as if /scratch were shared
     assert "own disk" in capsys.readouterr().out
     check("12", (1, 1, 1, 1))                     # the demonstration's block, one gather
@@ -123,8 +125,15 @@ def test_hints_name_the_mistake(capsys):
     check("09", 13 / 10)                          # epochs compared, not the time they take
     hint = capsys.readouterr().out
     assert "not a number of epochs" in hint and "4.3" not in hint
-    check("09b", 2)                               # the compute's speed-up, not the step's
-    assert "still waits for every batch" in capsys.readouterr().out
+    check("09b", 8 * 2 * 128 * 1024 * 4 + 5120)   # the activations without checkpointing
+    assert "without checkpointing" in capsys.readouterr().out
+    check("09b", 8 * 128 * 1024 * 4 + 5120)       # the RNG state forgotten
+    hint = capsys.readouterr().out
+    assert "one more thing" in hint and "5056" not in hint and "RNG" not in hint
+    check("09b", 8 * (128 * 1024 * 4 + 5056))     # the loss's log-probabilities forgotten
+    assert "the loss keeps" in capsys.readouterr().out
+    check("09b", 4.04)                            # MiB
+    assert "in bytes" in capsys.readouterr().out
     check("08", 64)                               # the server's link both ways vs ring sends
     assert "both ways" in capsys.readouterr().out
 
@@ -134,6 +143,7 @@ def test_answers_in_other_spellings():
     assert check("03", [192, "0.12"])
     assert check("05", (4, 5)) and check("06", ("float32", "float16", "float32"))
     assert check("07", ("4", "5", "6", "7")) and check("08", "32") and check("09", "4.31")
+    assert check("09b", "4239872") and not check("09b", "4 MiB")
     assert check("12", ["3", "1", "1", "3"]) and not check("12", 3)
     assert not check("01", "fast") and not check("03", 1024) and not check("04", "169")
     assert not check("08", "a lot") and not check("09", 1.5)
@@ -168,39 +178,33 @@ def test_exercise_07_is_torchs_reading_of_both_launchers():
     assert cmdlines.torchrun_config(checks.QUESTION_07_TORCHRUN)["script_args"] == []
 
 
-def test_07b_reference_is_how_torch_numbers_the_nodes(monkeypatch):
-    """Three c10d rendezvous handlers with the exercise's host names, started in the question's
-    order: the one that gets rank 0 (GROUP_RANK 0, so RANK 0) is the one the reference leaves
-    out; every other machine lacks the checkpoint."""
+def test_07b_reference_is_how_torch_numbers_the_static_nodes():
+    """The exercise's command names no --rdzv-backend: torch's own parser gives it the static
+    rendezvous, whose StaticTCPRendezvous hands each agent its --node-rank as GROUP_RANK; three
+    such agents meet here on the loopback, and every machine but GROUP_RANK 0's lacks the file."""
     import threading
-    import time
 
-    from torch.distributed import TCPStore
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
-        C10dRendezvousBackend)
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
-        DynamicRendezvousHandler)
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
-    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")   # no store bound to the names
-    hosts = ["node8", "node9", "node10"]                 # the order they start in
+    from ddplab.env import free_port
+    from ddplab.lab import checks, cmdlines
+
+    hosts = checks.QUESTION_07B_NODE_RANKS
     assert all(host in EXERCISES["07b"].question for host in hosts)
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    ranks: dict[str, int] = {}
-    everyone_joined = threading.Barrier(len(hosts), timeout=60)
+    configs = {host: cmdlines.torchrun_config(checks.question_07b_torchrun(node))["config"]
+               for host, node in hosts.items()}
+    assert {config["rdzv_backend"] for config in configs.values()} == {"static"}
+    port, ranks = free_port(), {}
 
-    def join(host: str) -> None:
-        handler = DynamicRendezvousHandler.from_backend(
-            "job7", store, C10dRendezvousBackend(store, "job7"), len(hosts), len(hosts),
-            local_addr=host)
-        ranks[host] = handler.next_rendezvous().rank
-        everyone_joined.wait()
-        handler.shutdown()
+    def join(host: str) -> None:   # the agent of one machine, with the rank its config gives
+        rdzv = StaticTCPRendezvous("127.0.0.1", port, configs[host]["rdzv_configs"]["rank"],
+                                   len(hosts), "job7", timeout=60)
+        ranks[host] = rdzv.next_rendezvous().rank
 
     threads = [threading.Thread(target=join, args=(host,)) for host in hosts]
     for thread in threads:
         thread.start()
-        time.sleep(0.2)                                   # node8 first, node10 last
     for thread in threads:
         thread.join(timeout=90)
-    assert sorted(ranks.values()) == [0, 1, 2]
+    assert sorted(ranks.values()) == [0, 1, 2] and ranks["alpha"] != 0   # not the first to start
     assert sorted(host for host, rank in ranks.items() if rank != 0) == reference_answer("07b")

@@ -310,12 +310,12 @@ def _exercise_07() -> list[int]:
 
 def _compare_07b(answer: Any, expected: Any) -> Optional[str]:
     if not isinstance(answer, (list, tuple, set)) or not all(isinstance(a, str) for a in answer):
-        return 'answer with a list of host names, such as ["nodeX", "nodeY"].'
-    given, hosts = {a.strip() for a in answer}, set(_HOSTS_07B)
+        return 'answer with a list of host names, such as ["hostX", "hostY"].'
+    given, hosts = {a.strip() for a in answer}, set(QUESTION_07B_NODE_RANKS)
     if given == set(expected):
         return None
     if not given <= hosts:
-        return f"the machines are {', '.join(_HOSTS_07B)}; answer with some of those names."
+        return f"the machines are {', '.join(QUESTION_07B_NODE_RANKS)}; answer with some of those."
     if not given:
         return ("`/scratch` is each machine's own disk, and `if rank == 0:` lets one process of "
                 "the whole job write: can the other machines read what it wrote?")
@@ -324,24 +324,37 @@ def _compare_07b(answer: Any, expected: Any) -> Optional[str]:
     if len(given) == 1:
         return ("`if rank == 0:` writes on one machine only: which machines are left without "
                 "a copy?")
-    return ("node8 started first and hosts the rendezvous endpoint, but neither decides which "
-            "node gets GROUP_RANK 0, and with it RANK 0: how does the c10d rendezvous order "
-            "the agents (section 2)?")
+    return ("alpha started first and its name sorts first, but these commands name no "
+            "--rdzv-backend: which rendezvous do they use, and what gives a node its GROUP_RANK "
+            "there (section 2)?")
 
 
-_HOSTS_07B = ("node8", "node9", "node10")
+QUESTION_07B_NODE_RANKS = {"alpha": 1, "bravo": 2, "charlie": 0}   # in the order they start
 
 
-@exercise("07b", "A job runs on three machines whose fully qualified host names are node8, node9 "
-          "and node10. They start, in that order, the same command, `torchrun --nnodes 3 "
-          "--nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint node8:29500 --rdzv-id job7 "
-          "train.py`. train.py saves its checkpoint under `if rank == 0:` (`rank` is the global "
+def question_07b_torchrun(node_rank: int) -> list[str]:
+    """The exercise's torchrun arguments on the machine started with ``--node-rank node_rank``."""
+    return ["--nnodes", "3", "--nproc-per-node", "4", "--node-rank", str(node_rank),
+            "--master-addr", "charlie", "--master-port", "29500", "train.py"]
+
+
+@exercise("07b", "A job runs on three machines named alpha, bravo and charlie. Each starts, in "
+          "that order, `torchrun --nnodes 3 --nproc-per-node 4 --node-rank N --master-addr "
+          "charlie --master-port 29500 train.py` with N = 1 on alpha, 2 on bravo and 0 on "
+          "charlie. train.py saves its checkpoint under `if rank == 0:` (`rank` is the global "
           "RANK) to /scratch/ckpt.pt, where /scratch is each machine's own local disk, calls "
           "`dist.barrier()`, and then every rank loads /scratch/ckpt.pt to resume. On which "
           "machines do the ranks find no file? answer = [<host names>]", _compare_07b)
 def _exercise_07b() -> list[str]:
-    first = sorted(_HOSTS_07B)[0]   # c10d numbers the agents in the order of their host names
-    return sorted(host for host in _HOSTS_07B if host != first)
+    """The machines whose node is not GROUP_RANK 0, as the installed torch's own torchrun code
+    numbers them from each machine's command line (its parser and ``config_from_args``)."""
+    from ddplab.lab import cmdlines
+
+    group_rank = {}
+    for host, node_rank in QUESTION_07B_NODE_RANKS.items():
+        config = cmdlines.torchrun_config(question_07b_torchrun(node_rank))["config"]
+        group_rank[host] = config["rdzv_configs"].get("rank")   # only a static rendezvous has it
+    return sorted(host for host, rank in group_rank.items() if rank != 0)
 
 
 def _compare_number(answer: Any, expected: float, mistakes: dict[float, str], ask: str,
@@ -410,30 +423,43 @@ def _exercise_09() -> float:
     return EPOCHS_09[1] * EPOCH_S_09[1] / (EPOCHS_09[8] * EPOCH_S_09[8])
 
 
-WAIT_09B, COMPUTE_09B = 30.0, 10.0   # ms per step: waiting for the batch, computing
+LAYERS_09B, WIDTH_09B, BATCH_09B = 8, 1024, 128   # blocks of Linear(W, W) + GELU, 10-way head
+RNG_STATE_09B = 5056                               # bytes of torch.get_rng_state()
+
+
+def _activations_09b(checkpointed: bool, rng: bool = True, loss: bool = True) -> float:
+    """Bytes forward leaves for backward (float32): section 2's estimate, with parts left out."""
+    per_block = (BATCH_09B * WIDTH_09B * 4 + (RNG_STATE_09B if rng else 0) if checkpointed
+                 else 2 * BATCH_09B * WIDTH_09B * 4)
+    return LAYERS_09B * per_block + (BATCH_09B * 10 * 4 if loss else 0)
 
 
 def _compare_09b(answer: Any, expected: Any) -> Optional[str]:
     try:
-        speedup = float(answer)
+        got = float(answer)
     except (TypeError, ValueError):
-        return "answer with one number: how many times faster the epoch gets."
-    if math.isclose(speedup, expected, rel_tol=0.01):
+        return "answer with one number: bytes."
+    if math.isclose(got, expected, rel_tol=1e-4):
         return None
-    if math.isclose(speedup, 2.0, rel_tol=0.01):
-        return ("2x is the compute's speed-up; with num_workers=0 the rank still waits for "
-                "every batch, and AMP does not make that wait shorter.")
-    if speedup < 1:
-        return "the epoch gets faster, not slower: answer time before / time after."
-    return "a step takes its wait plus its compute: compare the step's time before and after."
+    if math.isclose(got, _activations_09b(False), rel_tol=1e-4):
+        return ("that is what forward keeps without checkpointing; a checkpointed block keeps "
+                "less.")
+    if math.isclose(got, _activations_09b(True, rng=False), rel_tol=1e-4):
+        return ("close: a checkpointed block keeps one more thing besides its input (section 2 "
+                "says what, and its size).")
+    if math.isclose(got, _activations_09b(True, loss=False), rel_tol=1e-4):
+        return "close: the blocks are not all that forward leaves behind; the loss keeps some too."
+    if got < 1e4:
+        return "answer in bytes (not MiB or MB)."
+    return "count what each checkpointed block keeps, then what the loss keeps (section 2)."
 
 
-@exercise("09b", "A rank loads its own batches (num_workers=0): every step it waits "
-          f"{WAIT_09B:.0f} ms for its batch, then computes for {COMPUTE_09B:.0f} ms. AMP makes "
-          "the compute twice as fast. How many times faster does an epoch get? answer = <a number>",
-          _compare_09b)
+@exercise("09b", f"An MLP like section 2's, {LAYERS_09B} blocks of Linear({WIDTH_09B}, "
+          f"{WIDTH_09B}) + GELU and a 10-way head, trains in float32 at a batch of {BATCH_09B} "
+          "with activation checkpointing on every block. How many bytes does forward leave "
+          "allocated for backward? answer = <a number of bytes>", _compare_09b)
 def _exercise_09b() -> float:
-    return (WAIT_09B + COMPUTE_09B) / (WAIT_09B + COMPUTE_09B / 2)
+    return _activations_09b(True)
 
 
 # ------------------------------------------------------------- exercises 01-03 (lessons 01-03)
