@@ -98,8 +98,9 @@ def checkpoint_table(path: PathLike) -> list[tuple[str, str]]:
 def saved_locations(path: PathLike) -> Counter:
     """Count the device tags a file recorded for its tensors (``"cpu"``, ``"cuda:0"``, ...).
 
-    ``torch.save`` writes, next to each tensor's bytes, the device it lived on. ``torch.load``
-    puts it back there unless ``map_location`` says otherwise. Read here without moving
+    ``torch.save`` writes each tensor's bytes as a record of their own and names the device
+    the tensor lived on in ``data.pkl``, in the persistent id that points to the record.
+    ``torch.load`` puts it back there unless ``map_location`` says otherwise. Read here without moving
     anything: a ``map_location`` function sees each tag and keeps the tensor on the CPU.
 
     Lesson: 05.
