@@ -148,3 +148,21 @@ def test_the_baseline_is_plain_ddp_without_the_distributed_lines():
     epochs = run.check().events_of("epoch")
     assert [e["samples"] for e in epochs] == [1347, 1347]      # every sample, every epoch
     assert epochs[-1]["loss"] < epochs[0]["loss"] and epochs[-1]["accuracy"] > 0.8
+
+
+def test_the_baseline_times_steps_one_by_one_with_and_without_sync():
+    from ddplab import models
+    from ddplab.workers import single
+
+    torch.manual_seed(0)
+    model = models.build_model("cnn")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loader = [(torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,)))]
+    for synced in (True, False):
+        times, total = single.time_steps(model, loader, optimizer, torch.device("cpu"), 3,
+                                         synced=synced)
+        assert len(times) == 3 and all(t > 0 for t in times)
+        assert total >= sum(times)            # the total spans every step's reading
+    args = single.parse_args(["--time-steps", "4", "--no-sync"])
+    assert (args.time_steps, args.no_sync) == (4, True)
+    assert single.parse_args([]).time_steps == 0          # off unless asked for

@@ -17,7 +17,10 @@ it reports
 
 - ``epoch`` per epoch: ``epoch`` (from 1), ``loss`` (mean), ``samples``, ``steps``,
   ``epoch_time`` (s, training only) and ``accuracy`` (test set);
-- metric ``checksum`` at the end: the weights' float64 sum.
+- metric ``checksum`` at the end: the weights' float64 sum;
+- with ``--time-steps N``, metric ``step_times`` (rule 1 of lesson 01 at work): ``N`` clock
+  readings, one per training step, each after ``sync`` (``--no-sync``: without it), and
+  ``total``, the seconds of all ``N`` steps up to a final ``sync``.
 
 Lesson: 01.
 """
@@ -48,6 +51,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument("--time-steps", type=int, default=0,
+                   help="after training, time this many steps one by one on one batch")
+    p.add_argument("--no-sync", action="store_true",
+                   help="with --time-steps: read the clock without torch.cuda.synchronize()")
     return p.parse_args(argv)
 
 
@@ -86,6 +93,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                      model, test_loader, device)
     # [/loop]
 
+    if args.time_steps:
+        times, total = time_steps(model, loader, optimizer, device, args.time_steps,
+                                  synced=not args.no_sync)
+        events.emit("metric", name="step_times", value=times, total=total,
+                    synced=not args.no_sync, device=device.type)
     events.emit("metric", name="checksum", value=checksum(model))
 
 
@@ -112,6 +124,33 @@ def sync(device: torch.device) -> None:
     """Wait for the GPU's queued work before reading the clock (nothing to wait for on a CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def time_steps(model: torch.nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
+               device: torch.device, steps: int, synced: bool = True
+               ) -> tuple[list[float], float]:
+    """Time ``steps`` training steps on one batch, reading the clock after each.
+
+    With ``synced`` the clock is read after ``sync``, as rule 1 asks; without it, after the
+    step's work was queued. ``total`` is always read after a final ``sync``: the real time.
+    Returns (one reading per step, total seconds).
+    """
+    model.train()
+    inputs, labels = next(iter(loader))
+    inputs, labels = inputs.to(device), labels.to(device)
+    times = []
+    sync(device)
+    begin = time.perf_counter()
+    for _ in range(steps):
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        F.cross_entropy(model(inputs), labels).backward()
+        optimizer.step()
+        if synced:
+            sync(device)
+        times.append(time.perf_counter() - start)
+    sync(device)
+    return times, time.perf_counter() - begin
 
 
 def checksum(model: torch.nn.Module) -> float:
