@@ -93,3 +93,26 @@ def test_time_replicate_times_both_versions_and_leaves_the_model_untouched():
     assert timing.replicate_share == 1 - timing.without_replicate / timing.with_replicate
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_memory_by_hand_counts_gpu_0s_extra_tensors():
+    model = models.build_model("cnn")
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    rows = dataparallel.memory_by_hand(model, 10, 4, image_shape=(1, 8, 8), num_classes=10)
+    assert [r["GPU"] for r in rows] == [0, 1, 2, 3]
+    assert [r["input chunk"] for r in rows] == [3 * 64 * 4, 3 * 64 * 4, 3 * 64 * 4, 64 * 4]
+    assert rows[0]["gradients"] == rows[0]["momentum"] == weights
+    assert rows[0]["gathered outputs, labels"] == 10 * (10 * 4 + 8)        # logits and int64s
+    assert all(r["gradients"] == r["momentum"] == r["gathered outputs, labels"] == 0
+               for r in rows[1:])
+    assert all(r["total"] == sum(v for k, v in r.items() if k not in ("GPU", "total"))
+               for r in rows)
+    assert len(dataparallel.memory_by_hand(model, 3, 8)) == 3              # idle GPUs: no row
+
+
+def test_module_prefix_demo_lists_missing_and_unexpected_keys():
+    demo = dataparallel.module_prefix_demo(lambda: models.build_model("cnn"),
+                                           checkpoint.strip_module_prefix)
+    plain = list(models.build_model("cnn").state_dict())
+    assert demo.missing == plain
+    assert demo.unexpected == ["module." + key for key in plain]

@@ -7,6 +7,8 @@ machine shows what ``nn.DataParallel`` does in one training step:
 - ``data_parallel_gradient`` does step by step what DataParallel does in one forward and
   backward (scatter, replicate, parallel_apply, gather, reduce), and ``dp_by_hand`` compares
   its gradient with the full batch's: equal without BatchNorm, different with it.
+- ``memory_by_hand`` adds up the bytes of the tensors each GPU holds in that step, to show
+  why GPU 0 needs more memory than the others.
 - ``time_replicate`` times that step with and without its replicate step, to show what
   re-copying the model at every step costs.
 - ``module_prefix_demo``: a wrapped model's state_dict does not load into a plain model; both
@@ -95,7 +97,8 @@ def data_parallel_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch
     # [scatter] cut the batch into one chunk per GPU (dimension 0)
     chunks = inputs.chunk(devices)
     # [/scatter]
-    # [replicate] copy the module (weights and buffers) to every GPU, at every forward
+    # [replicate] copy the module (weights and buffers) to every GPU, at every forward;
+    # the copies are dropped after the step: what their forward writes to attributes is lost
     if replicas is None:
         replicas = [copy.deepcopy(model) for _ in chunks]
     # [/replicate]
@@ -104,6 +107,7 @@ def data_parallel_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch
     outputs = [replica(chunk) for replica, chunk in zip(replicas, chunks)]
     # [/parallel_apply]
     # [gather] the outputs come back to GPU 0, where the loss of the whole batch is computed
+    # (a forward that returned its chunk's loss would give one loss per GPU: .mean() them)
     logits = torch.cat(outputs)
     F.cross_entropy(logits, labels).backward()
     # [/gather]
@@ -112,6 +116,42 @@ def data_parallel_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch
     return {name: sum(dict(r.named_parameters())[name].grad for r in replicas).detach()
             for name in names}
     # [/reduce]
+
+
+def memory_by_hand(model: nn.Module, batch_size: int, devices: int,
+                   image_shape: Sequence[int] = (1, 8, 8), num_classes: int = 10
+                   ) -> list[dict[str, int]]:
+    """Add up the bytes of the tensors each GPU holds in one DataParallel step with momentum SGD.
+
+    GPU 0 holds the model itself (its replica shares the model's storage), the gradients, the
+    momentum buffers, its input chunk, its outputs, and the gathered outputs with the labels,
+    where the loss is computed; every other GPU holds a replica (weights and buffers), its
+    input chunk and its outputs. Activations kept for backward are left out: they depend on the
+    model's layers, and every GPU keeps those of its own chunk.
+
+    Returns:
+        One dict per GPU: ``GPU`` and the bytes of each kind of tensor, and ``total``.
+
+    Lesson: 02.
+    """
+    def size(tensors: Any) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    weights = size(list(model.parameters()) + list(model.buffers()))
+    parameters = size(model.parameters())
+    sample = torch.zeros(1, *image_shape)
+    logit = torch.zeros(1, num_classes)
+    label = torch.zeros(1, dtype=torch.long)
+    rows = []
+    for gpu, chunk in enumerate(scatter_sizes(batch_size, devices)):
+        row = {"GPU": gpu, "weights and buffers": weights,
+               "gradients": parameters if gpu == 0 else 0,
+               "momentum": parameters if gpu == 0 else 0,
+               "input chunk": chunk * size([sample]), "outputs": chunk * size([logit]),
+               "gathered outputs, labels": batch_size * size([logit, label]) if gpu == 0 else 0}
+        row["total"] = sum(v for k, v in row.items() if k != "GPU")
+        rows.append(row)
+    return rows
 
 
 @dataclass
@@ -265,6 +305,8 @@ class PrefixDemo:
     plain_keys: list[str]
     error: str
     fixes: dict[str, bool] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
 
 
 def module_prefix_demo(make_model: Callable[[], nn.Module],
@@ -284,7 +326,9 @@ def module_prefix_demo(make_model: Callable[[], nn.Module],
             with GPUs its constructor would initialise CUDA in the kernel) or with ``Wrapper``.
 
     Returns:
-        A ``PrefixDemo`` with example keys, PyTorch's error text and ``fixes`` by name.
+        A ``PrefixDemo`` with example keys, PyTorch's error text, the keys the plain model
+        missed and the ones it did not expect (``load_state_dict(..., strict=False)``), and
+        ``fixes`` by name.
 
     Lesson: 02.
     """
@@ -302,8 +346,9 @@ def module_prefix_demo(make_model: Callable[[], nn.Module],
                                                       model),
         "strip the prefix when loading": _loads_same(make_model, strip_prefix(saved), model),
     }
+    keys = make_model().load_state_dict(saved, strict=False)
     return PrefixDemo(type(wrapped).__name__, list(saved)[:3], list(model.state_dict())[:3],
-                      error, fixes)
+                      error, fixes, list(keys.missing_keys), list(keys.unexpected_keys))
 
 
 def _loads_same(make_model: Callable[[], nn.Module], state_dict: Mapping[str, Any],
