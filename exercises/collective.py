@@ -44,8 +44,9 @@ def ring_shift(tensor: torch.Tensor) -> torch.Tensor:
     rank - 1, sent (both modulo the world size, so the ranks form a ring).
 
     Every rank calls this at the same moment, so no rank may wait for its own send to finish
-    before it is ready to receive: with large tensors, N ranks that all block in a send wait
-    for each other forever.
+    before it is ready to receive: on gloo a blocking send waits until its receiver has posted
+    the receive, whatever the size, so ranks that all send first wait for each other forever
+    (notebook 08, section 2, watched it time out).
     """
     # TODO(exercise) 2: write this function from its docstring.
     return tensor.clone()

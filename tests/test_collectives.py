@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 
 def test_collectives_give_the_textbook_results():
     n = 3
-    result = launch("ddplab.workers.collectives", n, args=["--stagger", "0.2"], quiet=True)
+    result = launch("ddplab.workers.collectives", n, quiet=True,
+                    args=["--stagger", "0.2", "--naive-numel", "1000", "--naive-timeout", "1"])
     assert result.ok, result.error
     got = {(e["name"], e["rank"]): e for e in result.events_of("collective")}
     x = [[10.0 * r + i for i in range(n)] for r in range(n)]
@@ -42,6 +43,13 @@ def test_collectives_give_the_textbook_results():
     # the reply, which the receiver sent another 0.2 s later; irecv returned before that reply
     assert p2p[n - 1]["received"] > 0.18 and p2p[0]["done"] > 0.36
     assert p2p[0]["sent"] <= p2p[0]["posted"] < p2p[n - 1]["received"] + 0.18
+    # every rank sending first with the blocking send times out (gloo: a send waits for its
+    # receiver, whatever the size); the batched step then delivers the left neighbour's rank
+    naive = {e["rank"]: e for e in result.events_of("naive")}
+    assert sorted(naive) == list(range(n))
+    for rank, e in naive.items():
+        assert e["timed_out"] and e["waited"] >= 0.9 and e["numel"] == 1000
+        assert e["received"] == (rank - 1) % n
 
 
 def test_gloo_has_the_list_reduce_scatter_exactly_where_the_gate_says():

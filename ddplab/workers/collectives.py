@@ -18,12 +18,20 @@ rank answers with ``isend``, ``--stagger`` seconds later, into rank 0's ``irecv`
 reports ``sent``, ``posted`` (when ``irecv`` returned), ``done`` (when its ``wait()`` did) and
 ``reply``; the last rank ``received`` (when ``recv`` returned) and ``message``.
 
+A naive ring step (``naive`` events): every rank calls the blocking ``send`` to its right
+neighbour, then ``recv`` from its left, a ``--naive-numel``-element tensor, on a gloo group
+whose timeout is ``--naive-timeout`` seconds. On gloo a send waits until its receiver has
+posted the receive, whatever the size, so every rank waits in its send: ``timed_out`` (True),
+``waited`` (seconds). Then the same step posted together with ``batch_isend_irecv``:
+``received`` (what the left neighbour sent, its rank) and ``took`` (seconds).
+
 Lesson: 08.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import re
 import time
 from typing import Any, Optional, Sequence
@@ -40,6 +48,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                                 description=__doc__.split("\n")[0])
     p.add_argument("--stagger", type=float, default=0.2,
                    help="seconds between the ranks' arrivals at the barrier")
+    p.add_argument("--naive-numel", type=int, default=1,
+                   help="elements of the naive ring step's message")
+    p.add_argument("--naive-timeout", type=float, default=2.0,
+                   help="seconds the naive ring step's gloo group waits before it gives up")
     return p.parse_args(argv)
 
 
@@ -136,7 +148,7 @@ def run_point_to_point(info: dist.DistInfo, delay: float) -> None:
     if info.rank == 0:
         time.sleep(delay)                                   # busy a moment before it sends
         torch_dist.send(torch.tensor([3.0, 1.0, 4.0], device=info.device), dst=last)
-        sent = time.time() - start                          # send (gloo): returns once it is out
+        sent = time.time() - start                          # send (gloo): once it was taken
         reply = torch.zeros(3, device=info.device)
         request = torch_dist.irecv(reply, src=last)         # irecv: returns a request at once ...
         posted = time.time() - start
@@ -155,6 +167,38 @@ def run_point_to_point(info: dist.DistInfo, delay: float) -> None:
     # [/p2p]
 
 
+def run_naive_ring(info: dist.DistInfo, numel: int, timeout: float) -> None:
+    """Blocking send, then recv, on every rank at once: it times out; then the batched step.
+
+    Runs on a gloo group of its own (CPU tensors, any machine) with a short timeout, so the
+    wait ends in ``timeout`` seconds; that group is not used again.
+
+    Lesson: 08.
+    """
+    n = info.world_size
+    right, left = (info.rank + 1) % n, (info.rank - 1) % n
+    naive = torch_dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+    message, incoming = torch.full((numel,), float(info.rank)), torch.zeros(numel)
+    start = time.time()
+    # [naive]
+    try:
+        torch_dist.send(message, dst=right, group=naive)     # every rank sends first ...
+        torch_dist.recv(incoming, src=left, group=naive)     # ... and would receive after
+        timed_out = False
+    except RuntimeError:                                     # the group's timeout ran out
+        timed_out = True
+    # [/naive]
+    waited = time.time() - start
+    start = time.time()                                      # the same step, posted together
+    message, incoming = message.to(info.device), incoming.to(info.device)
+    ops = [torch_dist.P2POp(torch_dist.isend, message, right),
+           torch_dist.P2POp(torch_dist.irecv, incoming, left)]
+    for request in torch_dist.batch_isend_irecv(ops):
+        request.wait()
+    events.emit("naive", numel=numel, timeout=timeout, timed_out=timed_out, waited=waited,
+                received=incoming[0].item(), took=time.time() - start)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Join the group, run every collective, run the barrier, leave."""
     args = parse_args(argv)
@@ -164,6 +208,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     run_collectives(info)
     run_barrier(info, args.stagger)
     run_point_to_point(info, args.stagger)
+    run_naive_ring(info, args.naive_numel, args.naive_timeout)
     dist.print0(f"ran broadcast, all_reduce, all_gather, reduce_scatter, barrier, send/recv and "
                 f"isend/irecv on "
                 f"{info.world_size} processes ({info.backend})")
