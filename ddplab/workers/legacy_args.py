@@ -34,7 +34,7 @@ from ddplab import dist, events
 # [source-parser]
 def parse_args_as_the_source(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The parser as one source writes it: only the underscore spelling is declared."""
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(prog="train.py")
     parser.add_argument("--local_rank", type=int, default=0)
     return parser.parse_args(argv)
 # [/source-parser]
@@ -43,7 +43,7 @@ def parse_args_as_the_source(argv: Optional[Sequence[str]] = None) -> argparse.N
 # [fixed-parser]
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """Accept both spellings the old launcher has used, and torchrun's LOCAL_RANK."""
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(prog="train.py")
     parser.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int,
                         default=int(os.environ.get("LOCAL_RANK", "0")))
     return parser.parse_args(argv)
