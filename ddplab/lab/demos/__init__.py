@@ -6,6 +6,7 @@ plots and asserts on. These modules never import the worker side (``ddplab.train
 ``models``, ``checkpoint``, ``dist``, ``workers``); where a demonstration needs a worker-side
 object (a model, the repair function a script uses), the notebook passes it in.
 
+- ``timing``: ``torch.utils.benchmark`` for timing one step in the kernel. Lesson 01.
 - ``dataparallel``: what ``nn.DataParallel`` does in one step, done by hand (scatter sizes, the
   gradient against the full batch's, with and without BatchNorm), and the ``module.`` prefix.
   Lesson 02.
