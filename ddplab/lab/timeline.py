@@ -8,6 +8,7 @@ phase: ``rank``, ``micro_batches``, ``micro``, ``phase`` (``forward`` or ``backw
     result = ddplab.launch("ddplab.workers.pipeline", 2, args=["--micro-batches", "1", "4"])
     runs = timeline.spans_by_run(result.events_of("span"))   # {1: [...], 4: [...]}
     timeline.bubble(runs[4]), timeline.ideal_bubble(stages=2, micro_batches=4)
+    timeline.busy_shares(runs[4]), timeline.overlap(runs[4])   # {rank: busy / step}, seconds
     timeline.plot(runs)
 
 Lesson: 11.
@@ -47,6 +48,32 @@ def bubble(spans: Sequence[Span], stages: Optional[int] = None) -> float:
     duration = max(s["end"] for s in spans) - min(s["start"] for s in spans)
     busy = sum(s["end"] - s["start"] for s in spans)
     return 1.0 - busy / (stages * duration) if duration > 0 else 0.0
+
+
+def busy_shares(spans: Sequence[Span]) -> dict[int, float]:
+    """Each rank's busy time over the step's duration: ``{rank: share}``, in rank order.
+
+    A slowdown that stretches every span alike (a busy machine) leaves the shares as they are;
+    the bubble is ``1 - mean(shares)``.
+    """
+    if not spans:
+        raise ValueError("no spans: pass the span events of one run (see spans_by_run)")
+    duration = max(s["end"] for s in spans) - min(s["start"] for s in spans)
+    busy: dict[int, float] = defaultdict(float)
+    for s in spans:
+        busy[int(s["rank"])] += s["end"] - s["start"]
+    return {r: (busy[r] / duration if duration > 0 else 0.0) for r in sorted(busy)}
+
+
+def overlap(spans: Sequence[Span]) -> float:
+    """Seconds during which two or more ranks were busy at once (0 when they took turns)."""
+    edges = sorted([(s["start"], 1) for s in spans] + [(s["end"], -1) for s in spans])
+    running, since, both = 0, 0.0, 0.0
+    for time, step in edges:          # an end sorts before a start at the same instant
+        if running >= 2:
+            both += time - since
+        running, since = running + step, time
+    return both
 
 
 def ideal_bubble(stages: int, micro_batches: int) -> float:

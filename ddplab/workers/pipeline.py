@@ -151,7 +151,8 @@ def run_library(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, micro_ba
     stage = PipelineStage(stage_module, info.rank, info.world_size, info.device)
 
     def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(out, target) / micro_batches   # the whole batch's mean
+        # the whole batch's mean, as the micro-batches are equal (the batch divides by them)
+        return F.cross_entropy(out, target) / micro_batches
 
     # torch 2.6 sums the micro-batches' gradients; later versions divide by their number
     # unless told not to (scale_grads=False), so the loss above is right for both.
