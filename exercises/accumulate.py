@@ -12,8 +12,8 @@ A step that does not fit in memory is split into micro-batches: the gradients of
 backward passes add up in ``.grad``, and the optimizer steps once. With DDP, every
 ``backward()`` all-reduces the gradients, so K micro-batches would cost K all-reduces where one
 is enough: write ``accumulation_step`` from its docstring so that each step communicates once
-and still computes the gradient one process would compute on all the data (look up
-``DistributedDataParallel.no_sync``, and think about which backward must all-reduce).
+and still ends with the weights one process would reach on all the data (DDP's documentation
+has what you need).
 
 The fixed part counts what DDP all-reduced through a communication hook
 (``register_comm_hook``: every bucket of gradients it sends, and its bytes), counts the
@@ -43,11 +43,12 @@ def accumulation_step(model: DDP, optimizer: torch.optim.Optimizer,
                       micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """One optimizer step on all of this rank's ``micro_batches``, one backward() per micro-batch.
 
-    - The step must equal one process's step on the mean squared error (``F.mse_loss``) of
-      every rank's micro-batches together: the gradient is the mean over micro-batches (and,
-      DDP's part, over ranks), not their sum.
-    - The gradients are all-reduced once per step, not once per micro-batch.
-    - Start from zero gradients; step the optimizer once, at the end.
+    What must be true of the run:
+
+    - After the ``STEPS`` calls, the weights equal those of ``one_process`` below: one process
+      taking the same steps on the loss it computes over every rank's micro-batches together.
+    - DDP all-reduces the gradients once per step, whatever the number of micro-batches.
+    - The optimizer steps once per call, at the end, from zero gradients.
     """
     # TODO(exercise): write this function from its docstring.
 
