@@ -14,6 +14,8 @@ def test_autocast_on_cpu_computes_in_bf16_and_keeps_fp32_weights():
     assert facts["matmul"] == facts["linear_output"] == torch.bfloat16
     assert facts["weight"] == facts["grad"] == facts["outside"] == torch.float32
     assert facts["loss"] == torch.float32
+    assert facts["prod"] == torch.float32  # on the CPU's float32 list
+    assert facts["sum"] == facts["softmax"] == torch.bfloat16  # CUDA's list only
 
 
 def test_number_formats():
@@ -49,3 +51,20 @@ def test_matmul_speed_reports_both_precisions_and_restores_threads():
         assert r["speedup"] == pytest.approx(r["fp32_ms"] / r["bf16_ms"])
     assert torch.get_num_threads() == threads
 
+
+
+def test_matmul_speed_alternates_fp32_and_bf16_batches():
+    seen = []
+    real = torch.autocast
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["enabled"])
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(precision, "BATCH_MS", 0.0)  # no time target: batches of ``inner``
+        patch.setattr(torch, "autocast", recording)
+        rows = precision.matmul_speed((8,), repeats=4, inner=3)
+    # two warm-up batches, then each repeat times one batch of each, either going first
+    assert seen == [False, True, False, True, True, False, False, True, True, False]
+    assert rows[0]["fp32_ms"] <= rows[0]["fp32_max_ms"]

@@ -17,6 +17,7 @@ Lesson: 06.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -25,6 +26,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 from torch import nn
+
+BATCH_MS = 4.0  # a timed batch of matrix products lasts about this long, or longer
 
 
 def autocast_facts(device_type: str = "cpu", dtype: Optional[torch.dtype] = None
@@ -38,7 +41,9 @@ def autocast_facts(device_type: str = "cpu", dtype: Optional[torch.dtype] = None
     Returns:
         ``default`` (autocast's dtype when none is given), ``matmul``, ``linear_output``,
         ``weight`` (the parameter keeps its dtype), ``loss`` (cross-entropy runs in float32),
-        ``grad`` (gradients have the parameter's dtype) and ``outside`` (after the block).
+        ``grad`` (gradients have the parameter's dtype), ``outside`` (after the block), and
+        ``sum``, ``softmax`` and ``prod`` of the 16-bit matmul output (on the CPU only ``prod``
+        is on autocast's float32 list; on CUDA all three are).
 
     Lesson: 06.
     """
@@ -49,6 +54,7 @@ def autocast_facts(device_type: str = "cpu", dtype: Optional[torch.dtype] = None
         product = x @ x.T
         out = layer(x)
         loss = nn.functional.cross_entropy(out, torch.zeros(5, dtype=torch.long))
+        reduced = {"sum": product.sum(), "softmax": product.softmax(-1), "prod": product.prod()}
     loss.backward()
     return {
         "default": torch.get_autocast_dtype(device_type),
@@ -58,6 +64,7 @@ def autocast_facts(device_type: str = "cpu", dtype: Optional[torch.dtype] = None
         "loss": loss.dtype,
         "grad": layer.weight.grad.dtype,
         "outside": layer(x).dtype,
+        **{name: value.dtype for name, value in reduced.items()},
     }
 
 
@@ -171,10 +178,13 @@ def matmul_speed(sizes: Sequence[int] = (64, 128, 256), repeats: int = 7, inner:
     """Time square matrix products on the CPU in float32 and under bf16 autocast.
 
     Shows what this CPU's bf16 units can do: large products may gain, small ones lose to the
-    cost of casting. Each of ``repeats`` runs times ``inner`` products, on one thread (as each
-    worker process of a launch uses); a first run warms up and is dropped. Other work on the
-    machine can only make a run slower, never faster, so the fastest run is the measurement
-    (as ``timeit``'s documentation advises) and the slowest shows how noisy the machine was.
+    cost of casting. Each of ``repeats`` runs times a batch of float32 products and a batch of
+    bf16 ones, alternating which goes first, so a busy moment hits both; a batch holds at
+    least ``inner`` products and enough for about ``BATCH_MS`` ms (a first batch of each warms
+    up and sets the count). All on one thread, as each worker process of a launch uses. Other
+    work on the machine can only make a run slower, never faster, so the fastest run is the
+    measurement (as ``timeit``'s documentation advises) and the slowest shows how noisy the
+    machine was.
 
     Returns:
         One row per size: ``size``, ``fp32_ms`` and ``bf16_ms`` (the fastest run, per
@@ -194,18 +204,25 @@ def matmul_speed(sizes: Sequence[int] = (64, 128, 256), repeats: int = 7, inner:
 
 
 def _time_matmul(size: int, repeats: int, inner: int) -> dict[str, float]:
-    """One row of ``matmul_speed``."""
+    """One row of ``matmul_speed``: fp32 and bf16 batches alternate inside each repeat."""
     a, b = torch.randn(size, size), torch.randn(size, size)
+
+    def batch(bf16: bool, count: int) -> float:  # ms per product
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            for _ in range(count):
+                a @ b
+        return (time.perf_counter() - start) / count * 1e3
+
+    fastest = min(batch(False, inner), batch(True, inner))  # warms both up; not kept
+    count = max(inner, math.ceil(BATCH_MS / max(fastest, 1e-6)))  # about BATCH_MS ms, or more
+    samples: dict[bool, list[float]] = {False: [], True: []}
+    for repeat in range(repeats):
+        for bf16 in ((False, True) if repeat % 2 == 0 else (True, False)):  # either goes first
+            samples[bf16].append(batch(bf16, count))
     row: dict[str, float] = {"size": size}
-    for name, enabled in (("fp32", False), ("bf16", True)):
-        samples = []
-        for _ in range(repeats + 1):  # the first run warms up and is dropped
-            start = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
-                for _ in range(inner):
-                    a @ b
-            samples.append((time.perf_counter() - start) / inner * 1e3)
-        row[f"{name}_ms"], row[f"{name}_max_ms"] = min(samples[1:]), max(samples[1:])
+    for name, bf16 in (("fp32", False), ("bf16", True)):
+        row[f"{name}_ms"], row[f"{name}_max_ms"] = min(samples[bf16]), max(samples[bf16])
     row["speedup"] = row["fp32_ms"] / row["bf16_ms"]
     return row
 
