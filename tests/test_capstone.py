@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_exercises_hints import answer_named
 
 import ddplab
 from ddplab import RunResult, events
@@ -91,6 +92,7 @@ def test_the_skeleton_is_told_to_write_the_job(tmp_path):
     assert result.ok, result.error
     message = ddplab.check("13", result).message
     assert "reported no steps" in message and "log_step" in message
+    assert not answer_named("13", message), message   # the spec's report, not the job's code
 
 
 # ----------------------------------------------------------------------------- the GradScaler
@@ -254,7 +256,8 @@ def test_a_resume_without_the_grad_scaler_is_named():
         return {**TRAINED, "scale": 65536.0, "_growth_tracker": step - 23}
 
     hint = judge13._resumed_hint(_run(range(24, 32), scaler=fresh), killed, unbroken)
-    assert "not the GradScaler" in hint and "scaler.state_dict()" in hint, hint
+    assert "not the GradScaler" in hint and "holds the scaler too" in hint, hint
+    assert "state_dict" not in hint   # the requirement (point 8), not the call
     neither = _run(range(24, 32), scaler=fresh, state=lambda step: 0.0)
     assert "not the optimizer's state" in judge13._resumed_hint(neither, killed, unbroken)
     # the new scaler's larger scale overflows the first step: the scaler is named, not the

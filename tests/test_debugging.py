@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_exercises_hints import answer_named
 from test_launch import end_once_said
 
 import ddplab
@@ -384,6 +385,7 @@ def test_untouched_skeleton_times_out_and_the_hint_names_the_ranks_that_left():
     assert not verdict and "timed out" in verdict.message
     assert "rank 0 at line" in verdict.message and "`loss.backward()`" in verdict.message
     assert "left the loop" in verdict.message and "shadows only" not in verdict.message
+    assert not answer_named("10", verdict.message), verdict.message   # the run, not the code
     section = re.search(r"notebook 10, section (\d+)", verdict.message)[1]   # the one it names
     cells = json.loads((ROOT / "notebooks" / "10_debugging.ipynb").read_text())["cells"]
     assert any(f"\n## {section}. Uneven inputs" in "\n" + "".join(cell["source"])

@@ -167,7 +167,7 @@ VARIANTS = [
         hang=(("wrote", 0), ("loaded", 1))),  # rank 0 then waits in save, rank 1 in backward
     Variant("05 no map_location", "05", "checkpoint.py", (
         ("map_location=device, ", ""),
-    ), right=False, words=("saved on a GPU", "map_location")),
+    ), right=False, words=("saved on a GPU", "the device it is given")),
     Variant("05 resume forgets the optimizer", "05", "checkpoint.py", (
         ("    optimizer.load_state_dict(state[\"optimizer\"])\n", ""),
     ), right=False, words=("not the optimizer", "momentum")),
@@ -199,7 +199,7 @@ VARIANTS = [
     ), right=False, words=("scale() 0 times", "step() 0 times")),
     Variant("06 clipped before unscale_", "06", "amp.py", (
         (UNSCALE + CLIP, CLIP),
-    ), right=False, words=("the clip saw the scaled gradients", "before clipping")),
+    ), right=False, words=("the clip saw the scaled gradients", "true gradients")),
     Variant("06 unscale_ twice", "06", "amp.py", (
         (CLIP, CLIP + UNSCALE),
     ), right=False, words=("unscale_(optimizer) twice",)),
@@ -373,11 +373,11 @@ VARIANTS = [
         ("    parallelize_module(block, mesh, PrepareModuleInput(\n"
          "        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), "
          "use_local_output=True))\n", ""),
-    ), right=False, words=("forgets the input layout", "PrepareModuleInput")),
+    ), right=False, words=("forgets the input layout", "must be declared")),
     Variant("12 no PrepareModuleInput before attention and feed_forward", "12", "tp_plan.py", (
         ("        \"attention\": sequence_in,", ""),
         ("        \"feed_forward\": sequence_in,\n", ""),
-    ), right=False, words=("communicates too much", "PrepareModuleInput on attention")),
+    ), right=False, words=("communicates too much", "once per sub-block")),
     Variant("12 tensor parallel without sequence parallel", "12", "tp_plan.py", (
         ("        \"attention_norm\": SequenceParallel(),\n", ""),
         ("        \"ffn_norm\": SequenceParallel(),\n", ""),
@@ -460,10 +460,10 @@ VARIANTS += [
     ), right=False, words=("divide the loss by the world size",)),
     Variant("13 no zero_grad", "13", CAPSTONE, (
         ("            optimizer.zero_grad()\n", ""),
-    ), right=False, words=("the ddp run", "zero_grad"), args=BFLOAT16),
+    ), right=False, words=("the ddp run", "still in it"), args=BFLOAT16),
     Variant("13 no set_epoch", "13", CAPSTONE, (
         ("        sampler.set_epoch(epoch)", "        pass"),
-    ), right=False, words=("same order in every epoch", "set_epoch")),
+    ), right=False, words=("same order in every epoch", "another order every epoch")),
     Variant("13 torch.save on every rank", "13", CAPSTONE, (
         ("    dcp.save({", "    torch.save({"),
         ('checkpoint_id=os.path.join(folder, f"step-{step}"))',
@@ -496,7 +496,7 @@ VARIANTS += [
     ), right=False, words=("not the optimizer's state",), runs=("killed", "resumed")),
     Variant("13 the resume leaves the GradScaler out", "13", CAPSTONE, (
         ('    if state["scaler"]:\n        scaler.load_state_dict(state["scaler"])\n', ""),
-    ), right=False, words=("not the GradScaler", "scaler.state_dict()"),
+    ), right=False, words=("not the GradScaler", "holds the scaler too"),
         runs=("killed", "resumed")),
     Variant("13 float16 without a GradScaler", "13", CAPSTONE, (
         ("            scaler.scale(loss).backward()\n            scaler.step(optimizer)\n"
@@ -593,7 +593,7 @@ VARIANTS += [
     ), right=False, words=("no per-block sharding", "one all-gather|at once"), launches=FSDP2_RUNS),
     Variant("11b the blocks only", "11b", "fsdp2.py", (
         ("    fully_shard(model, mesh=mesh, mp_policy=policy)   # last: what no block took\n", ""),
-    ), right=False, words=("not sharded", "Shard the root too"), launches=FSDP2_RUNS),
+    ), right=False, words=("not sharded", "every parameter a shard"), launches=FSDP2_RUNS),
     Variant("11b the root first", "11b", "fsdp2.py", (
         ("    for block in model.blocks:                  # one all-gather per block, each in its "
          "turn\n        fully_shard(block, mesh=mesh, mp_policy=policy)\n"
@@ -601,7 +601,7 @@ VARIANTS += [
          "    fully_shard(model, mesh=mesh, mp_policy=policy)\n"
          "    for block in model.blocks:\n"
          "        fully_shard(block, mesh=mesh, mp_policy=policy)\n"),
-    ), right=False, words=("Wrong wrapping order", "root last"), launches=FSDP2_RUNS),
+    ), right=False, words=("Wrong wrapping order", "sharded once"), launches=FSDP2_RUNS),
     Variant("11b torch.save of each rank's sharded state dict", "11b", "fsdp2.py", (
         (FSDP2_SAVE, "    import os\n    os.makedirs(path, exist_ok=True)\n"
          "    torch.save({\"model\": model.state_dict(), \"optim\": optimizer.state_dict()},\n"
@@ -629,8 +629,8 @@ VARIANTS += [
     Variant("11b no reduce_dtype: the gradients averaged in bfloat16", "11b", "fsdp2.py", (
         ("MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)",
          "MixedPrecisionPolicy(param_dtype=torch.bfloat16)"),
-    ), right=False, words=("averaged over the ranks in bfloat16", "reduce_dtype=torch.float32"),
-        absent=("training is right",), launches=FSDP2_RUNS[:1]),
+    ), right=False, words=("averaged over the ranks in bfloat16", "average in float32"),
+        absent=("training is right", "reduce_dtype="), launches=FSDP2_RUNS[:1]),
     Variant("11b DCP of the optimizer's own state_dict(), empty in a fresh one", "11b",
             "fsdp2.py", (
         (FSDP2_SAVE, "    dcp.save({\"model\": model.state_dict(),\n"

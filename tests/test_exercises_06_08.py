@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from test_exercises_hints import answer_named
+
 import ddplab
 from ddplab.lab import judges
 from ddplab.launcher.results import RunResult
@@ -77,6 +79,7 @@ def test_amp_skeleton_runs_and_is_judged_wrong(run):
     verdict = ddplab.check("06", run(judges.skeleton_path("06"), 2))
     assert not verdict
     assert "without autocast" in verdict.message and "TODO 3" in verdict.message
+    assert not answer_named("06", verdict.message), verdict.message   # the run, not the code
 
 
 def test_amp_solution_is_judged_right_on_this_machine(amp_solution):
@@ -113,7 +116,7 @@ def test_fp16_on_cuda_needs_an_enabled_scaler_that_steps(amp_solution):
     assert not disabled and "underflow" in disabled.message and "TODO 2" in disabled.message
     never_updated = ddplab.check("06", with_facts(amp_solution, **cuda, scaler_before=fresh,
                                                   scaler={**fresh, "calls": calls}))
-    assert not never_updated and "update()" in never_updated.message
+    assert not never_updated and "scale never changed" in never_updated.message
 
 
 def test_bf16_on_cpu_needs_no_scaler_enabled(amp_solution):
@@ -137,7 +140,7 @@ def test_on_cpu_the_disabled_scaler_must_still_be_built_and_used(amp_solution):
 @pytest.mark.parametrize("changes, words", [
     (dict(autocast_dtypes=["float16"]), "should be bfloat16"),
     (dict(weight_dtype="bfloat16"), "do not convert the model"),
-    (dict(loss_dtype="bfloat16"), "compute it inside the autocast block"),
+    (dict(loss_dtype="bfloat16"), "computed outside autocast"),
     (dict(losses=lambda xs: [*xs[:-1], float("nan")]), "inf or NaN"),
     (dict(losses=lambda xs: list(reversed(xs))), "did not go down"),
     (dict(forwards_under_autocast=lambda n: n - 1), "without autocast"),
@@ -185,6 +188,7 @@ def test_collective_skeleton_runs_and_is_judged_wrong(run):
     assert not verdict
     assert "nothing was exchanged" in verdict.message and "TODO 1" in verdict.message
     assert not calls_named(verdict.message)   # the mistake and the requirement, not the code
+    assert not answer_named("08", verdict.message), verdict.message
 
 
 def calls_named(message: str) -> list[str]:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from test_exercises_hints import answer_named
+
 import ddplab
 from ddplab.lab import judges
 from ddplab.launcher.results import RunResult
@@ -82,6 +84,7 @@ def test_untouched_skeleton_runs_and_is_judged_wrong_with_a_hint(key, words, run
     assert not verdict
     for word in words:
         assert word in verdict.message
+    assert not answer_named(key, verdict.message), verdict.message   # the run, not the code
 
 
 # ----------------------------------------------------------------------------- 03

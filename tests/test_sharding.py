@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_exercises_hints import answer_named
 
 from ddplab import check, launch
 from ddplab.lab import timeline
@@ -174,6 +175,7 @@ def test_untouched_skeleton_is_judged_wrong_with_a_hint(capsys):
     verdict = check("11", result)
     assert not verdict and "zeros" in verdict.message and "no message" in verdict.message
     assert "send" not in verdict.message and "recv" not in verdict.message   # no calls named
+    assert not answer_named("11", verdict.message), verdict.message
 
 
 def test_messages_that_miss_rank_1s_input_get_the_named_hint(tmp_path):
@@ -234,6 +236,7 @@ def test_untouched_fsdp2_skeleton_is_judged_wrong_with_a_hint(tmp_path):
     assert result.ok, result.error          # it runs; the judge, not a traceback, explains
     verdict = check("11b", {"save": result})
     assert not verdict and "sharded nothing" in verdict.message, verdict.message
+    assert not answer_named("11b", verdict.message), verdict.message   # the run, not the code
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +269,8 @@ def test_fsdp2_run_reports_float32_averages_and_the_judge_names_a_16_bit_one(fsd
         run = with_metrics(fsdp2_saved, forward={**forward[0], "averaged": dtype})
         verdict = check("11b", {"save": run})
         assert not verdict and f"averaged over the ranks in {dtype}" in verdict.message
-        assert "reduce_dtype=torch.float32" in verdict.message
+        assert "Point 2 wants the average in float32" in verdict.message
+        assert "reduce_dtype=" not in verdict.message   # the requirement, not the argument
 
 
 def test_fsdp2_load_without_adams_state_is_told_why_from_the_checkpoints_keys(fsdp2_saved):

@@ -1,8 +1,8 @@
 """Judges of the coding exercises: each looks at what a learner's run did, not at its text.
 
 A coding exercise is a skeleton worker in ``exercises/`` with marked gaps: the learner's copy sits
-in their course folder, beside ``notebooks/`` (``ddplab init`` writes it; a clone is one too). The learner fills the gaps, launches the file and hands the ``RunResult`` to
-``ddplab.check``::
+in their course folder, beside ``notebooks/`` (``ddplab init`` writes it; a clone is one too).
+The learner fills the gaps, launches the file and hands the ``RunResult`` to ``ddplab.check``::
 
     result = ddplab.launch("../exercises/ddp_wrap.py", nprocs=2)
     ddplab.check("03", result)      # prints what is wrong and where to look, or "correct!"

@@ -53,7 +53,7 @@ AMP_FACTS = ("device_type", "forwards", "forwards_under_autocast", "autocast_dty
 NORM_TOL = 0.01
 
 
-@judge("06", "amp.py", "train under torch.autocast with the device's dtype, a GradScaler "
+@judge("06", "amp.py", "train in the device's autocast dtype, a GradScaler that scales "
        "exactly where float16 needs it, and the true gradients clipped")
 def judge_amp(result: Any) -> Optional[str]:
     facts, missing = _facts(result, AMP_FACTS)
@@ -73,8 +73,9 @@ def _amp_rank(f: dict[str, Any]) -> Optional[str]:
         return "the model never ran a forward pass: train_step must call the model (TODO 3)."
     if f["forwards_under_autocast"] < f["forwards"]:
         return (f"{f['forwards'] - f['forwards_under_autocast']} of {f['forwards']} forward "
-                "passes ran without autocast: in train_step (TODO 3), run the forward pass and the "
-                "loss inside a torch.autocast block for the inputs' device type and amp_dtype.")
+                "passes ran without autocast, in float32: train_step's docstring wants the "
+                "forward pass and the loss computed in amp_dtype, backward and the step outside "
+                "autocast (TODO 3).")
     if f["autocast_dtypes"] != [want]:
         return (f"autocast computed in {', '.join(f['autocast_dtypes'])}, but on {device} it "
                 f"should be {want} (TODO 1): CPU autocast computes in bfloat16, CUDA autocast "
@@ -87,8 +88,9 @@ def _amp_rank(f: dict[str, Any]) -> Optional[str]:
         return (f"the first convolution produced {', '.join(f['layer_output_dtypes'])}, not "
                 f"{want}: its input or weights were changed by hand; let autocast do the casts.")
     if f["loss_dtype"] != "float32":
-        return (f"the loss is {f['loss_dtype']}: compute it inside the autocast block too, "
-                "where cross_entropy runs in float32 (TODO 3).")
+        return (f"the loss is {f['loss_dtype']}: it was computed outside autocast, on the "
+                "16-bit output; under autocast cross_entropy runs in float32, and the docstring "
+                "wants the loss computed there too (TODO 3).")
     return (_scaler_hint(f["scaler_before"], f["scaler"], want)
             or _order_hint(f["scaled_steps"])
             or _calls_hint(f["scaler_before"], f["scaler"], want, len(f["losses"]))
@@ -108,8 +110,9 @@ def _scaler_hint(before: dict[str, Any], after: dict[str, Any], dtype: str) -> O
                 f"{dtype} needs no loss scaling, so that the same train_step is right on a GPU "
                 "with float16, where gradients underflow without it.")
     if dtype == "float16" and not before.get("enabled"):
-        return ("float16 gradients underflow without loss scaling: the GradScaler must be "
-                "enabled for float16 (make_scaler, TODO 2; look up its `enabled` argument).")
+        return ("float16 gradients underflow without loss scaling, and this GradScaler is "
+                "switched off: it must scale wherever the dtype is float16 (make_scaler, "
+                "TODO 2).")
     if dtype != "float16" and before.get("enabled"):
         return (f"the GradScaler is enabled with {dtype}, which has float32's range and needs "
                 "no loss scaling: enable it only for float16 (make_scaler, TODO 2).")
@@ -126,19 +129,17 @@ def _order_hint(steps: Sequence[dict[str, Any]]) -> Optional[str]:
             continue
         first = order.index("unscale_")
         if order.count("unscale_") > 1:
-            return (f"step {number} called scaler.unscale_(optimizer) twice: unscale_ at most "
-                    "once per step, between backward and scaler.step(), which then does not "
-                    "unscale again (TODO 3).")
+            return (f"step {number} called scaler.unscale_(optimizer) twice: PyTorch allows "
+                    "one unscale_ between two update()s (a second raises): the gradients are "
+                    "already true after the first (TODO 3).")
         if "step" in order and first > order.index("step"):
             return (f"step {number} called scaler.unscale_(optimizer) after scaler.step(): the "
-                    "optimizer had already stepped (with the scaled gradients, or the scaler "
-                    "unscaled them itself). Call unscale_ between backward and step, and clip "
-                    "there (TODO 3).")
+                    "optimizer had already stepped (the scaler unscaled the gradients itself), "
+                    "so nothing done to them now changes this step (TODO 3).")
         if "scale" not in order or first < order.index("scale"):
             return (f"step {number} called scaler.unscale_(optimizer) before backward of the "
                     "scaled loss: it unscaled gradients that were not there yet, and the "
-                    "scaler.step() that followed did not unscale the new ones. Call it after "
-                    "backward (TODO 3).")
+                    "scaler.step() that followed did not unscale the new ones (TODO 3).")
     return None
 
 
@@ -159,8 +160,8 @@ def _calls_hint(before: dict[str, Any], after: dict[str, Any], dtype: str, steps
         stepped = (after.get("growth_tracker") or 0) > 0 or after.get("scale") != before.get(
             "scale")
         if not stepped:
-            return ("the scaler is enabled but its scale never changed: call its update() "
-                    "after every step (TODO 3).")
+            return ("the scaler is enabled but its scale never changed: nothing updated it, "
+                    "and the docstring wants the scale updated every step (TODO 3).")
     return None
 
 
@@ -183,18 +184,18 @@ def _clip_hint(steps: Sequence[dict[str, Any]], max_norm: float) -> Optional[str
             if after is not None and after <= max_norm * (1 + NORM_TOL):
                 return (f"in step {number} the optimizer stepped with gradients of norm "
                         f"{used:.3g}, above max_norm={max_norm:g}: they were clipped after "
-                        "scaler.step(), too late to change the step. Clip between "
-                        "scaler.unscale_(optimizer) and scaler.step() (TODO 3).")
+                        "scaler.step(), too late to change the step. The optimizer must step "
+                        "with clipped true gradients (TODO 3).")
             return (f"in step {number} the optimizer stepped with gradients of norm {used:.3g}, "
-                    f"above max_norm={max_norm:g}: they were not clipped. Clip them with "
-                    "torch.nn.utils.clip_grad_norm_ before the scaler steps (TODO 3).")
+                    f"above max_norm={max_norm:g}: they were not clipped. The optimizer must "
+                    "step with gradients whose total norm is at most max_norm (TODO 3).")
         if scale > 2 and used < max_norm / 2 and \
                 abs(used * scale - max_norm) <= NORM_TOL * max_norm:
             return (f"in step {number} the optimizer stepped with gradients of norm {used:.3g}, "
                     f"max_norm={max_norm:g} divided by the scale {scale:g}: the clip saw the "
                     f"scaled gradients, so max_norm applied to gradients {scale:g} times too "
-                    "large, then the scaler divided them. Call scaler.unscale_(optimizer) "
-                    "before clipping (TODO 3).")
+                    "large, then the scaler divided them. The clip must see the true gradients "
+                    "(the AMP examples' \"Working with Unscaled Gradients\", TODO 3).")
     return None
 
 

@@ -80,11 +80,10 @@ def judge_ddp_wrap(result: Any) -> Optional[str]:
                     "through the wrapper.")
     if len(set(end.values())) > 1:
         return ("the ranks ended with different weights (checksums at the end: "
-                f"{_listing(end)}): nothing connected them. In train(), after moving the "
-                "model to `device`, make it distributed data-parallel (DistributedDataParallel; "
-                "look up its device_ids argument) and train the wrapper: DDP copies rank 0's "
-                "weights to every rank when it wraps the model and averages the gradients in "
-                "backward().")
+                f"{_listing(end)}): nothing connected them. Ranks that start apart train as "
+                "one only through the docstring's DistributedDataParallel, which copies rank "
+                "0's weights to every rank when it wraps the model and averages the gradients "
+                "in every backward() of a forward pass through it.")
     if all(math.isclose(start[r], end[r], rel_tol=0, abs_tol=0) for r in start):
         return ("the weights did not change during training: train() must step an optimizer "
                 "over the model's parameters after every backward() (TODO).")
@@ -157,9 +156,9 @@ def judge_accumulate(result: Any) -> Optional[str]:
             return hint
     checksums = facts["checksum"]
     if len(set(checksums.values())) > 1:
-        return ("the ranks ended with different weights: the backward that all-reduces must be "
-                "the last one of each step, so that it sends the sum of every micro-batch's "
-                "gradients; a backward after it adds this rank's gradients only.")
+        return ("the ranks ended with different weights: the all-reduce of a step did not "
+                "send the sum of every micro-batch's gradients, and what a backward adds after "
+                "it stays on its own rank.")
     error = max(facts["reference_error"].values())
     if error > ACCUMULATE_TOLERANCE:
         return (f"the weights differ from one process's step on all the data (by up to "
@@ -172,17 +171,17 @@ def _accumulate_rank(rank: int, f: dict[str, Any]) -> Optional[str]:
     steps, micro = f["steps"], f["micro_batches"]
     if f["optimizer_steps"] != steps:
         return (f"rank {rank} stepped the optimizer {f['optimizer_steps']} times in {steps} "
-                "accumulation steps: step once per call of accumulation_step, after the last "
-                "micro-batch's backward (TODO).")
+                "accumulation steps; the docstring asks for one step per call of "
+                "accumulation_step, at the end (TODO).")
     syncs = f["allreduce_bytes"] / f["gradient_bytes"] if f["gradient_bytes"] else 0
     if syncs == 0:
         return (f"rank {rank} never all-reduced a gradient: every backward ran inside "
-                "no_sync(), so each rank stepped on its own gradients. The last backward of a "
-                "step must run outside no_sync().")
+                "no_sync(), so each rank stepped on its own gradients. Once per step the "
+                "gradients must be all-reduced.")
     if math.isclose(syncs, steps * micro):
         return (f"rank {rank} all-reduced the gradients {micro} times per step, once per "
                 "micro-batch: every backward() of a DDP model all-reduces unless it runs "
-                "inside model.no_sync(). Run all but one backward of each step inside it.")
+                "inside model.no_sync(), and once per step is enough.")
     if not math.isclose(syncs, steps):
         return (f"rank {rank} all-reduced {syncs / steps:g} times the gradients' size per "
                 "step; one all-reduce of every gradient per step is enough.")
@@ -219,8 +218,8 @@ def _share_hint(shares: list[list[int]], size: int, epoch: int) -> Optional[str]
     world, counts = len(shares), [len(share) for share in shares]
     if world > 1 and all(count == size for count in counts):
         return (f"in epoch {epoch} every rank read all {size} samples: the ranks do the same "
-                "work N times. Give each rank a share of its own (TODO 1): a sampler, torch's "
-                "DistributedSampler or your own, passed to the DataLoader as sampler=.")
+                "work N times. Every rank must read a share of its own, no sample twice in an "
+                "epoch (TODO 1, goal 1 of the docstring).")
     read = [i for share in shares for i in share]
     twice = len(read) - len(set(read))
     if 0 < twice < world and set(read) == set(range(size)):   # fewer repeats than ranks
@@ -262,9 +261,8 @@ def _order_hint(reads: dict[int, dict[int, list[int]]], epochs: list[int]) -> Op
         when = ("in every epoch" if len(set(orders)) == 1
                 else f"in epochs {same[0]} and {same[1]}")
         return (f"rank {rank} read its share in the same order {when}: the shuffle must change "
-                "with the epoch (TODO 2). A DistributedSampler seeds it with seed + epoch, and "
-                "the epoch stays 0 until you call sampler.set_epoch(epoch) at the start of each "
-                "one; a sampler of your own needs the epoch in its seed too.")
+                "with the epoch (TODO 2, goal 4), and the sampler does not know which epoch "
+                "this is unless the loop tells it (notebook 04, section 4).")
     return None
 
 
@@ -283,8 +281,8 @@ def _left_out_hint(reads: dict[int, dict[int, list[int]]], epochs: list[int], si
 # ----------------------------------------------------------------------------- 05 checkpoint
 
 
-@judge("05", "checkpoint.py", "save the checkpoint once, on rank 0, behind a barrier; load it "
-       "onto each rank's own device (map_location); resume a fresh model and optimizer from it")
+@judge("05", "checkpoint.py", "save the checkpoint once, from rank 0, with no rank reading it "
+       "early; load it onto each rank's own device; resume a fresh model and optimizer from it")
 def judge_checkpoint(result: Any) -> Optional[str]:
     missing = _missing(result, "loaded", "resumed")
     if missing:
@@ -299,17 +297,16 @@ def _writers_hint(result: Any) -> Optional[str]:
     if set(writers) - {0}:
         others = ", ".join(str(r) for r in sorted(set(writers) - {0}))
         return (f"rank(s) {others} wrote the checkpoint too: every rank holds the same weights, "
-                "so the same file was written once per rank. In save() (TODO 1), only rank 0 "
-                "may call write_file; the other ranks only wait for it.")
+                "so the same file was written once per rank. One copy per save is the "
+                "requirement (save()'s docstring, TODO 1): rank 0's.")
     if writers.get(0, 0) != saves:
         loaded = [e for r in _ranks(result) for e in _events(result, "loaded", r)]
         if not writers and loaded and all(e.get("epoch") == e.get("expected") for e in loaded):
-            return ("the checkpoint was written, but not with write_file: save() (TODO 1) must "
-                    "write through write_file(state, path), which writes a temporary file and "
-                    "renames it, so that no rank ever reads half a file (and the judge sees "
-                    "who wrote).")
-        return (f"rank 0 wrote {writers.get(0, 0)} checkpoint(s) for {saves} saves: save() "
-                "(TODO 1) must have rank 0 call write_file(state, path) every time.")
+            return ("the checkpoint was written, but not with write_file, the writer save()'s "
+                    "docstring requires (TODO 1): it writes a temporary file and renames it, so "
+                    "that no rank ever reads half a file, and it tells the judge who wrote.")
+        return (f"rank 0 wrote {writers.get(0, 0)} checkpoint(s) for {saves} saves: every "
+                "save must leave exactly one checkpoint, rank 0's (save()'s docstring, TODO 1).")
     return None
 
 
@@ -320,24 +317,23 @@ def _loaded_hint(result: Any) -> Optional[str]:
                 continue
             if event.get("error") not in (None, "no checkpoint"):
                 return (f"load() returned a {event['error']} on rank {rank}, not the "
-                        "checkpoint: return what torch.load read (TODO 2).")
+                        "checkpoint: it must return the dict the file holds (TODO 2).")
             if event.get("epoch") is None and event.get("error") == "no checkpoint" and \
                     any(e.get("epoch") is None for e in _events(result, "loaded", 0)):
                 return ("load() returned nothing (None) on rank 0, where the file surely "
-                        "exists: return what torch.load read (TODO 2).")
+                        "exists: it must return the checkpoint it read (TODO 2).")
             found = ("found no file at all" if event.get("epoch") is None
                      else f"loaded the old checkpoint of epoch {event['epoch']}")
             return (f"rank {rank} {found} while rank 0 was still writing epoch "
-                    f"{event['expected']}: it read too early. In save() (TODO 1), every rank "
-                    "must wait until rank 0's write_file is done (a collective that every "
-                    "rank calls after the write), so no rank returns and reads before the "
-                    "file is complete.")
+                    f"{event['expected']}: it read too early. No rank may return from save() "
+                    "before rank 0's file is complete (save()'s docstring, TODO 1; notebook "
+                    "05 shows how ranks wait for one another).")
     for rank in sorted(_ranks(result)):
         for event in _events(result, "loaded", rank):
             if not set(event.get("devices", [])) <= {event.get("device"), "cpu"}:
                 return (f"rank {rank}'s tensors landed on {', '.join(event['devices'])}, not on "
-                        f"its own device {event['device']}: in load() (TODO 2), tell torch.load "
-                        "where to put them (map_location: this rank's device, or \"cpu\").")
+                        f"its own device {event['device']}: load() must put them on the device "
+                        "it is given, whatever device saved them (TODO 2).")
     return None
 
 
@@ -351,11 +347,11 @@ def _probe_hint(result: Any) -> Optional[str]:
                 continue
             what = f"it failed ({error})" if error else f"its tensors landed on {devices}"
             return (f"given a checkpoint saved on a GPU that rank {rank} does not have, load() "
-                    f"did not bring it to {device}: {what}. Without map_location, torch.load "
-                    "puts every tensor back on the device that saved it: on a GPU machine every "
-                    "rank would load onto rank 0's GPU, and on a machine without that GPU the "
-                    "load fails. In load() (TODO 2), pass torch.load a map_location: this "
-                    "rank's device, or \"cpu\".")
+                    f"did not bring it to {device}: {what}. Unless told otherwise, reading a "
+                    "checkpoint puts every tensor back on the device that saved it: on a GPU "
+                    "machine every rank would load onto rank 0's GPU, and on a machine without "
+                    "that GPU the load fails. load() must put the tensors on the device it is "
+                    "given (TODO 2; notebook 05 on where a load puts them).")
     return None
 
 
@@ -374,11 +370,11 @@ def _resume_hint(result: Any) -> Optional[str]:
                         "so that training goes on with the next one (TODO 3).")
             if not facts.get("weights"):
                 return (f"rank {rank}: after resume() the fresh model's weights differ from "
-                        "the trained ones: load the checkpoint's model state into the model "
-                        "(Module.load_state_dict) in resume() (TODO 3).")
+                        "the trained ones: resume() must restore the model from the checkpoint "
+                        "(TODO 3).")
             if not facts.get("optimizer"):
                 return (f"rank {rank}: resume() restored the weights but not the optimizer: "
                         "SGD's momentum buffers start from zero again, so the resumed run "
-                        "differs from an uninterrupted one. Load the optimizer's state too "
-                        "(Optimizer.load_state_dict) (TODO 3).")
+                        "differs from an uninterrupted one. resume() must restore the "
+                        "optimizer's state too (TODO 3).")
     return None

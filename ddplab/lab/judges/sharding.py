@@ -198,8 +198,8 @@ def _fsdp2_save(run: Any, run_failed: Any) -> Optional[str]:
             return (f"shard raised on rank {rank} ({text}) after the root was already "
                     "sharded: fully_shard on the root first made every parameter a shard, "
                     "and fully_shard on a block then finds parameters it cannot shard again. "
-                    "Wrong wrapping order: shard each block first, the root last (it takes "
-                    "what no block took).")
+                    "Wrong wrapping order: a parameter is sharded once, by the first fully_shard "
+                    "that takes it, and the root's took the blocks' too.")
         return f"shard raised on rank {rank}: {text} (its traceback is printed above)."
     layout = metric(run, "layout")   # reported before training: judged even if it crashed
     if not layout:
@@ -218,8 +218,8 @@ def _fsdp2_save(run: Any, run_failed: Any) -> Optional[str]:
         return (f"{len(plain)} parameters are not sharded ({', '.join(plain[:4])}...): they "
                 "belong to no block, and only fully_shard on the root takes them. Without it "
                 "each rank keeps and trains its own copy (their gradients are never averaged), "
-                "in float32 beside the blocks' 16-bit compute. Shard the root too, after the "
-                "blocks.")
+                "in float32 beside the blocks' 16-bit compute. Point 1 wants every parameter "
+                "a shard.")
     failed = run_failed(run)
     if failed:
         return f"the save launch (2 ranks) failed: {failed}"
@@ -233,28 +233,24 @@ def _fsdp2_save(run: Any, run_failed: Any) -> Optional[str]:
     if forward.get("allgather", 0) < blocks + 1:
         return (f"one forward ran {forward.get('allgather', 0)} all-gather(s) for {blocks} "
                 "blocks: no per-block sharding. fully_shard on the root only gathers the whole "
-                "model at once, so every weight is whole on every rank during the step. Call "
-                "fully_shard on each block first (one all-gather per block, in its turn), then "
-                "on the root.")
+                "model at once, so every weight is whole on every rank during the step. Point 1 "
+                "wants the weights gathered block by block, each just before it runs.")
     dtype = forward.get("dtype")
     if dtype == "float32":
-        return ("forward computed in float32: no mixed precision. Give fully_shard a "
-                "MixedPrecisionPolicy whose param_dtype is a 16-bit type (and average the "
-                "gradients in float32: its reduce_dtype).")
+        return ("forward computed in float32: no mixed precision. Point 2 wants forward and "
+                "backward in bfloat16, with the shards and the gradients' average in float32.")
     if dtype == "float16":
         return ("forward computed in float16, whose range needs a scaled loss (a GradScaler) "
                 "to keep small gradients from flushing to zero; nothing scales it here. "
-                "bfloat16 has float32's range and needs no scaling: use it as param_dtype.")
+                "Point 2 wants bfloat16, which has float32's range and needs no scaling.")
     if dtype != "bfloat16":
-        return f"forward computed in {dtype}: use bfloat16 as the policy's param_dtype."
+        return f"forward computed in {dtype}; point 2 wants bfloat16."
     averaged = forward.get("averaged")
     if averaged in ("bfloat16", "float16"):
         return (f"the gradients were averaged over the ranks in {averaged}: after backward, "
-                f"every gradient holds {averaged} values only. MixedPrecisionPolicy averages "
-                "them in its reduce_dtype (left unset: the gradients' own dtype, param_dtype), "
-                f"so each average was rounded to {averaged}. Point 2 wants the average in "
-                "float32: MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
-                "reduce_dtype=torch.float32).")
+                f"every gradient holds {averaged} values only. A MixedPrecisionPolicy that is "
+                "told only the compute dtype reduces in it too (its docstring), so each average "
+                f"was rounded to {averaged}. Point 2 wants the average in float32.")
     held = metric(run, "held")
     for rank, found in sorted(layout.items()):
         measured = sum(held[rank].values())
@@ -273,7 +269,7 @@ def _fsdp2_save(run: Any, run_failed: Any) -> Optional[str]:
         return (f"the sharded run differs from one process training on the whole batches: "
                 f"losses by up to {gap:.1e} (tolerance {LOSS_TOLERANCE:g}), trained weights by "
                 f"{reference['weight_gap']:.0%} of what training moved them (tolerance "
-                f"{WEIGHT_TOLERANCE:.0%}). Average the gradients in float32 (reduce_dtype).")
+                f"{WEIGHT_TOLERANCE:.0%}). Point 2 wants the gradients averaged in float32.")
     save_error = metric(run, "save_error")
     if save_error:
         rank, text = min(save_error.items())
@@ -283,8 +279,8 @@ def _fsdp2_save(run: Any, run_failed: Any) -> Optional[str]:
         return (f"the checkpoint folder holds {files or 'nothing'}, not a distributed "
                 "checkpoint (DCP writes a .metadata beside the ranks' files). A torch.save of "
                 "each rank's sharded state dict can only be read back by as many ranks, each "
-                "its own file: use torch.distributed.checkpoint, which loads onto any world "
-                "size.")
+                "its own file. Point 5 wants one checkpoint that loads on any number of "
+                "ranks.")
     if 0 not in metric(run, "saved"):
         return "the save launch reported no weights: change only the four functions."
     return None
@@ -328,10 +324,9 @@ def _fsdp2_load(name: str, run: Any, saved: dict[str, str], keys: list[str],
         return (f"the checkpoint holds Adam's state{how}, but after the load {where} the "
                 "optimizer has none: a fresh optimizer's own state_dict() is empty (Adam makes "
                 "its state at its first step), and dcp.load fills only the entries of the dict "
-                "it is given. Save and load through get_state_dict(model, optimizer) "
-                "(torch.distributed.checkpoint.state_dict): its optimizer dict is keyed by "
-                "parameter name and holds every entry even before a step, for dcp.load to fill "
-                "in place; then hand what was loaded to set_state_dict.")
+                "it is given. The dict it fills must already hold every entry of Adam's "
+                "state, keyed the same on any sharding: what the spec's get_state_dict and "
+                "set_state_dict (torch.distributed.checkpoint.state_dict) are for.")
     if state:
         return (f"the weights came back {where}, but not Adam's state ({state[0]}, ...): "
                 "save and load the optimizer too (its two moments and its step count).")

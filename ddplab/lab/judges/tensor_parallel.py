@@ -82,15 +82,15 @@ def _layers_hint(placements: dict[str, str]) -> Optional[str]:
         if got != "[Shard(dim=0)]":
             return (f"{name} is {_style(got)}, but it reads the whole input and must give each "
                     "rank whole outputs of its own (heads, or hidden units), computed without "
-                    "communication: that layer is column-wise (ColwiseParallel, weight "
-                    "Shard(0)).")
+                    "communication: that layer is column-wise (its weight split by output "
+                    "rows, Shard(0)).")
     for name in ROWWISE:
         got = placements.get(f"{name}.weight")
         if got != "[Shard(dim=1)]":
             reads = "heads" if name.startswith("attention") else "hidden units that w1 and w3"
             return (f"{name} is {_style(got)}, but it reads the {reads} split over the ranks: "
-                    "it must be row-wise (RowwiseParallel, weight Shard(1)), each rank "
-                    "multiplying its slice and the partial results summed once.")
+                    "it must be row-wise (its weight split by input columns, Shard(1)), each "
+                    "rank multiplying its slice and the partial results summed once.")
     return None
 
 
@@ -107,9 +107,9 @@ def _heads_hint(f: dict[str, Any]) -> Optional[str]:
         return None
     return (f"hard-coded head count: each rank holds {heads} of the {f['n_heads_full']} heads "
             f"(its wq has {f['wq_rows']} rows of head_dim {f['head_dim']}), but the attention "
-            f"views q, k and v as {f['n_heads']} heads, the whole model's count. Attention.forward "
-            "reads self.n_heads: in parallelize, set the attention's n_heads to this rank's "
-            "heads (the total divided by the mesh's size).")
+            f"views q, k and v as {f['n_heads']} heads, the whole model's count (Attention."
+            "forward reads self.n_heads). On each rank the attention must work with the heads "
+            "that rank holds.")
 
 
 def _norms_hint(f: dict[str, Any], placements: dict[str, str]) -> Optional[str]:
@@ -117,8 +117,8 @@ def _norms_hint(f: dict[str, Any], placements: dict[str, str]) -> Optional[str]:
     for norm in NORMS:
         if placements.get(f"{norm}.weight") == "not a DTensor":
             return (f"{norm} is not sequence-parallel: every rank normalises the whole "
-                    "sequence. Put both norms under SequenceParallel (each rank its 1/N of the "
-                    "sequence, the norm's weight replicated).")
+                    "sequence. Sequence parallelism has each rank normalise its 1/N of the "
+                    "sequence, the norm's weight replicated.")
     tokens = f.get("norm_tokens") or {}
     for norm, n in tokens.items():
         if n * world == seq:
@@ -127,9 +127,10 @@ def _norms_hint(f: dict[str, Any], placements: dict[str, str]) -> Optional[str]:
             return (f"a plan that forgets the input layout: the block gets the whole x on every "
                     f"rank, but SequenceParallel takes a plain tensor for this rank's slice of "
                     f"the sequence, so {norm} ran on {n} tokens per rank, a sequence "
-                    f"{world} times too long. Say what the block's input is with "
-                    "PrepareModuleInput on the block itself: Replicate() in, Shard(1) wanted, "
-                    "as plain tensors (use_local_output=True) for the residual sums.")
+                    f"{world} times too long. The block's input layout must be declared: it "
+                    "arrives whole on every rank (Replicate()), its first norm wants this "
+                    "rank's slice of the sequence (Shard(1)), and the residual sums want plain "
+                    "tensors.")
         return (f"{norm} ran on {n} tokens per rank; sequence parallel gives each rank "
                 f"{seq // world} of the {seq}.")
     return None
@@ -179,19 +180,19 @@ def _error_hint(error: Optional[dict[str, Any]]) -> Optional[str]:
         return None
     return (f"the {error['stage']} raised {error['type']}: {error['message']} Check each "
             "module's input and output layouts: a DTensor and a plain tensor cannot be added "
-            "(the residual sums of Block.forward work on plain tensors: use_local_output), and "
+            "(the residual sums of Block.forward work on plain tensors), and "
             "a layer must receive the layout its style expects.")
 
 
 def _output_hint(f: dict[str, Any]) -> Optional[str]:
     if f.get("output_type") == "DTensor":
         return ("the block returns a DTensor: the run wants the whole output on every rank as "
-                "a plain tensor (PrepareModuleOutput on the block, use_local_output=True).")
+                "a plain tensor.")
     shape, seq = f.get("output_shape"), f["seq"]
     if shape and shape[1] != seq:
         return (f"the block returns {shape[1]} of the {seq} tokens (shape {shape}): this rank's "
-                "slice of the sequence. Gather it back, whole on every rank: PrepareModuleOutput "
-                "on the block, from Shard(1) to Replicate().")
+                "slice of the sequence. The block must return the whole sequence on every "
+                "rank.")
     if f.get("output_error") is None or f["output_error"] > TOLERANCE:
         return (f"the output differs from the unsharded block's by {f.get('output_error')}: "
                 "check which layers are column-wise and which row-wise, and the layouts "
@@ -224,9 +225,9 @@ def _collectives_hint(f: dict[str, Any]) -> Optional[str]:
             return (f"computes right but communicates too much: {gathers} all-gathers in "
                     f"forward ({counts}), where the reference plan needs "
                     f"{want['all_gather_into_tensor']}. Each column-wise layer gathered the "
-                    "sequence for itself: gather it once per sub-block, before it, with "
-                    "PrepareModuleInput on attention and on feed_forward (Shard(1) in, "
-                    "Replicate() wanted).")
+                    "sequence for itself; the reference gathers it once per sub-block, "
+                    "before the sub-block, so attention's and feed_forward's input layouts "
+                    "must be declared too.")
         return (f"computes right but communicates too much: {phase} ran {counts}, where the "
                 f"reference plan runs {sum(want.values())} collectives. Declare each module's "
                 "input and output layouts so that DTensor never has to redistribute by "

@@ -87,8 +87,8 @@ def _resumed_hint(resumed: Any, killed: Any, ddp: Any) -> Optional[str]:
                 return (f"rank {rank}, step {step}: the weights are restored but not the "
                         f"GradScaler (its state {got.get('scaler')}, the unbroken "
                         f"run's {exp.get('scaler')}): a new scaler starts from its initial "
-                        "scale and skips or overflows steps the unbroken job did not. Save "
-                        "scaler.state_dict() in the checkpoint and load it on resume.")
+                        "scale and skips or overflows steps the unbroken job did not. Point 8: "
+                        "a checkpoint holds the scaler too.")
             if got["lr"] != exp.get("lr"):
                 return (f"step {step}: the LR was {got['lr']}, the unbroken run's "
                         f"{exp.get('lr')}: the step count comes from the checkpoint.")
@@ -158,9 +158,9 @@ def _order_hint(rank: int, step: int, batch: list, unbroken: dict) -> str:
                 "resumed job sets that epoch and skips the batches done.")
     return (f"rank {rank}, step {step}: the resumed run read its samples in another order "
             "than the unbroken job (its batch there is in no epoch of the unbroken rank's "
-            "order): the sampler was seeded or shuffled otherwise after the resume. Give the "
-            "DistributedSampler the same seed, --seed, in every launch: set_epoch(epoch) then "
-            "replays the epoch's order.")
+            "order): the sampler was seeded or shuffled otherwise after the resume. Point 2: "
+            "every launch shuffles from the same seed, --seed, so that an epoch replayed after "
+            "a restart has the same order.")
 
 
 def _unfinished_hint(run: Any) -> Optional[str]:

@@ -106,11 +106,12 @@ def _samples_hint(mine: dict, ref: dict, per_epoch: int) -> Optional[str]:
     if all(epoch0[r] == read(ref[r], 0, per_epoch) for r in ranks):
         for r in ranks:
             if read(mine[r], per_epoch, 2 * per_epoch) == epoch0[r]:
-                return (f"rank {r} read its share in the same order in every epoch: call "
-                        "set_epoch(epoch) on the sampler at the start of every epoch.")
-    return ("the ranks read other samples, or in another order, than the reference: one "
-            "DistributedSampler per rank (shuffle, seed = --seed), set_epoch(epoch) every epoch, "
-            "and the DataLoader's batch size --batch-size.")
+                return (f"rank {r} read its share in the same order in every epoch: point 2 "
+                        "wants another order every epoch, and a DistributedSampler knows the "
+                        "epoch only when the loop tells it (notebook 04, section 4).")
+    return ("the ranks read other samples, or in another order, than the reference: point 2 "
+            "wants DistributedSampler's shares, shuffled from --seed, a new order every epoch, "
+            "--batch-size samples per rank and step.")
 
 
 def _epoch_hint(mine: dict, ref: dict, per_epoch: int) -> Optional[str]:
@@ -259,8 +260,9 @@ def _loss_hint(mine: dict, ref: dict, world: int) -> Optional[str]:
                     got["grad"], want["grad"]):
                 return (f"step {step}: the loss is right but the gradient is not "
                         f"({got['grad']:.4g} against {want['grad']:.4g} summed squares): the "
-                        "gradients of the previous steps are still in it. Zero them "
-                        "(optimizer.zero_grad()) before every backward pass.")
+                        "gradients of the previous steps are still in it: backward adds to "
+                        "the gradients there, and point 4 lets nothing of one step's gradient "
+                        "leak into the next.")
             return (f"rank {rank}, step {step}: the loss was {got['loss']:.5g}, the "
                     f"reference's {want['loss']:.5g}: cross-entropy of the model's output "
                     "on the batch, one optimizer step per batch.")
