@@ -6,9 +6,9 @@ Run it::
     python -m ddplab launch --nproc-per-node 2 ddplab.workers.compile_ddp --backend aot_eager
 
 Every run trains the same MLP from the same seed on the same batches for a few steps under DDP,
-with gradient buckets of 1 MB (the MLP's weights make several). The MLP is a class of its own
-(``MLP``, an ``nn.Module`` subclass, as real models are); ``--sequential`` builds the same layers
-as an ``nn.Sequential`` instead:
+with gradient buckets of 1 MiB (the MLP's weights make several). The MLP is a class of its own
+(``MLP``, an ``nn.Module`` subclass); ``--sequential`` builds the same layers as an
+``nn.Sequential`` instead (what that changes is notebook 03b's Try it):
 
 - ``eager``: plain DDP, the reference;
 - ``wrap_then_compile``: ``torch.compile(DDP(model))``, the order PyTorch's DDP notes show;
@@ -22,9 +22,8 @@ inside DDP's forward, its ``DDPOptimizer`` splits the graph at the bucket bounda
 each bucket's all-reduce can start while backward goes on through the earlier layers.
 
 In ``torch.compile(DDP(model))`` Dynamo breaks its graph inside DDP's forward, and the model's
-``forward`` starts a new frame. Dynamo compiles a new frame in the model's own file, but skips one
-in torch's ``torch/nn`` files (it traces those only when called from a frame it is already
-tracing): with ``--sequential`` that order runs the model eagerly (torch 2.14).
+``forward`` starts a new frame, which Dynamo compiles or not by the file it lives in (notebook
+03b, once its Try it has run, says which).
 
 ``--backend`` defaults to ``inductor``, which generates C++ on the CPU; without a C++ compiler
 the worker uses ``aot_eager`` instead and says so.
