@@ -156,10 +156,10 @@ def _residual_hint(f: dict[str, Any], error: dict[str, Any]) -> Optional[str]:
                 f"residual {residual} is {needed} ({needed_said}): the sum needed {needed} from "
                 f"{sub}. ")
         if (got, needed) == ("Replicate()", "Shard(1)"):
-            return said + (f"What {sub} returns is {last}'s output, and RowwiseParallel returns "
-                           "it as Replicate() unless told otherwise: give it "
-                           "output_layouts=Shard(1) (a reduce-scatter: each rank receives the "
-                           "sum for its own slice of the sequence).")
+            return said + (f"What {sub} returns is {last}'s output, and a row-wise layer "
+                           "returns the whole sum on every rank unless its plan says "
+                           "otherwise: it must hand on the residual's layout, each rank the "
+                           "sum for its own slice of the sequence.")
         return said + (f"What {sub} returns is {last}'s output: its output_layouts must give "
                        f"the layout of the residual it is added to.")
     return None
