@@ -65,5 +65,5 @@ def test_identical_loss_epochs_needs_every_rank_equal():
     assert sampling.identical_loss_epochs(with_set, without) == {1}   # epoch 2: rank 1 differs
     rows = sampling.side_by_side(with_set, without, first=3)
     assert [(row["epoch"], row["rank"]) for row in rows] == sorted(with_set)
-    assert rows[3]["loss, set_epoch"] == 0.7 and rows[3]["loss, none"] == 0.8
+    assert rows[3]["loss, set_epoch"] == "0.700000" and rows[3]["loss, none"] == "0.800000"
     assert rows[0]["first indices, set_epoch"] == [1, 0, 9]

@@ -2,9 +2,9 @@
 
 Exercise 03: the DDP training loop, written from its spec. One function to write: train().
 
-Run it from notebook 04, its last exercise (it needs lesson 03's DDP and lesson 04's sampler;
-about 5 s; a hang is ended after 60 s, and the judge says where each rank waited), or from the
-repository root::
+This is lesson 03's coding exercise, taken up in notebook 04 as its last exercise: it needs
+lesson 03's DDP and lesson 04's sampler. Run it from there (about 5 s; a hang is ended after
+60 s, and the judge says where each rank waited), or from the repository root::
 
     python -m ddplab launch --nproc-per-node 2 --timeout 60 exercises/ddp_wrap.py
     torchrun --standalone --nproc-per-node 2 exercises/ddp_wrap.py
@@ -14,8 +14,8 @@ and hand the launch's result to the judge: ``ddplab.check("03", result)``.
 Every rank builds its model from a seed of its own, so the ranks start from different weights,
 and reads its own share of the digits. Your ``train`` turns these N separate processes into one
 data-parallel training: write it from its docstring, with what notebooks 03 and 04 taught (look up
-``torch.nn.parallel.DistributedDataParallel``: its ``device_ids`` argument, and what it does
-when it wraps a model and during ``backward()``).
+``torch.nn.parallel.DistributedDataParallel``: what it does when it wraps a model and during
+``backward()``).
 
 The fixed part reports every rank's weight checksum before and after ``train`` (``start``,
 ``end``), whether a DDP wrapper of the model was made (``wrapped``), how many forward passes
@@ -51,14 +51,14 @@ def checksum(model: torch.nn.Module) -> float:
 def train(model: nn.Module, loader: DataLoader, sampler: DistributedSampler,
           device: torch.device, epochs: int) -> nn.Module:
     """Train ``model`` on this rank's share of the data, in step with every other rank; return
-    the module you trained.
+    the module you trained. What must be true of the run:
 
-    - Put the model on ``device``, then make it distributed data-parallel: every rank must
-      start from the same weights and take the same step after every batch (DDP wants the
-      device's index in ``device_ids`` on a GPU, and no ``device_ids`` on a CPU).
-    - Train for ``epochs`` epochs over ``loader`` (batches moved to ``device``), starting each
-      epoch with ``sampler.set_epoch(epoch)`` (notebook 04, section 4), with cross-entropy and
-      ``torch.optim.SGD`` at ``lr=0.05, momentum=0.9``.
+    - the model is trained on ``device`` as one distributed data-parallel model
+      (``DistributedDataParallel``): every training forward pass goes through it, so the ranks,
+      which start from different weights, train as one and end with the same weights;
+    - it learns the ten digit classes: its weights change, over ``epochs`` passes over
+      ``loader``;
+    - each pass reads this rank's share in a new order (notebook 04, section 4).
     """
     model = model.to(device)  # first to the device, then wrap
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)

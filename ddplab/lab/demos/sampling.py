@@ -124,6 +124,9 @@ def side_by_side(with_set: dict[tuple[int, int], dict[str, Any]],
                  ) -> list[dict[str, Any]]:
     """One row per (epoch, rank): the first indices read and the loss, in both runs.
 
+    The losses are text with 6 decimals, so that two losses that print alike in the table agree
+    to that digit (a table's float would show only 4 significant digits).
+
     Args:
         with_set, without: ``by_epoch_and_rank`` of the run with ``set_epoch`` and without it.
         first: how many of the epoch's first indices to show.
@@ -133,8 +136,9 @@ def side_by_side(with_set: dict[tuple[int, int], dict[str, Any]],
     return [{"epoch": epoch, "rank": rank,
              "first indices, set_epoch": with_set[epoch, rank]["order"][:first],
              "no set_epoch": without[epoch, rank]["order"][:first],
-             "loss, set_epoch": with_set[epoch, rank]["loss"],
-             "loss, none": without[epoch, rank]["loss"]} for epoch, rank in sorted(with_set)]
+             "loss, set_epoch": f"{with_set[epoch, rank]['loss']:.6f}",
+             "loss, none": f"{without[epoch, rank]['loss']:.6f}"}
+            for epoch, rank in sorted(with_set)]
 
 
 def identical_loss_epochs(with_set: dict[tuple[int, int], dict[str, Any]],
