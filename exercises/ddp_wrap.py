@@ -89,8 +89,8 @@ def main() -> None:
     events.emit("metric", name="end", value=checksum(model))
     events.emit("metric", name="forwards", value=forwards)
     events.emit("metric", name="sampler_epochs", value=sampler.epochs)
-    print(f"rank {rank}: weights checksum {checksum(model):.10f}, forward passes {forwards}",
-          flush=True)
+    print(f"rank {rank}: weights checksum {checksum(model):.10f}, forward passes through DDP "
+          f"{forwards['through_ddp']}, bypassing it {forwards['direct']}", flush=True)
 
     # cleanup
     dist.destroy_process_group()
