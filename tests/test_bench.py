@@ -143,12 +143,19 @@ def test_backward_overlap_times_all_reduces_from_backwards_first_gradient(tmp_pa
             "tid": 1},
            {"ph": "X", "name": bench.ALL_REDUCE_OP, "ts": 7000, "dur": 500, "tid": 9},
            {"ph": "X", "name": bench.ALL_REDUCE_OP, "ts": 2500, "dur": 1000, "tid": 8},
+           {"ph": "X", "name": bench.ALL_REDUCE_OP, "ts": 3000, "dur": 2500, "tid": 9},
+           {"ph": "X", "name": "backward", "ts": 950, "dur": 7000, "tid": 1},
            {"ph": "i", "name": bench.ALL_REDUCE_OP, "ts": 0, "tid": 8}]
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"traceEvents": ops}))
     seen = bench.backward_overlap(trace)
-    assert seen == {"gradients_ms": 5.0, "all_reduces": [(1.5, 2.5, 8), (6.0, 6.5, 9)],
-                    "overlapped": 1}
+    # unions: 1.5-2.5 and 2.0-4.5 overlap (3.0 ms), before the last gradient at 5.0 ms; then
+    # 6.0-6.5 after it (3.5 ms in all); backward's span ends at 7.95 - 1.0 ms
+    assert seen == {"gradients_ms": 5.0, "backward_ms": 6.95,
+                    "all_reduces": [(1.5, 2.5, 8), (2.0, 4.5, 9), (6.0, 6.5, 9)],
+                    "overlapped": 2, "busy_ms": 3.5, "hidden_ms": 3.0}
+    trace.write_text(json.dumps({"traceEvents": ops[:2]}))
+    assert bench.backward_overlap(trace)["backward_ms"] is None
     trace.write_text(json.dumps({"traceEvents": ops[:1]}))
     with pytest.raises(ValueError, match="no backward"):
         bench.backward_overlap(trace)

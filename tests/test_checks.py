@@ -15,7 +15,7 @@ WRONG = {"01": 1000 / 1.16, "02": lambda batch, gpus: max(0, gpus - batch),
          "03": (1024, 0.001), "04": (168, 0),
          "05": [3, 4, 5], "06": (torch.float16, torch.float16, torch.float32), "07": [0, 1, 2, 3],
          "07b": ["bravo", "charlie"], "08": 64,
-         "09": 14.0 / 2.5, "09b": 8 * 2 * 128 * 1024 * 4 + 5120, "12": (1, 1, 1, 1)}
+         "09": 14.0 / 2.5, "09b": 8 * (128 * 1024 * 4 + 5056) + 5120, "12": (1, 1, 1, 1)}
 
 
 def test_every_notebook_has_one_exercise():
@@ -47,7 +47,7 @@ def test_a_verdict_in_a_notebook_adds_no_output_cell_of_its_own():
 
 
 def test_reference_answers_are_what_the_lessons_teach():
-    assert reference_answer("01") == pytest.approx(1000 / 1.1)   # median of epochs 2-6
+    assert reference_answer("01") == pytest.approx(1000 / 1.1)   # samples / median of 2-6
     idle_gpus = reference_answer("02")                           # the rule, as a function
     assert [b for b in range(1, 13) if idle_gpus(b, 4)] == [1, 2, 3, 5, 6, 9]   # 9: 3 chunks of 3
     assert all(idle_gpus(b, g) == g - len(scatter_sizes(b, g))   # Tensor.chunk, as DataParallel
@@ -61,13 +61,22 @@ def test_reference_answers_are_what_the_lessons_teach():
     assert reference_answer("08") == pytest.approx(32.0)        # (n - 1) M / (2 (n - 1) / n M)
     assert reference_answer("09") == pytest.approx(10 * 14.0 / (13 * 2.5))   # time to the target
     # 8 blocks keep their input (B x W floats) and the RNG state; the loss its log-probabilities
-    assert reference_answer("09b") == 8 * (128 * 1024 * 4 + 5056) + 128 * 10 * 4
+    # every block's output, the 4 plain blocks' GELU inputs, the 4 checkpointed ones' RNG state
+    assert reference_answer("09b") == (8 + 4) * 128 * 1024 * 4 + 4 * 5056 + 128 * 10 * 4
     assert reference_answer("12") == (3, 1, 1, 3)   # q, k, v gather, out scatters; backward mirrors
 
 
 def test_hints_name_the_mistake(capsys):
-    check("01", 1000 / 1.45)                      # warm-up epoch included
+    check("01", 1000 / 1.175)                     # warm-up epoch included (median of six)
     assert "warm-up" in capsys.readouterr().out
+    check("01", 16 * 64 / 1.1)                    # 16 full batches: the last one has 40
+    hint = capsys.readouterr().out
+    assert "batches full" in hint and "40" not in hint
+    check("01", 64 / 0.021)                       # the step clock read without synchronize()
+    hint = capsys.readouterr().out
+    assert "synchronize()" in hint and "epoch" not in hint
+    check("01", 1000 / 1.17)                      # the mean of the timed epochs
+    assert "median" in capsys.readouterr().out
     check("02", [1, 2, 3, 5, 6, 9])               # the old question's list, not the rule
     assert "your function" in capsys.readouterr().out
     check("02", lambda batch, gpus: gpus - len(scatter_sizes(batch, gpus)))   # the tool, no rule
@@ -125,13 +134,18 @@ def test_hints_name_the_mistake(capsys):
     check("09", 13 / 10)                          # epochs compared, not the time they take
     hint = capsys.readouterr().out
     assert "not a number of epochs" in hint and "4.3" not in hint
-    check("09b", 8 * 2 * 128 * 1024 * 4 + 5120)   # the activations without checkpointing
-    assert "without checkpointing" in capsys.readouterr().out
-    check("09b", 8 * 128 * 1024 * 4 + 5120)       # the RNG state forgotten
+    check("09b", 8 * 2 * 128 * 1024 * 4 + 5120)   # no block checkpointed
+    assert "no block checkpointed" in capsys.readouterr().out
+    check("09b", 8 * (128 * 1024 * 4 + 5056) + 5120)   # every block checkpointed
+    assert "every block checkpointed" in capsys.readouterr().out
+    check("09b", 12 * 128 * 1024 * 4 + 5120)      # the RNG state forgotten
     hint = capsys.readouterr().out
     assert "one more thing" in hint and "5056" not in hint and "RNG" not in hint
-    check("09b", 8 * (128 * 1024 * 4 + 5056))     # the loss's log-probabilities forgotten
+    check("09b", 12 * 128 * 1024 * 4 + 4 * 5056)  # the loss's log-probabilities forgotten
     assert "the loss keeps" in capsys.readouterr().out
+    check("09b", 10 * 128 * 1024 * 4 + 4 * 5056 + 5120)   # a block's output left out
+    hint = capsys.readouterr().out
+    assert "one tensor at a time" in hint and "12" not in hint
     check("09b", 4.04)                            # MiB
     assert "in bytes" in capsys.readouterr().out
     check("08", 64)                               # the server's link both ways vs ring sends
@@ -143,7 +157,7 @@ def test_answers_in_other_spellings():
     assert check("03", [192, "0.12"])
     assert check("05", (4, 5)) and check("06", ("float32", "float16", "float32"))
     assert check("07", ("4", "5", "6", "7")) and check("08", "32") and check("09", "4.31")
-    assert check("09b", "4239872") and not check("09b", "4 MiB")
+    assert check("09b", "6316800") and not check("09b", "4 MiB")
     assert check("12", ["3", "1", "1", "3"]) and not check("12", 3)
     assert not check("01", "fast") and not check("03", 1024) and not check("04", "169")
     assert not check("08", "a lot") and not check("09", 1.5)

@@ -3,6 +3,7 @@ checkpoint on two nodes, each rank's input pipeline, DataParallel's memory (CPU 
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -165,6 +166,11 @@ def test_seed_per_rank_without_workers_and_the_tensor_loader():
     assert draws[0, 0]["value"] != draws[1, 0]["value"] and draws[0, 0]["workers"] == []
     tensor = pipeline("--loader", "tensor")
     assert len(tensor["steps"]) == 4 and all(e["wait_ms"] >= 0 for e in tensor["steps"])
+    for e in tensor["steps"]:             # the means are the epoch's: every step waits, computes
+        assert math.isclose(e["steps"] * (e["mean_wait_ms"] + e["mean_compute_ms"]),
+                            1e3 * e["epoch_time"], rel_tol=1e-6)
+        assert math.isclose(e["mean_wait_ms"] * e["steps"], 1e3 * e["wait_share"]
+                            * e["epoch_time"], rel_tol=1e-6)
 
 
 # ------------------------------------------------------------------ 02: DataParallel memory
@@ -207,6 +213,19 @@ def test_step_profile_counts_the_step_and_checkpointing_keeps_less_for_backward(
     assert all(p[0, "profiled"][f"{phase}_ms"] > 0 for p in (plain, checkpointed)
                for phase in ("forward", "backward", "step"))
     assert plain[0, "trace"] is None
+
+
+def test_step_profile_measures_exercise_09bs_answer():
+    """The 09b exercise (every other block checkpointed) is what the profiler measures."""
+    from ddplab.lab.checks import (BATCH_09B, EVERY_09B, LAYERS_09B, WIDTH_09B,
+                                   reference_answer)
+    result = ddplab.launch("ddplab.workers.step_profile", 1, quiet=True, live=False, timeout=180,
+                           args=["--layers", LAYERS_09B, "--width", WIDTH_09B, "--batch-size",
+                                 BATCH_09B, "--checkpoint", EVERY_09B, "--warmup", 1,
+                                 "--timed", 1])
+    assert result.ok, result.error
+    (profiled,) = [e["value"] for e in result.events_of("metric") if e["name"] == "profiled"]
+    assert 0 <= profiled["forward"] - reference_answer("09b") < 64   # scalars such as the loss
 
 
 def test_step_profile_under_ddp_writes_traces_with_every_buckets_all_reduce(tmp_path):

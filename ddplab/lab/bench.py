@@ -424,12 +424,16 @@ def backward_overlap(trace: str | Path) -> dict[str, Any]:
     """When the all-reduces of one DDP step ran, beside the computation of the gradients.
 
     Reads a Chrome trace written by ``torch.profiler`` (``ddplab.workers.step_profile
-    --trace-dir``): the span from the first to the last autograd op of backward, and every
+    --trace-dir``): the span from the first to the last autograd op of backward, the
+    ``record_function("backward")`` span around ``loss.backward()``, and every
     ``gloo:all_reduce``, in milliseconds from backward's first op.
 
     Returns:
-        ``{"gradients_ms": end of the last gradient op, "all_reduces": [(start_ms, end_ms,
-        thread), ...] in start order, "overlapped": how many started before gradients_ms}``.
+        ``{"gradients_ms": end of the last gradient op, "backward_ms": end of the ``backward``
+        span (None if the trace has none), "all_reduces": [(start_ms, end_ms, thread), ...] in
+        start order, "overlapped": how many started before gradients_ms, "busy_ms": the time at
+        least one all-reduce ran (their union: on two threads they overlap), "hidden_ms": the
+        part of it before gradients_ms}``.
 
     Lesson: 09b.
     """
@@ -440,10 +444,22 @@ def backward_overlap(trace: str | Path) -> dict[str, Any]:
                          "profile a step that calls backward()")
     start = min(e["ts"] for e in grads)
     end = (max(e["ts"] + e["dur"] for e in grads) - start) / 1000
+    backward = [(e["ts"] + e["dur"] - start) / 1000 for e in spans if e["name"] == "backward"]
     reduces = sorted(((e["ts"] - start) / 1000, (e["ts"] + e["dur"] - start) / 1000, e["tid"])
                      for e in spans if e["name"] == ALL_REDUCE_OP)
-    return {"gradients_ms": end, "all_reduces": reduces,
-            "overlapped": sum(begin < end for begin, _, _ in reduces)}
+    return {"gradients_ms": end, "backward_ms": max(backward) if backward else None,
+            "all_reduces": reduces, "overlapped": sum(begin < end for begin, _, _ in reduces),
+            "busy_ms": _union(reduces), "hidden_ms": _union(reduces, until=end)}
+
+
+def _union(intervals: Sequence[tuple[float, float, Any]], until: float = math.inf) -> float:
+    """Length of the union of ``(start, end, _)`` intervals (sorted by start), cut at ``until``."""
+    total, reached = 0.0, -math.inf
+    for begin, finish, _ in intervals:
+        finish = min(finish, until)
+        total += max(0.0, finish - max(begin, reached))
+        reached = max(reached, finish)
+    return total
 
 
 def _parser() -> argparse.ArgumentParser:

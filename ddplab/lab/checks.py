@@ -424,14 +424,18 @@ def _exercise_09() -> float:
 
 
 LAYERS_09B, WIDTH_09B, BATCH_09B = 8, 1024, 128   # blocks of Linear(W, W) + GELU, 10-way head
+EVERY_09B = 2                                      # checkpointed: blocks 1, 3, 5, 7 (every other)
 RNG_STATE_09B = 5056                               # bytes of torch.get_rng_state()
 
 
-def _activations_09b(checkpointed: bool, rng: bool = True, loss: bool = True) -> float:
-    """Bytes forward leaves for backward (float32): section 2's estimate, with parts left out."""
-    per_block = (BATCH_09B * WIDTH_09B * 4 + (RNG_STATE_09B if rng else 0) if checkpointed
-                 else 2 * BATCH_09B * WIDTH_09B * 4)
-    return LAYERS_09B * per_block + (BATCH_09B * 10 * 4 if loss else 0)
+def _activations_09b(checkpointed: int, rng: bool = True, loss: bool = True) -> float:
+    """Bytes forward leaves for backward (float32) with ``checkpointed`` of the blocks
+    checkpointed: every block's output (kept by the next block or the head), a plain block's
+    GELU input too, a checkpointed block's RNG state; with parts left out."""
+    tensor = BATCH_09B * WIDTH_09B * 4
+    plain = LAYERS_09B - checkpointed
+    return (LAYERS_09B * tensor + plain * tensor + checkpointed * (RNG_STATE_09B if rng else 0)
+            + (BATCH_09B * 10 * 4 if loss else 0))
 
 
 def _compare_09b(answer: Any, expected: Any) -> Optional[str]:
@@ -441,52 +445,69 @@ def _compare_09b(answer: Any, expected: Any) -> Optional[str]:
         return "answer with one number: bytes."
     if math.isclose(got, expected, rel_tol=1e-4):
         return None
-    if math.isclose(got, _activations_09b(False), rel_tol=1e-4):
-        return ("that is what forward keeps without checkpointing; a checkpointed block keeps "
-                "less.")
-    if math.isclose(got, _activations_09b(True, rng=False), rel_tol=1e-4):
+    half = LAYERS_09B // EVERY_09B
+    if math.isclose(got, _activations_09b(0), rel_tol=1e-4):
+        return "that is what forward keeps with no block checkpointed; half of them are here."
+    if math.isclose(got, _activations_09b(LAYERS_09B), rel_tol=1e-4):
+        return "that is what forward keeps with every block checkpointed; half of them run plainly."
+    if math.isclose(got, _activations_09b(half, rng=False), rel_tol=1e-4):
         return ("close: a checkpointed block keeps one more thing besides its input (section 2 "
                 "says what, and its size).")
-    if math.isclose(got, _activations_09b(True, loss=False), rel_tol=1e-4):
+    if math.isclose(got, _activations_09b(half, loss=False), rel_tol=1e-4):
         return "close: the blocks are not all that forward leaves behind; the loss keeps some too."
     if got < 1e4:
         return "answer in bytes (not MiB or MB)."
-    return "count what each checkpointed block keeps, then what the loss keeps (section 2)."
+    return ("follow one tensor at a time: which tensors does each block create in forward, and "
+            "is anything still holding each of them when forward ends?")
 
 
 @exercise("09b", f"An MLP like section 2's, {LAYERS_09B} blocks of Linear({WIDTH_09B}, "
-          f"{WIDTH_09B}) + GELU and a 10-way head, trains in float32 at a batch of {BATCH_09B} "
-          "with activation checkpointing on every block. How many bytes does forward leave "
-          "allocated for backward? answer = <a number of bytes>", _compare_09b)
+          f"{WIDTH_09B}) + GELU and a 10-way head, trains in float32 at a batch of {BATCH_09B}, "
+          "with activation checkpointing on every other block only (the 1st, 3rd, 5th and 7th; "
+          "the others run plainly). How many bytes does forward leave allocated for backward? "
+          "answer = <a number of bytes>", _compare_09b)
 def _exercise_09b() -> float:
-    return _activations_09b(True)
+    return _activations_09b(LAYERS_09B // EVERY_09B)
 
 
 # ------------------------------------------------------------- exercises 01-03 (lessons 01-03)
 
-EPOCH_TIMES_01 = [2.9, 1.0, 1.6, 0.9, 1.2, 1.1]  # seconds; the first epoch is the warm-up
-SAMPLES_01 = 1000
+EPOCH_TIMES_01 = [2.6, 1.0, 1.6, 0.9, 1.25, 1.1]  # seconds, synchronized; the first: warm-up
+SAMPLES_01, BATCH_01, STEPS_01 = 1000, 64, 16      # the last batch has 40 samples, not 64
+STEP_MS_01 = 21                                    # a step clock read without synchronize()
 
 
 def _compare_01(answer: Any, expected: Any) -> Optional[str]:
+    import statistics
+
     try:
         rate = float(answer)
     except (TypeError, ValueError):
         return "answer with one number: samples per second."
     if math.isclose(rate, expected, rel_tol=1e-3):
         return None
-    timed = EPOCH_TIMES_01[1:]
-    if math.isclose(rate, SAMPLES_01 / (sum(timed) / len(timed)), rel_tol=1e-3):
-        return "that uses the mean; the median is not thrown off by one slow epoch (1.6 s)."
-    if any(math.isclose(rate, SAMPLES_01 / t, rel_tol=1e-3) for t in (
-            sum(EPOCH_TIMES_01) / len(EPOCH_TIMES_01), 1.15)):
+    timed, every = EPOCH_TIMES_01[1:], EPOCH_TIMES_01
+    close = lambda *values: any(math.isclose(rate, v, rel_tol=1e-3) for v in values)
+    if close(*(n / (STEP_MS_01 / 1e3) for n in (BATCH_01, SAMPLES_01 / STEPS_01)),
+             SAMPLES_01 / (STEPS_01 * STEP_MS_01 / 1e3)):
+        return ("that uses the step clock: read without synchronize(), what does it measure on "
+                "a GPU (rule 1)?")
+    if close(*(STEPS_01 * BATCH_01 / t for t in (statistics.median(timed),
+                                                  statistics.mean(timed)))):
+        return "count the samples an epoch trains on: are all of its 16 batches full?"
+    if close(SAMPLES_01 / statistics.mean(timed)):
+        return "that uses the mean; the median is not thrown off by one slow epoch (rule 3)."
+    if close(SAMPLES_01 / statistics.median(every), SAMPLES_01 / statistics.mean(every)):
         return "leave the first epoch out: it includes the warm-up, not the steady speed."
-    return "samples/s = samples per epoch / (median epoch time, warm-up epoch left out)."
+    return ("which of the numbers measure steady training, and which single epoch time stands "
+            "for the timed ones (rules 1 to 3)?")
 
 
-@exercise("01", f"Each epoch trains on {SAMPLES_01} samples; the epochs took {EPOCH_TIMES_01} "
-          "seconds, the first one being the warm-up. What throughput do you report, in "
-          "samples/s, timed as in this notebook? answer = <a number>", _compare_01)
+@exercise("01", f"A run trains on a GPU on {SAMPLES_01} samples, {STEPS_01} steps an epoch at "
+          f"batch {BATCH_01}. Its epochs took {EPOCH_TIMES_01} seconds, each timed between two "
+          "torch.cuda.synchronize() calls, the first one being the warm-up; a step clock read "
+          f"without synchronize() shows a median of {STEP_MS_01} ms a step. What throughput do "
+          "you report, in samples/s? answer = <a number>", _compare_01)
 def _exercise_01() -> float:
     import statistics
 

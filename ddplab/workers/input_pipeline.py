@@ -18,8 +18,9 @@ time it **computed** (copy to the device, forward, backward, step, device synchr
 step is input-bound when the first dominates.
 
 Events, every rank: ``metric`` ``pipeline`` (the loader settings), per epoch ``metric``
-``steps`` (``wait_ms`` and ``compute_ms`` medians, ``first_wait_ms``: the wait for the
-epoch's first batch, ``samples``, ``epoch_time``), and ``metric`` ``draws``: the augmentation
+``steps`` (``wait_ms`` and ``compute_ms`` medians, ``mean_wait_ms`` and ``mean_compute_ms``,
+``first_wait_ms``: the wait for the epoch's first batch, ``steps``, ``samples``, ``epoch_time``,
+``wait_share``: the waits' share of it), and ``metric`` ``draws``: the augmentation
 strengths of the first batch of each epoch and the pids of the loader workers that produced
 each epoch's batches (``workers``).
 
@@ -164,6 +165,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         events.emit("metric", name="steps", epoch=epoch, samples=samples,
                     epoch_time=end - start, wait_ms=1e3 * statistics.median(waits),
                     compute_ms=1e3 * statistics.median(computes),
+                    mean_wait_ms=1e3 * statistics.mean(waits),
+                    mean_compute_ms=1e3 * statistics.mean(computes), steps=len(waits),
                     first_wait_ms=1e3 * waits[0], wait_share=sum(waits) / (end - start))
         events.emit("metric", name="draws", epoch=epoch, value=draws[:8],
                     workers=sorted(pids - {os.getpid()}))

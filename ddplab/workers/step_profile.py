@@ -3,6 +3,7 @@
 Run it on the CPU (one process, or several on gloo: then the model is wrapped in DDP)::
 
     python -m ddplab.workers.step_profile --checkpoint
+    python -m ddplab.workers.step_profile --layers 8 --checkpoint 2
     python -m ddplab launch --nproc-per-node 2 ddplab.workers.step_profile --trace-dir traces
 
 The model is ``--layers`` blocks of ``Linear(width, width)`` + GELU and a ``Linear(width, 10)``
@@ -14,7 +15,8 @@ keeps for backward (the activations). With ``--checkpoint`` every block runs und
 ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``: forward keeps each block's input and,
 by default (``preserve_rng_state=True``), the CPU generator's state (``torch.get_rng_state()``,
 5,056 bytes) so that a random op in the block draws the same numbers when backward computes the
-block again. Then ``--timed`` more steps run without the profiler, timed phase by phase.
+block again. ``--checkpoint K`` checkpoints only blocks 0, K, 2K, ... (the others run plainly).
+Then ``--timed`` more steps run without the profiler, timed phase by phase.
 
 Events (every rank): metric ``bytes``: ``parameters``, ``gradients`` and ``optimizer_state``
 (Adam's two moments and step counts), ``moments`` (the two moments alone) and ``tensors`` (how
@@ -54,7 +56,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=4, help="blocks of Linear(width, width) + GELU")
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=256, help="per process")
-    p.add_argument("--checkpoint", action="store_true", help="recompute each block in backward")
+    p.add_argument("--checkpoint", type=int, nargs="?", const=1, default=0, metavar="EVERY",
+                   help="recompute blocks 0, EVERY, 2 EVERY, ... in backward (alone: every block)")
     p.add_argument("--bucket-cap-mb", type=float, default=1.0, help="DDP's bucket size (2+ ranks)")
     p.add_argument("--warmup", type=int, default=2, help="steps before the profiled one")
     p.add_argument("--timed", type=int, default=5, help="steps timed after it (medians)")
@@ -63,9 +66,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 class Blocks(nn.Module):
-    """``layers`` blocks of Linear + GELU, then a 10-way head; each block checkpointed or not."""
+    """``layers`` blocks of Linear + GELU, then a 10-way head; every ``recompute``-th block
+    checkpointed, from the first (0: none)."""
 
-    def __init__(self, layers: int, width: int, recompute: bool) -> None:
+    def __init__(self, layers: int, width: int, recompute: int) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.GELU())
                                     for _ in range(layers))
@@ -73,8 +77,9 @@ class Blocks(nn.Module):
         self.recompute = recompute
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = checkpoint(block, x, use_reentrant=False) if self.recompute else block(x)
+        for i, block in enumerate(self.blocks):
+            again = self.recompute and i % self.recompute == 0
+            x = checkpoint(block, x, use_reentrant=False) if again else block(x)
         return self.head(x)
 
 
