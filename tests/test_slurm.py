@@ -92,6 +92,19 @@ def test_the_rendezvous_numbers_the_agents_by_their_address_as_a_string():
         slurm.group_ranks(["127.0.0.2", "127.0.0.2"])
 
 
+@pytest.mark.parametrize("addrs", [["gpu2", "gpu10"], ["127.0.0.2", "10.0.0.1"],
+                                   ["127.0.0.2", "::1"], ["127.0.0.2", "127.0.0.300"]])
+def test_group_ranks_refuses_a_non_loopback_address_at_once(addrs, monkeypatch):
+    """Only 127.x.y.z can be served here: anything else fails before any rendezvous starts."""
+    from torch.distributed.elastic.rendezvous import registry
+
+    made = []
+    monkeypatch.setattr(registry, "get_rendezvous_handler", lambda *a, **k: made.append(a))
+    with pytest.raises(ValueError, match=r"127\.x\.y\.z"):
+        slurm.group_ranks(addrs, timeout=30)
+    assert made == []   # refused before a single agent was made, nothing waited for
+
+
 def test_cli_prints_the_script(capsys):
     assert slurm.main(["--nodes", "3", "--", "--epochs", "2"]) == 0
     out = capsys.readouterr().out

@@ -166,8 +166,8 @@ def group_ranks(local_addrs: Sequence[str], timeout: float = 30.0) -> dict[str, 
     Each agent is a rendezvous handler in a thread of this process, made by torch's own
     registry with ``local_addr`` as torchrun's ``--local-addr`` gives it, so the numbering is
     torch's (no worker starts). The store is served from 127.0.0.1; an address is only the
-    agent's name in the rendezvous, and rank 0 opens a TCP store on it, so on one machine use
-    loopback addresses (any 127.x.y.z).
+    agent's name in the rendezvous, and rank 0 opens a TCP store on it, so every address must
+    be a loopback address (any 127.x.y.z); any other is refused at once.
 
     Args:
         local_addrs: one address per agent, all different, in the order the agents start.
@@ -175,6 +175,9 @@ def group_ranks(local_addrs: Sequence[str], timeout: float = 30.0) -> dict[str, 
 
     Returns:
         ``{address: GROUP_RANK}``.
+
+    Raises:
+        ValueError: an address repeats, or is not a 127.x.y.z loopback address.
 
     Lesson: 07b.
     """
@@ -189,6 +192,11 @@ def group_ranks(local_addrs: Sequence[str], timeout: float = 30.0) -> dict[str, 
     addrs = [str(a) for a in local_addrs]
     if len(set(addrs)) != len(addrs) or not addrs:
         raise ValueError(f"local_addrs={addrs}: give one address per agent, all different.")
+    outside = [a for a in addrs if not _is_loopback_v4(a)]
+    if outside:
+        raise ValueError(f"{outside}: every agent runs on this machine, so give loopback"
+                         " addresses 127.x.y.z (a host name such as gpu2 sorts as a string too:"
+                         " 127.0.0.2 stands for it).")
     endpoint, run_id = f"127.0.0.1:{free_port()}", f"ddplab-{uuid.uuid4().hex[:8]}"
     handlers = [get_rendezvous_handler(RendezvousParameters(
         "c10d", endpoint, run_id, len(addrs), len(addrs), local_addr=addr,
@@ -215,6 +223,17 @@ def group_ranks(local_addrs: Sequence[str], timeout: float = 30.0) -> dict[str, 
     if errors or len(found) < len(addrs):
         raise RuntimeError(f"the rendezvous of {addrs} did not complete: {errors or found}")
     return {addr: int(found[addr]) for addr in addrs}
+
+
+def _is_loopback_v4(addr: str) -> bool:
+    """True for a dotted IPv4 address in 127.0.0.0/8 (this machine's loopback)."""
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        return False
+    return ip.version == 4 and ip in ipaddress.ip_network("127.0.0.0/8")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
