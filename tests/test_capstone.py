@@ -682,6 +682,25 @@ def test_a_resume_starts_from_the_killed_runs_checkpoints_each_time(tmp_path, mo
         (lab.folder / "job" / "step-016" / ".metadata").unlink()   # as a resume may change it
 
 
+def test_each_run_is_named_before_its_ranks_output(tmp_path, monkeypatch, capsys):
+    """Two runs in one cell print the same kind of line ("[rank0] test accuracy ..."): each
+    launch is preceded by a line naming its run, its processes and its arguments."""
+    lab, launched = _lab(tmp_path, monkeypatch, yours=False)
+    capsys.readouterr()
+    monkeypatch.setattr(ddplab, "launch", lambda *a, _launch=ddplab.launch, **k: (
+        print("[rank0] the run's own line"), _launch(*a, **k))[1])
+    killed = lab.run("job", "--kill-rank", "1", "--kill-at-step", "24")
+    lab.run("job-4", "--strategy", "fsdp", n=4, checkpoints=killed)
+    lines = capsys.readouterr().out.splitlines()
+    strategy = judge13.fsdp_strategy(4)
+    assert lines == [
+        "run 'job' on 2 processes (--kill-rank 1 --kill-at-step 24):",
+        "[rank0] the run's own line",
+        f"run 'job-4' on 4 processes (--strategy {strategy}), from the checkpoints of run 'job':",
+        "[rank0] the run's own line"], lines
+    assert len(launched) == 2
+
+
 def test_the_lab_stops_after_a_mistake_or_a_change(tmp_path, monkeypatch, capsys):
     lab, _ = _lab(tmp_path, monkeypatch, yours=True)
     assert "right so far" in capsys.readouterr().out

@@ -98,13 +98,15 @@ class Capstone:
 
     def run(self, folder: str, *args: Any, n: int = 2, checkpoints: Any = None) -> Any:
         """Launch the job on ``n`` processes with ``--checkpoint-dir`` the run's ``folder``:
-        emptied first, or a copy of the checkpoints that run ``checkpoints`` left."""
+        emptied first, or a copy of the checkpoints that run ``checkpoints`` left. The run's
+        :meth:`title` is printed first: its ranks' lines follow it."""
         path = self.folder / folder
         args = tuple(judge.fsdp_strategy(n) if a == "fsdp" and i and args[i - 1] == "--strategy"
                      else a for i, a in enumerate(args))
         shutil.rmtree(path, ignore_errors=True)
         if checkpoints is not None:
             shutil.copytree(self.checkpoints(checkpoints), path)
+        print(self.title(folder, args, n, checkpoints), flush=True)   # before the run's output
         watch = judge.hang_watch(self.first, n) if self.yours and self.first.ok else {}
         import ddplab
 
@@ -116,6 +118,15 @@ class Capstone:
             on_event=watch.get("on_event"))
         self._runs[id(result)] = (result, path)
         return result
+
+    def title(self, folder: str, args: Any, n: int, checkpoints: Any = None) -> str:
+        """The line :meth:`run` prints before a launch, so that its ranks' lines below say
+        which run they belong to: ``"run 'ddp' on 2 processes (--amp-dtype float16):"``."""
+        extra = " ".join(str(a) for a in args)
+        start = (f", from the checkpoints of run {self._runs[id(checkpoints)][1].name!r}"
+                 if checkpoints is not None else "")
+        ranks = f"{n} process{'es' * (n != 1)}"
+        return f"run {folder!r} on {ranks}" + (f" ({extra})" if extra else "") + start + ":"
 
     def checkpoints(self, result: Any) -> Path:
         """The folder of checkpoints run ``result`` left (as :meth:`leave_unfinished_save` left
