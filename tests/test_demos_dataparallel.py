@@ -95,19 +95,27 @@ def test_time_replicate_times_both_versions_and_leaves_the_model_untouched():
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_memory_by_hand_counts_gpu_0s_extra_tensors():
+def test_memory_by_hand_gives_every_gpu_a_gradient_at_the_peak_and_gpu_0_the_sum():
     model = models.build_model("cnn")
     weights = sum(p.numel() * 4 for p in model.parameters())
     rows = dataparallel.memory_by_hand(model, 10, 4, image_shape=(1, 8, 8), num_classes=10)
     assert [r["GPU"] for r in rows] == [0, 1, 2, 3]
     assert [r["input chunk"] for r in rows] == [3 * 64 * 4, 3 * 64 * 4, 3 * 64 * 4, 64 * 4]
-    assert rows[0]["gradients"] == rows[0]["momentum"] == weights
+    assert all(r["replica's gradient"] == weights for r in rows)   # each replica's, on its GPU
+    assert rows[0]["summed gradient (.grad)"] == rows[0]["momentum"] == weights
     assert rows[0]["gathered outputs, labels"] == 10 * (10 * 4 + 8)        # logits and int64s
-    assert all(r["gradients"] == r["momentum"] == r["gathered outputs, labels"] == 0
-               for r in rows[1:])
-    assert all(r["total"] == sum(v for k, v in r.items() if k not in ("GPU", "total"))
+    assert all(r["summed gradient (.grad)"] == r["momentum"] == r["gathered outputs, labels"]
+               == r["after backward"] == 0 for r in rows[1:])
+    assert rows[0]["after backward"] == 3 * weights       # no buffers: weights, .grad, momentum
+    assert all(r["peak"] == sum(v for k, v in r.items() if k not in ("GPU", "peak",
+                                                                    "after backward"))
                for r in rows)
     assert len(dataparallel.memory_by_hand(model, 3, 8)) == 3              # idle GPUs: no row
+
+
+def test_time_replicate_reports_the_difference_per_copy():
+    timing = dataparallel.ReplicateTiming(4, with_replicate=0.010, without_replicate=0.006)
+    assert timing.per_copy == pytest.approx(0.001)        # 4 ms over 4 copies, one per GPU
 
 
 def test_module_prefix_demo_lists_missing_and_unexpected_keys():

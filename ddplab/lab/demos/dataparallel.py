@@ -7,8 +7,8 @@ machine shows what ``nn.DataParallel`` does in one training step:
 - ``data_parallel_gradient`` does step by step what DataParallel does in one forward and
   backward (scatter, replicate, parallel_apply, gather, reduce), and ``dp_by_hand`` compares
   its gradient with the full batch's: equal without BatchNorm, different with it.
-- ``memory_by_hand`` adds up the bytes of the tensors each GPU holds in that step, to show
-  why GPU 0 needs more memory than the others.
+- ``memory_by_hand`` adds up the bytes of the tensors each GPU holds in that step, at its
+  peak (the gradient reduction) and after backward, to show why GPU 0 needs more memory.
 - ``time_replicate`` times that step with and without its replicate step, to show what
   re-copying the model at every step costs.
 - ``module_prefix_demo``: a wrapped model's state_dict does not load into a plain model; both
@@ -123,14 +123,21 @@ def memory_by_hand(model: nn.Module, batch_size: int, devices: int,
                    ) -> list[dict[str, int]]:
     """Add up the bytes of the tensors each GPU holds in one DataParallel step with momentum SGD.
 
-    GPU 0 holds the model itself (its replica shares the model's storage), the gradients, the
-    momentum buffers, its input chunk, its outputs, and the gathered outputs with the labels,
-    where the loss is computed; every other GPU holds a replica (weights and buffers), its
-    input chunk and its outputs. Activations kept for backward are left out: they depend on the
-    model's layers, and every GPU keeps those of its own chunk.
+    GPU 0 holds the model itself (its replica shares the model's storage), the momentum
+    buffers, its input chunk, its outputs, and the gathered outputs with the labels, where the
+    loss is computed; every other GPU holds a replica (weights and buffers), its input chunk and
+    its outputs. In backward every replica's parameters get their full gradient on their own
+    GPU; ``Broadcast.backward`` then sums them onto GPU 0 (``ReduceAddCoalesced``, in
+    ``torch/nn/parallel/_functions.py``), where the sum becomes the model's ``.grad``. So at
+    that reduction every GPU holds a replica's gradient, and GPU 0 the sum as well: ``peak``;
+    once backward has ended, the replicas and their gradients are gone and GPU 0 keeps the
+    weights, ``.grad`` and the momentum: ``after backward`` (the batch's tensors left out).
+    Activations kept for backward are left out too: they depend on the model's layers, and
+    every GPU keeps those of its own chunk.
 
     Returns:
-        One dict per GPU: ``GPU`` and the bytes of each kind of tensor, and ``total``.
+        One dict per GPU: ``GPU``, the bytes of each kind of tensor, ``peak`` (their sum) and
+        ``after backward``.
 
     Lesson: 02.
     """
@@ -145,11 +152,13 @@ def memory_by_hand(model: nn.Module, batch_size: int, devices: int,
     rows = []
     for gpu, chunk in enumerate(scatter_sizes(batch_size, devices)):
         row = {"GPU": gpu, "weights and buffers": weights,
-               "gradients": parameters if gpu == 0 else 0,
+               "replica's gradient": parameters,
+               "summed gradient (.grad)": parameters if gpu == 0 else 0,
                "momentum": parameters if gpu == 0 else 0,
                "input chunk": chunk * size([sample]), "outputs": chunk * size([logit]),
                "gathered outputs, labels": batch_size * size([logit, label]) if gpu == 0 else 0}
-        row["total"] = sum(v for k, v in row.items() if k != "GPU")
+        row["peak"] = sum(v for k, v in row.items() if k != "GPU")
+        row["after backward"] = weights + 2 * parameters if gpu == 0 else 0
         rows.append(row)
     return rows
 
@@ -226,6 +235,12 @@ class ReplicateTiming:
     def replicate_share(self) -> float:
         """The part of a step that re-copying the model took (the difference of the medians)."""
         return 1 - self.without_replicate / self.with_replicate
+
+    @property
+    def per_copy(self) -> float:
+        """Seconds of that difference per copy: the by-hand step copies the model once per GPU
+        (GPU 0's replica included, where DataParallel's shares the model's storage)."""
+        return (self.with_replicate - self.without_replicate) / self.devices
 
 
 def time_replicate(model: nn.Module, devices: int, batch_size: int = 32, repeats: int = 21,
