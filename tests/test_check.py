@@ -342,7 +342,7 @@ def test_the_table_launches_what_the_notebooks_launch():
         for cell in json.loads(notebook.read_text())["cells"]:
             source = "".join(cell["source"])
             key = re.search(r'ddplab\.check\("(\w+)", (?!answer\))\w+\)', source)  # not a quiz
-            launched = re.search(r'launch\("\.\./exercises/(\w+\.py)", (\w+)(.*)\)', source)
+            launched = re.search(r'launch\("\.\./exercises/(\w+\.py)", (\w+)([^)]*)\)', source)
             if key and launched:
                 cells[key.group(1)] = (launched.group(1), launched.group(3))
     cells.pop("13", None)  # the capstone's five launches: test_capstone compares those
