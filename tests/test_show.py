@@ -47,3 +47,16 @@ def test_side_by_side_puts_each_files_section_in_its_column(capsys):
     assert out.index("--- setup: DDP") < out.index("--- setup: Fabric") < out.index("--- loop: DDP")
     with pytest.raises(KeyError, match="sections"):
         ddshow.side_by_side(files, ["nope"])
+
+
+def test_who_writes_counts_code_not_comments(tmp_path):
+    """A name only in a comment is not written; each call counts once per "name(" in code."""
+    plain, lib = tmp_path / "plain.py", tmp_path / "lib.py"
+    plain.write_text("# [save]\nif rank == 0:\n    torch.save(m, p)\ndist.barrier()\n# [/save]\n")
+    lib.write_text("# [save]\nacc.wait()\nacc.save(m, p)  # rank == 0 inside, dist.barrier(\n"
+                   "acc.wait()\n# [/save]\n")
+    rows = ddshow.who_writes({"plain": plain, "lib": lib}, ["save"], ["rank == 0"],
+                             {"barrier": {"plain": "dist.barrier", "lib": "acc.wait"}})
+    assert rows == [{"written by you": "rank == 0", "plain": "yes", "lib": "-"},
+                    {"written by you": "a barrier (calls)", "plain": "dist.barrier x1",
+                     "lib": "acc.wait x2"}]

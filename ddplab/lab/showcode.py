@@ -103,6 +103,34 @@ def side_by_side(files: dict[str, Union[str, Path]], sections: list[str]) -> str
     return table
 
 
+def who_writes(files: dict[str, Union[str, Path]], sections: list[str], by_hand: list[str],
+               own_calls: dict[str, dict[str, str]]) -> list[dict[str, str]]:
+    """Tabulate what each file's code (its comments left out) writes by hand and calls.
+
+    Args:
+        files: column title -> file, as for ``side_by_side``.
+        sections: the sections read in every file.
+        by_hand: names looked for as text, e.g. ``"DistributedSampler"``: a "yes" or "-" each.
+        own_calls: row name -> {column title: the call that file makes}, e.g.
+            ``{"barrier": {"DDP": "dist.barrier"}}``: "dist.barrier x1", with the number of
+            times the call (the name followed by "(") appears.
+
+    Returns:
+        One row per name in ``by_hand``, then one per row of ``own_calls`` ("a NAME (calls)"),
+        each ``{"written by you": ..., title: ...}``, ready for ``plots.table``.
+
+    Lesson: 07b.
+    """
+    code = {title: re.sub(r"#.*", "", "\n".join(source(path, s) for s in sections))
+            for title, path in files.items()}
+    rows = [{"written by you": name, **{t: "yes" if name in code[t] else "-" for t in files}}
+            for name in by_hand]
+    rows += [{"written by you": f"a {what} (calls)",
+              **{t: f"{calls[t]} x{code[t].count(calls[t] + '(')}" for t in files}}
+             for what, calls in own_calls.items()]
+    return rows
+
+
 def _find(name: Union[str, Path]) -> Path:
     from ..workspace import find_course
 
