@@ -165,6 +165,9 @@ VARIANTS = [
          "        write_file(state, path)\n        dist.barrier()"),
     ), right=False, words=("deadlock", "barrier"), timeout=60,  # as the notebook: ends the hang
         hang=(("wrote", 0), ("loaded", 1))),  # rank 0 then waits in save, rank 1 in backward
+    Variant("05 no barrier after the save (notebook 05's break-it step)", "05", "checkpoint.py", (
+        ("    dist.barrier()  # nobody goes on", "    pass  # nobody goes on"),
+    ), right=False, words=("read too early", "while rank 0 was still writing")),
     Variant("05 no map_location", "05", "checkpoint.py", (
         ("map_location=device, ", ""),
     ), right=False, words=("saved on a GPU", "the device it is given")),
