@@ -65,5 +65,14 @@ def test_identical_loss_epochs_needs_every_rank_equal():
     assert sampling.identical_loss_epochs(with_set, without) == {1}   # epoch 2: rank 1 differs
     rows = sampling.side_by_side(with_set, without, first=3)
     assert [(row["epoch"], row["rank"]) for row in rows] == sorted(with_set)
-    assert rows[3]["loss, set_epoch"] == "0.700000" and rows[3]["loss, none"] == "0.800000"
+    assert rows[3]["loss, set_epoch"] == "0.700000" and rows[3]["loss, no set_epoch"] == "0.800000"
     assert rows[0]["first indices, set_epoch"] == [1, 0, 9]
+
+
+def test_distinct_batches_without_set_epoch_are_one_epoch_s_worth():
+    kept = sampling.distinct_batches(100, 2, 8, epochs=5, set_epoch=False)
+    fresh = sampling.distinct_batches(100, 2, 8, epochs=5, set_epoch=True)
+    assert kept == {"batches": 35, "distinct": 7}         # ceil(50 / 8) = 7 batches, 5 times
+    assert fresh == {"batches": 35, "distinct": 35}       # a new grouping every epoch
+    other = sampling.distinct_batches(100, 2, 8, epochs=1, rank=1)
+    assert other["batches"] == 7

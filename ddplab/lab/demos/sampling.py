@@ -7,6 +7,7 @@ a notebook prints, draws and asserts on::
     shares = sampler_shares(10, world_size=3)            # [[...], [...], [...]]: 4 each
     padding(10, 3)                                       # 12 read, 2 of them repeats
     epoch_orders(10, 3, epochs=3, set_epoch=False)       # the same order every epoch
+    distinct_batches(1347, 2, 32, epochs=30, set_epoch=False)   # 22 batches, read 30 times
 
 ``ddplab.lab.widgets.sampler_explorer`` draws the same facts live.
 
@@ -64,6 +65,24 @@ def epoch_orders(dataset_len: int, world_size: int, epochs: int, *, set_epoch: b
                        shuffle=shuffle, seed=seed, drop_last=drop_last)
         for epoch in range(epochs)
     ]
+
+
+def distinct_batches(dataset_len: int, world_size: int, batch_size: int, epochs: int, *,
+                     set_epoch: bool = True, rank: int = 0, seed: int = 0) -> dict[str, int]:
+    """Count the batches one rank trains on over ``epochs`` epochs, and how many differ.
+
+    A batch is the set of indices the rank's ``DataLoader`` puts together (``batch_size`` at a
+    time, in the sampler's order); two batches are the same when they hold the same indices.
+
+    Returns:
+        ``{"batches": batches read in all, "distinct": different index sets among them}``.
+
+    Lesson: 04.
+    """
+    orders = epoch_orders(dataset_len, world_size, epochs, set_epoch=set_epoch, seed=seed)
+    batches = [frozenset(order[rank][i:i + batch_size])
+               for order in orders for i in range(0, len(order[rank]), batch_size)]
+    return {"batches": len(batches), "distinct": len(set(batches))}
 
 
 def is_padding(position: int, rank: int, dataset_len: int, world_size: int) -> bool:
@@ -137,7 +156,7 @@ def side_by_side(with_set: dict[tuple[int, int], dict[str, Any]],
              "first indices, set_epoch": with_set[epoch, rank]["order"][:first],
              "no set_epoch": without[epoch, rank]["order"][:first],
              "loss, set_epoch": f"{with_set[epoch, rank]['loss']:.6f}",
-             "loss, none": f"{without[epoch, rank]['loss']:.6f}"}
+             "loss, no set_epoch": f"{without[epoch, rank]['loss']:.6f}"}
             for epoch, rank in sorted(with_set)]
 
 
