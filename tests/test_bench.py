@@ -35,11 +35,12 @@ def test_traffic_model_ring_is_bounded_and_the_server_grows():
     assert all(m["ring"] < 4.0 for m in model) and model[0]["ring"] == 2.0
 
 
-def _row(name, nprocs, samples_per_s, same_as=None):
+def _row(name, nprocs, samples_per_s, same_as=None, rates=None):
     setup = bench.Setup(name, nprocs, "ddp", nprocs, same_as=same_as)
+    rates = [samples_per_s] * 3 if rates is None else rates
     return bench.Row(setup=setup, samples_per_s=samples_per_s, epoch_time=1.0, accuracy=0.9,
                      global_batch=64 * nprocs, samples_per_epoch=1347, checksums_equal=True,
-                     status="ok", wall_time=2.0, speedup=samples_per_s / 100.0)
+                     status="ok", wall_time=2.0, speedup=samples_per_s / 100.0, rates=rates)
 
 
 def test_markdown_table_puts_the_source_beside_ours():
@@ -48,6 +49,35 @@ def test_markdown_table_puts_the_source_beside_ours():
     table = bench.markdown_table(rows)
     assert "| single | 1 |" in table and "13.2" in table and "9.8" in table
     assert "DDP xN (= DDP x2)" in table and "| 1.50 |" in table
+    assert "| reference |" in table and table.count("| faster vs single |") == 2
+
+
+def test_verdict_calls_a_difference_only_beyond_both_spreads_and_the_noise():
+    assert bench.verdict([150, 160, 170], [100, 105, 110]) == "faster"
+    assert bench.verdict([60, 70, 80], [100, 105, 110]) == "slower"
+    assert bench.verdict([90, 130, 170], [100, 105, 110]) == "no clear difference"  # overlap
+    assert bench.verdict([112, 113, 114], [105, 106, 107]) == "no clear difference"  # < 10%
+    assert bench.verdict([], [100]) == "n/a"
+
+
+def test_row_verdict_compares_amp_with_its_own_run_and_marks_one_epoch():
+    rows = [_row("single", 1, 100.0, rates=[95, 100, 105]),
+            _row("DDP xN", 2, 150.0, rates=[140, 150, 160]),
+            _row("DDP xN + AMP", 2, 212.0, rates=[212])]
+    assert bench.row_verdict(rows[0], rows) == "reference"
+    assert bench.row_verdict(rows[1], rows) == "faster vs single"
+    assert bench.row_verdict(rows[2], rows) == "faster vs DDP xN; 1 epoch, no spread"
+    rows[2].rates = [150.0]
+    assert bench.row_verdict(rows[2], rows) == "no clear difference vs DDP xN; 1 epoch, no spread"
+
+
+def test_fastest_epochs_says_within_noise_only_when_the_spreads_allow_it():
+    steady = bench.fastest_epochs([1.00, 1.02, 1.05], [1.01, 1.03, 1.04])
+    assert steady["reading"] == "within noise" and steady["ratio"] == pytest.approx(1.01)
+    apart = bench.fastest_epochs([1.00, 1.02, 1.05], [1.30, 1.31, 1.35])
+    assert apart["reading"] == "a difference" and apart["ratio"] == pytest.approx(1.3)
+    busy = bench.fastest_epochs([0.28, 0.40, 0.51], [0.29, 0.30, 0.31])
+    assert busy["reading"] == "busy" and busy["widths"][0] == pytest.approx(0.51 / 0.28 - 1)
 
 
 def lines_by_label(figure) -> dict[str, tuple[list[float], list[float]]]:
@@ -95,7 +125,7 @@ def test_a_tiny_scaling_table_measures_two_setups():
     assert [r.status for r in rows] == ["ok", "ok"]
     for row in rows:
         assert row.samples_per_s > 0 and math.isfinite(row.samples_per_s)
-        assert len(row.epoch_times) == 1 and row.checksums_equal
+        assert len(row.epoch_times) == len(row.rates) == 1 and row.checksums_equal
     assert rows[0].speedup == 1.0
     assert rows[1].global_batch == 2 * rows[0].global_batch
     assert abs(rows[1].samples_per_epoch - rows[0].samples_per_epoch) <= 1
@@ -159,6 +189,34 @@ def test_backward_overlap_times_all_reduces_from_backwards_first_gradient(tmp_pa
     trace.write_text(json.dumps({"traceEvents": ops[:1]}))
     with pytest.raises(ValueError, match="no backward"):
         bench.backward_overlap(trace)
+
+
+def test_backward_overlap_ends_the_gradients_where_the_last_all_reduce_is_launched(tmp_path):
+    # The last AccumulateGrad's hook launches the last bucket's all-reduce (c10d::allreduce_) and
+    # sits in the launch while gloo's thread runs it: computing stops at the launch.
+    grad = bench.GRADIENT_OP + ": torch::autograd::AccumulateGrad"
+    ops = [{"ph": "X", "name": bench.GRADIENT_OP + ": AddmmBackward0", "ts": 1000, "dur": 4000,
+            "tid": 1},
+           {"ph": "X", "name": grad, "ts": 5000, "dur": 3000, "tid": 1},
+           {"ph": "X", "name": "torch::distributed::reducer::mul_out", "ts": 5000, "dur": 200,
+            "tid": 1},
+           {"ph": "X", "name": "c10d::allreduce_", "ts": 5200, "dur": 2700, "tid": 1},
+           {"ph": "X", "name": "c10d::allreduce_", "ts": 5300, "dur": 100, "tid": 2},   # not its own
+           {"ph": "X", "name": bench.ALL_REDUCE_OP, "ts": 4000, "dur": 500, "tid": 9},
+           {"ph": "X", "name": bench.ALL_REDUCE_OP, "ts": 6000, "dur": 3000, "tid": 9},
+           {"ph": "X", "name": "backward", "ts": 900, "dur": 8500, "tid": 1}]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": ops}))
+    seen = bench.backward_overlap(trace)
+    assert seen["gradients_ms"] == 4.2 and seen["backward_ms"] == 8.4
+    assert seen["overlapped"] == 1 and seen["busy_ms"] == 3.5
+    assert seen["hidden_ms"] == 0.5            # the first all-reduce; none of the last one
+    # a launch inside an earlier gradient op: the op's time after its launch is not computing
+    ops[0]["dur"] = 3000
+    ops.append({"ph": "X", "name": "c10d::allreduce_", "ts": 3800, "dur": 1200, "tid": 1})
+    trace.write_text(json.dumps({"traceEvents": ops}))
+    seen = bench.backward_overlap(trace)
+    assert seen["gradients_ms"] == 4.2 and seen["hidden_ms"] == 0.0
 
 
 def test_the_cli_sweeps_the_batches_notebook_09_sweeps():

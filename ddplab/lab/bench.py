@@ -50,6 +50,12 @@ ACCURACY_SWEEP: dict[str, dict[str, Any]] = {
     "cifar10": dict(batch_size=128, global_batches=(128, 512, 2048), lr=0.05, epochs=4)}
 POLICIES = {"same lr": [], "scaled lr": ["--scale-lr"],
             "scaled lr + warm-up": ["--scale-lr", "--warmup-epochs", "0.5"]}
+#: Below this relative difference two speeds are not called different (notebook 06's rule).
+NOISE = 0.10
+#: Epochs of one run that differ by more than this (slowest over fastest - 1): a busy machine.
+BUSY = 0.25
+#: The row a setup's verdict compares with: its own run without AMP, else the single run.
+REFERENCE = {"DDP xN + AMP": "DDP xN"}
 
 
 @dataclass
@@ -80,6 +86,7 @@ class Row:
     wall_time: float
     speedup: float = float("nan")
     epoch_times: list[float] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)  # samples/s of each measured epoch
 
     @property
     def ok(self) -> bool:
@@ -145,6 +152,7 @@ def measure(setup: Setup, workload: str = "digits", *, repeats: int = 3, batch_s
         setup=setup, status=result.status, wall_time=result.wall_time,
         samples_per_s=statistics.median([h["samples_per_s"] for h in measured]) if times else nan,
         epoch_time=statistics.median(times) if times else nan, epoch_times=times,
+        rates=[h["samples_per_s"] for h in measured],
         accuracy=summary.get("final_accuracy", nan), global_batch=summary.get("global_batch", 0),
         samples_per_epoch=int(measured[0]["samples"]) if measured else 0,
         checksums_equal=len(set(summary.get("param_checksums_per_rank", [0, 1]))) == 1,
@@ -188,14 +196,74 @@ def _fmt(value: float, spec: str) -> str:
     return "n/a" if value is None or not math.isfinite(value) else format(value, spec)
 
 
-def markdown_table(rows: Sequence[Row]) -> str:
-    """The source's table with our measurements beside its numbers.
+def verdict(rates: Sequence[float], reference: Sequence[float], noise: float = NOISE) -> str:
+    """Say "faster", "slower" or "no clear difference": one run's speeds against another's.
+
+    Notebook 06's rule: a difference is called only when the two spreads (slowest to fastest
+    epoch or launch) do not overlap and the medians differ by more than ``noise``. A run of one
+    epoch has no spread: its one value is its spread.
+
+    Lesson: 09 (notebook 06 applies the same rule to whole launches).
+    """
+    if not rates or not reference:
+        return "n/a"
+    ratio = statistics.median(rates) / statistics.median(reference)
+    apart = min(rates) > max(reference) or max(rates) < min(reference)
+    if apart and abs(ratio - 1) > noise:
+        return "faster" if ratio > 1 else "slower"
+    return "no clear difference"
+
+
+def row_verdict(row: Row, rows: Sequence[Row]) -> str:
+    """A row's verdict against its reference row (``REFERENCE``, else "single"), as table text.
+
+    A row measured for one epoch says so: "1 epoch, no spread".
 
     Lesson: 09.
     """
-    lines = ["| setup | processes | our epoch (s) | our samples/s | our speed-up | our ideal | "
-             "source GPUs | source epoch (s) | source speed-up |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    by = {r.setup.name: r for r in rows}
+    against = REFERENCE.get(row.setup.name, "single")
+    if row.setup.name == "single" or against not in by:
+        return "reference" if row.setup.name == "single" else "n/a"
+    text = f"{verdict(row.rates, by[against].rates)} vs {against}"
+    return text + ("; 1 epoch, no spread" if len(row.rates) == 1 else "")
+
+
+def fastest_epochs(times: Sequence[float], other: Sequence[float],
+                   noise: float = NOISE, busy: float = BUSY) -> dict[str, Any]:
+    """Compare two runs by their fastest epochs, against how much each run's epochs spread.
+
+    Other work on the machine can only slow an epoch down, so a run's fastest epoch is its
+    best measurement, and the spread of its epochs is its noise.
+
+    Returns:
+        ``{"ratio": other's fastest epoch time over this one's (above 1: ``times`` ran
+        faster), "widths": each run's slowest over fastest epoch - 1, "reading": "busy"
+        (a run's epochs spread by more than ``busy``: too noisy to compare), "within noise"
+        (the fastest epochs differ by no more than ``noise`` or than the wider spread), or
+        "a difference"}``.
+
+    Lesson: 09.
+    """
+    widths = tuple(max(t) / min(t) - 1 for t in (times, other))
+    ratio = min(other) / min(times)
+    if max(widths) > busy:
+        reading = "busy"
+    elif abs(ratio - 1) <= max(noise, *widths):
+        reading = "within noise"
+    else:
+        reading = "a difference"
+    return {"ratio": ratio, "widths": widths, "reading": reading}
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    """The source's table with our measurements beside its numbers, and each row's verdict.
+
+    Lesson: 09.
+    """
+    lines = ["| setup | processes | our epoch (s) | our samples/s | our speed-up | our verdict | "
+             "our ideal | source GPUs | source epoch (s) | source speed-up |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for row in rows:
         gpus, seconds = SOURCE_SECONDS.get(row.setup.name, (None, float("nan")))
         note = f" (= {row.setup.same_as})" if row.setup.same_as else ""
@@ -203,7 +271,8 @@ def markdown_table(rows: Sequence[Row]) -> str:
         lines.append(
             f"| {row.setup.name}{note} | {row.setup.nprocs}{amp} | {_fmt(row.epoch_time, '.2f')} "
             f"| {_fmt(row.samples_per_s, '.0f')} | {_fmt(row.speedup, '.2f')} | "
-            f"{row.setup.devices} | {gpus or ''} | {_fmt(seconds, '.1f')} | "
+            f"{row_verdict(row, rows)} | {row.setup.devices} | {gpus or ''} | "
+            f"{_fmt(seconds, '.1f')} | "
             f"{_fmt(SOURCE_SECONDS['single'][1] / seconds, '.2f')} |")
     return "\n".join(lines)
 
@@ -415,8 +484,11 @@ def plot_traffic(max_world: int = 32, measured: Sequence[dict[str, Any]] = (),
 # ------------------------------------------------------------------ command line
 
 
-#: Names in a torch.profiler Chrome trace: autograd's work on one gradient, and gloo's all-reduce.
+#: Names in a torch.profiler Chrome trace: autograd's work on one gradient; DDP's launch of a
+#: bucket's all-reduce, on the main thread inside the gradient op whose hook filled the bucket;
+#: gloo's all-reduce itself, on gloo's own threads.
 GRADIENT_OP = "autograd::engine::evaluate_function"
+LAUNCH_OP = "c10d::allreduce_"
 ALL_REDUCE_OP = "gloo:all_reduce"
 
 
@@ -424,16 +496,18 @@ def backward_overlap(trace: str | Path) -> dict[str, Any]:
     """When the all-reduces of one DDP step ran, beside the computation of the gradients.
 
     Reads a Chrome trace written by ``torch.profiler`` (``ddplab.workers.step_profile
-    --trace-dir``): the span from the first to the last autograd op of backward, the
-    ``record_function("backward")`` span around ``loss.backward()``, and every
-    ``gloo:all_reduce``, in milliseconds from backward's first op.
+    --trace-dir``): autograd's gradient ops, the ``record_function("backward")`` span around
+    ``loss.backward()``, and every ``gloo:all_reduce``, in milliseconds from backward's first
+    gradient op. A gradient op whose hook launched an all-reduce (``c10d::allreduce_`` inside
+    it) computed only until that launch: the rest of its span is DDP handing the bucket over,
+    which can last until gloo's thread has run, so it counts as communication, not computation.
 
     Returns:
-        ``{"gradients_ms": end of the last gradient op, "backward_ms": end of the ``backward``
-        span (None if the trace has none), "all_reduces": [(start_ms, end_ms, thread), ...] in
-        start order, "overlapped": how many started before gradients_ms, "busy_ms": the time at
-        least one all-reduce ran (their union: on two threads they overlap), "hidden_ms": the
-        part of it before gradients_ms}``.
+        ``{"gradients_ms": when the last gradient op finished computing, "backward_ms": end of
+        the ``backward`` span (None if the trace has none), "all_reduces": [(start_ms, end_ms,
+        thread), ...] in start order, "overlapped": how many started before gradients_ms,
+        "busy_ms": the time at least one all-reduce ran (their union: on two threads they
+        overlap), "hidden_ms": the part of it while a gradient op computed}``.
 
     Lesson: 09b.
     """
@@ -443,23 +517,46 @@ def backward_overlap(trace: str | Path) -> dict[str, Any]:
         raise ValueError(f"{trace}: no backward in this trace; "
                          "profile a step that calls backward()")
     start = min(e["ts"] for e in grads)
-    end = (max(e["ts"] + e["dur"] for e in grads) - start) / 1000
+    launches = [e for e in spans if e["name"] == LAUNCH_OP]
+
+    def computed(op: dict[str, Any]) -> tuple[float, float, Any]:
+        end = op["ts"] + op["dur"]
+        inside = [e["ts"] for e in launches
+                  if e["tid"] == op["tid"] and op["ts"] <= e["ts"] < end]
+        return (op["ts"] - start) / 1000, (min([end, *inside]) - start) / 1000, op["tid"]
+
+    computing = sorted(computed(e) for e in grads)
+    end = max(finish for _, finish, _ in computing)
     backward = [(e["ts"] + e["dur"] - start) / 1000 for e in spans if e["name"] == "backward"]
     reduces = sorted(((e["ts"] - start) / 1000, (e["ts"] + e["dur"] - start) / 1000, e["tid"])
                      for e in spans if e["name"] == ALL_REDUCE_OP)
     return {"gradients_ms": end, "backward_ms": max(backward) if backward else None,
             "all_reduces": reduces, "overlapped": sum(begin < end for begin, _, _ in reduces),
-            "busy_ms": _union(reduces), "hidden_ms": _union(reduces, until=end)}
+            "busy_ms": _length(_merged(reduces)),
+            "hidden_ms": _length(_common(_merged(reduces), _merged(computing)))}
 
 
-def _union(intervals: Sequence[tuple[float, float, Any]], until: float = math.inf) -> float:
-    """Length of the union of ``(start, end, _)`` intervals (sorted by start), cut at ``until``."""
-    total, reached = 0.0, -math.inf
+def _merged(intervals: Sequence[tuple[float, float, Any]]) -> list[tuple[float, float]]:
+    """The union of ``(start, end, _)`` intervals (sorted by start), as disjoint intervals."""
+    out: list[tuple[float, float]] = []
     for begin, finish, _ in intervals:
-        finish = min(finish, until)
-        total += max(0.0, finish - max(begin, reached))
-        reached = max(reached, finish)
-    return total
+        if out and begin <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], finish))
+        elif finish > begin:
+            out.append((begin, finish))
+    return out
+
+
+def _common(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]
+            ) -> list[tuple[float, float, None]]:
+    """Where two sets of disjoint intervals overlap."""
+    return [(max(x0, y0), min(x1, y1), None) for x0, x1 in a for y0, y1 in b
+            if max(x0, y0) < min(x1, y1)]
+
+
+def _length(intervals: Sequence[tuple[float, float]]) -> float:
+    """Total length of disjoint intervals."""
+    return sum((finish - begin for begin, finish, *_ in intervals), 0.0)
 
 
 def _parser() -> argparse.ArgumentParser:
