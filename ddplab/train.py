@@ -191,9 +191,11 @@ def accumulate(
         inputs = inputs.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         with _sync_unless_last(model, i == len(group) - 1):
+            # [amp-forward]
             with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                 loss = F.cross_entropy(model(inputs), labels) / len(group)
             scaler.scale(loss).backward()
+            # [/amp-forward]
         total += loss.detach().float()
     return total
 
@@ -237,7 +239,7 @@ def train_epoch(
     Returns:
         ``(sum of step losses, steps, samples trained on by this rank)``.
 
-    Lesson: 01, 03.
+    Lesson: 01, 03, 06 (its ``# [amp-step]`` lines).
     """
     model.train()
     steps = math.ceil(len(loader) / grad_accum)
@@ -247,9 +249,11 @@ def train_epoch(
     for step, group in enumerate(micro_batches(loader, grad_accum)):
         for group_ in optimizer.param_groups:
             group_["lr"] = lr_at(first_step + step, lr, warmup_steps)
+        # [amp-step]
         step_loss = accumulate(model, group, scaler, device, amp_dtype)
         scaler.step(optimizer)
         scaler.update()
+        # [/amp-step]
         optimizer.zero_grad(set_to_none=True)
         loss_sum += step_loss
         samples += sum(len(labels) for _, labels in group)

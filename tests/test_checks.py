@@ -14,7 +14,7 @@ from ddplab.lab.demos.dataparallel import scatter_sizes
 WRONG = {"01": 1000 / 1.16, "02": lambda batch, gpus: max(0, gpus - batch),
          "03": (1024, 0.001), "04": (168, 0),
          "05": [3, 4, 5], "06": (torch.float16, torch.float16, torch.float32), "07": [0, 1, 2, 3],
-         "07b": ["bravo", "charlie"], "08": 64,
+         "07b": ["bravo", "charlie"], "08": 100,
          "09": 14.0 / 2.5, "09b": 8 * (128 * 1024 * 4 + 5056) + 5120, "12": (1, 1, 1, 1)}
 
 
@@ -54,11 +54,12 @@ def test_reference_answers_are_what_the_lessons_teach():
                for b in range(1, 200) for g in range(1, 33))
     assert reference_answer("03") == (192, pytest.approx(0.12))   # 16 x 4 x 3; 0.02 x 192 / 32
     assert reference_answer("04") == (169, 5)
-    # a loss is on CPU autocast's float32 list; a .grad has its tensor's dtype
+    # layer_norm is on no CPU autocast list (CUDA's float32 one): it keeps its input's dtype;
+    # float32 + float16 promotes to float32
     assert reference_answer("06") == (torch.float32, torch.float16, torch.float32)
     assert reference_answer("07") == [4, 5, 6, 7]      # no argument: the default reads RANK
     assert reference_answer("07b") == ["alpha", "bravo"]         # --node-rank 0: charlie
-    assert reference_answer("08") == pytest.approx(32.0)        # (n - 1) M / (2 (n - 1) / n M)
+    assert reference_answer("08") == 200        # (n - 1) M / (2 (n - 1) / n M) = n / 2 >= 100
     assert reference_answer("09") == pytest.approx(10 * 14.0 / (13 * 2.5))   # time to the target
     # 8 blocks keep their input (B x W floats) and the RNG state; the loss its log-probabilities
     # every block's output, the 4 plain blocks' GELU inputs, the 4 checkpointed ones' RNG state
@@ -97,15 +98,16 @@ def test_hints_name_the_mistake(capsys):
     check("03", (192, 0.24))                      # x world size x micro-batches, as --scale-lr
     hint = capsys.readouterr().out
     assert "tuned batch" in hint and "0.12" not in hint
-    check("06", (torch.float16, torch.float16, torch.float32))   # the loss taken to be 16-bit
+    check("06", (torch.float16, torch.float16, torch.float32))   # everything taken to be 16-bit
     hint = capsys.readouterr().out
-    assert "mse_loss is a loss" in hint and "float32" not in hint
-    check("06", ("float32", "float32", "float32"))   # out.grad taken to be the weights' dtype
+    assert "low-precision list" in hint and "float" not in hint
+    check("06", ("float32", "float32", "float32"))   # layer_norm taken to be CUDA's float32 op
     hint = capsys.readouterr().out
-    assert ".grad has that tensor's dtype" in hint and "float16" not in hint
-    check("06", ("float32", "float16", "float16"))   # the weights' .grad taken to be 16-bit
-    assert "keep their own dtype" in capsys.readouterr().out
-    check("06", (torch.float32, torch.float16))      # two dtypes: the old question's shape
+    assert "CUDA's lists differ" in hint and "float" not in hint
+    check("06", ("float32", "float16", "float16"))   # the residual taken to stay 16-bit
+    hint = capsys.readouterr().out
+    assert "type promotion" in hint and "float" not in hint
+    check("06", (torch.float32, torch.float16))      # two dtypes: an older question's shape
     assert "three dtypes" in capsys.readouterr().out
     check("07", [0, 1, 2, 3])                     # what the old launcher gave, not torchrun
     hint = capsys.readouterr().out
@@ -148,15 +150,17 @@ def test_hints_name_the_mistake(capsys):
     assert "one tensor at a time" in hint and "12" not in hint
     check("09b", 4.04)                            # MiB
     assert "in bytes" in capsys.readouterr().out
-    check("08", 64)                               # the server's link both ways vs ring sends
-    assert "both ways" in capsys.readouterr().out
+    check("08", 100)                              # the server's link both ways vs ring sends
+    assert "same directions" in capsys.readouterr().out
+    check("08", 101)                              # a ring process's share taken as M
+    assert "2 (n - 1) / n M" in capsys.readouterr().out
 
 
 def test_answers_in_other_spellings():
     assert check("02", lambda b, g: g - math.ceil(b / math.ceil(b / g)))
     assert check("03", [192, "0.12"])
     assert check("05", (4, 5)) and check("06", ("float32", "float16", "float32"))
-    assert check("07", ("4", "5", "6", "7")) and check("08", "32") and check("09", "4.31")
+    assert check("07", ("4", "5", "6", "7")) and check("08", "200") and check("09", "4.31")
     assert check("09b", "6316800") and not check("09b", "4 MiB")
     assert check("12", ["3", "1", "1", "3"]) and not check("12", 3)
     assert not check("01", "fast") and not check("03", 1024) and not check("04", "169")

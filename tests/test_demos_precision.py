@@ -16,6 +16,21 @@ def test_autocast_on_cpu_computes_in_bf16_and_keeps_fp32_weights():
     assert facts["loss"] == torch.float32
     assert facts["prod"] == torch.float32  # on the CPU's float32 list
     assert facts["sum"] == facts["softmax"] == torch.bfloat16  # CUDA's list only
+    assert facts["exp"] == facts["norm"] == torch.bfloat16  # CUDA's list only
+
+
+def test_saved_bytes_halves_activations_and_adds_16_bit_weight_copies():
+    small = {d: precision.saved_bytes(d, 64) for d in (None, torch.bfloat16)}
+    large = {d: precision.saved_bytes(d, 1024) for d in (None, torch.bfloat16)}
+    for saved in (small, large):
+        fp32, bf16 = saved[None], saved[torch.bfloat16]
+        assert fp32["weight_copies"] == 0 and bf16["parameters"] == 0
+        assert 0.5 < bf16["activations"] / fp32["activations"] < 0.55  # the loss stays float32
+        assert 2 * bf16["weight_copies"] == fp32["parameters"] > 0      # half of what it copies
+    new = {n: {d: s["activations"] + s["weight_copies"] for d, s in saved.items()}
+           for n, saved in (("small", small), ("large", large))}
+    assert new["small"][torch.bfloat16] > new["small"][None]   # the copies outweigh the savings
+    assert new["large"][torch.bfloat16] < new["large"][None]
 
 
 def test_number_formats():

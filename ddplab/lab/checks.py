@@ -204,40 +204,38 @@ def _compare_06(answer: Any, expected: Any) -> Optional[str]:
     except TypeError:
         given = ()
     if len(given) != 3:
-        return "answer with three dtypes: (loss.dtype, out.grad.dtype, conv.weight.grad.dtype)."
-    loss, out_grad, weight_grad = (_dtype_name(v) for v in given)
-    want_loss, want_out_grad, want_weight_grad = (_dtype_name(v) for v in expected)
-    if loss != want_loss:
-        return ("mse_loss is a loss: find the list it is on in autocast's CPU op reference "
-                "(section 2), and what that list does to a float16 input.")
-    if out_grad != want_out_grad:
-        return ("a tensor's .grad has that tensor's dtype: which dtype does the convolution "
-                "produce under this autocast (section 3 says what flows back through it)?")
-    if weight_grad != want_weight_grad:
-        return ("autocast casts copies of the weights for the computation; the parameters "
-                "themselves, and so their .grad, keep their own dtype.")
+        return "answer with three dtypes: (a.dtype, b.dtype, out.dtype)."
+    first, second, residual = (_dtype_name(v) for v in given)
+    want_first, want_second, want_residual = (_dtype_name(v) for v in expected)
+    if first != want_first:
+        return ("autocast casts to 16 bits only the inputs of the operations on its "
+                "low-precision list (section 2): is layer_norm on it, and what is x's dtype?")
+    if second != want_second:
+        return ("find layer_norm in the CPU's lists of autocast's op reference (CUDA's lists "
+                "differ): on which list is it, if any, and what does that do with the dtype "
+                "lin's output has?")
+    if residual != want_residual:
+        return ("`+` is on none of autocast's lists: PyTorch's type promotion decides the dtype "
+                "of a sum of two tensors of different dtypes (section 2).")
     return None
 
 
-@exercise("06", "Under `torch.autocast('cpu', dtype=torch.float16)`, a float32 batch goes "
-          "through `conv = nn.Conv2d(3, 8, kernel_size=3)`: `out = conv(x)` and `loss = "
-          "F.mse_loss(out, torch.zeros_like(out))`, both inside the block. Then "
-          "`out.retain_grad()` and `loss.backward()`, outside it. What are the dtypes of "
-          "`loss`, `out.grad` and `conv.weight.grad`? answer = (loss_dtype, out_grad_dtype, "
-          "weight_grad_dtype), e.g. (torch.bfloat16, torch.bfloat16, torch.bfloat16)",
-          _compare_06)
+@exercise("06", "Under `torch.autocast('cpu', dtype=torch.float16)`, a float32 batch `x` of 8 "
+          "samples of 16 features goes through `norm, lin = nn.LayerNorm(16), nn.Linear(16, "
+          "16)`: `a = norm(x)`, `b = norm(lin(a))` and `out = x + b`, all inside the block. "
+          "What are the dtypes of `a`, `b` and `out`? answer = (a_dtype, b_dtype, out_dtype), "
+          "e.g. (torch.bfloat16, torch.bfloat16, torch.bfloat16)", _compare_06)
 def _exercise_06() -> tuple[Any, Any, Any]:
     import torch
     from torch import nn
-    from torch.nn import functional as F
 
-    conv = nn.Conv2d(3, 8, kernel_size=3)
+    norm, lin = nn.LayerNorm(16), nn.Linear(16, 16)
+    x = torch.randn(8, 16)
     with torch.autocast("cpu", dtype=torch.float16):
-        out = conv(torch.randn(2, 3, 8, 8))
-        loss = F.mse_loss(out, torch.zeros_like(out))   # a loss: on CPU autocast's float32 list
-    out.retain_grad()
-    loss.backward()
-    return loss.dtype, out.grad.dtype, conv.weight.grad.dtype
+        a = norm(x)          # layer_norm is on no CPU list: x's dtype
+        b = norm(lin(a))     # linear: float16; layer_norm keeps it (on CUDA: float32)
+        out = x + b          # type promotion: float32 + float16 is float32
+    return a.dtype, b.dtype, out.dtype
 
 
 # ------------------------------------------------------------- exercises 07-09 (lessons 07-09)
@@ -372,26 +370,26 @@ def _compare_number(answer: Any, expected: float, mistakes: dict[float, str], as
 
 def _compare_08(answer: Any, expected: Any) -> Optional[str]:
     return _compare_number(answer, expected, {
-        64.0: "that is n: it counts the server's link both ways ((n - 1) M in, (n - 1) M out), "
-              "or only one phase of the ring; compare what each sends, the ring over both phases.",
-        63.0: "that takes a ring process's share as M; over both phases it is 2 (n - 1) / n M, "
-              "almost 2 M.",
-        31.5: "close: a ring process sends 2 (n - 1) / n M, a bit less than 2 M.",
-        6300.0: "that is what the server sends, in MB; the question asks how many times a ring "
-                "process's share that is."},
-        "answer with a number: how many times as many bytes.",
-        "the server sends the sum to each of the n - 1 workers: (n - 1) M; a ring process "
-        "sends 2 (n - 1) / n M over both phases; divide one by the other.")
+        100.0: "that compares the server's link both ways with what a ring process sends one "
+               "way; count the same directions on both sides.",
+        101.0: "that takes a ring process's share as M; over both phases it sends "
+               "2 (n - 1) / n M, and receives as much.",
+        400.0: "that compares the server's one way with a ring process's both ways; count the "
+               "same directions on both sides."},
+        "answer with a number of processes.",
+        "the server sends (n - 1) M and receives as much; a ring process sends 2 (n - 1) / n M "
+        "and receives as much: write their ratio as a function of n first.")
 
 
-@exercise("08", "A 100 MB gradient is summed over 64 processes, by a parameter server and by a "
-          "ring. How many times as many bytes does the server send as one ring process (both "
-          "phases)? answer = <a number>", _compare_08)
-def _exercise_08() -> float:
-    n, megabytes = 64, 100.0
-    server = (n - 1) * megabytes                 # the sum, sent back to each of the n - 1 workers
-    ring = 2 * (n - 1) / n * megabytes           # 2 (n - 1) steps of one chunk of M / n
-    return server / ring
+@exercise("08", "A parameter server and a ring all-reduce the same gradient on n processes. From "
+          "which n on does the server's link carry at least 100 times as many bytes as one ring "
+          "process's link (both directions)? answer = <a number>", _compare_08)
+def _exercise_08() -> int:
+    def ratio(n: int) -> float:
+        server = 2 * (n - 1)                     # in and out: (n - 1) M each way
+        ring = 2 * 2 * (n - 1) / n               # in and out: 2 (n - 1) / n M each way
+        return server / ring                     # n / 2
+    return next(n for n in range(2, 10_000) if ratio(n) >= 100)
 
 
 EPOCHS_09, EPOCH_S_09 = {1: 10, 8: 13}, {1: 14.0, 8: 2.5}   # to the target accuracy; s per epoch

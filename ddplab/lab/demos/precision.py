@@ -6,6 +6,7 @@ own process, so every fact about float16, bfloat16 and the GradScaler is shown o
 
     number_formats()                      # range, precision, and what 1e-8 and 70000 become
     autocast_facts("cpu")                 # matmul in bfloat16, weights and loss in float32
+    saved_bytes(torch.bfloat16, 64)       # what a forward keeps for backward, by kind
     tiny_gradient(torch.float16, use_scaler=False)    # 0.0: the gradient underflowed
     scaler_overflow_step()                # an inf gradient: step skipped, scale halved
     matmul_speed()                        # float32 against bf16 products on this CPU
@@ -42,8 +43,8 @@ def autocast_facts(device_type: str = "cpu", dtype: Optional[torch.dtype] = None
         ``default`` (autocast's dtype when none is given), ``matmul``, ``linear_output``,
         ``weight`` (the parameter keeps its dtype), ``loss`` (cross-entropy runs in float32),
         ``grad`` (gradients have the parameter's dtype), ``outside`` (after the block), and
-        ``sum``, ``softmax`` and ``prod`` of the 16-bit matmul output (on the CPU only ``prod``
-        is on autocast's float32 list; on CUDA all three are).
+        ``sum``, ``softmax``, ``prod``, ``exp`` and ``norm`` of the 16-bit matmul output (on
+        the CPU only ``prod`` is on autocast's float32 list; on CUDA all five are).
 
     Lesson: 06.
     """
@@ -54,7 +55,8 @@ def autocast_facts(device_type: str = "cpu", dtype: Optional[torch.dtype] = None
         product = x @ x.T
         out = layer(x)
         loss = nn.functional.cross_entropy(out, torch.zeros(5, dtype=torch.long))
-        reduced = {"sum": product.sum(), "softmax": product.softmax(-1), "prod": product.prod()}
+        reduced = {"sum": product.sum(), "softmax": product.softmax(-1), "prod": product.prod(),
+                   "exp": product.exp(), "norm": product.norm()}
     loss.backward()
     return {
         "default": torch.get_autocast_dtype(device_type),
@@ -66,6 +68,61 @@ def autocast_facts(device_type: str = "cpu", dtype: Optional[torch.dtype] = None
         "outside": layer(x).dtype,
         **{name: value.dtype for name, value in reduced.items()},
     }
+
+
+def saved_bytes(dtype: Optional[torch.dtype], batch: int) -> dict[str, int]:
+    """Count the bytes a small MLP's forward keeps for backward, in float32 or under autocast.
+
+    The model (64 -> 256 -> 256 -> 10, ReLUs between) runs one forward and its cross-entropy loss
+    on ``batch`` samples; ``torch.autograd.graph.saved_tensors_hooks`` sees every tensor autograd
+    saves for backward, and each storage is counted once. Autocast saves the 16-bit inputs of
+    its matmuls, and also the 16-bit copies of the weights it casts for them: new memory, half
+    the bytes of the float32 weights they copy, whatever the batch.
+
+    Args:
+        dtype: the CPU autocast dtype, or None for plain float32.
+        batch: the number of samples.
+
+    Returns:
+        ``activations`` (saved tensors computed from the input), ``weight_copies`` (16-bit
+        copies of parameters) and ``parameters`` (parameters saved as they are, no new memory),
+        in bytes.
+
+    Lesson: 06.
+    """
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                          nn.Linear(256, 10))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kinds: dict[int, tuple[str, int]] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        kind = ("parameters" if storage.data_ptr() in params
+                else "weight_copies" if _copies_a_leaf(tensor.grad_fn) else "activations")
+        kinds[storage.data_ptr()] = (kind, storage.nbytes())
+        return tensor
+
+    inputs, labels = torch.randn(batch, 64), torch.zeros(batch, dtype=torch.long)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+            nn.functional.cross_entropy(model(inputs), labels)
+    totals = dict.fromkeys(("activations", "weight_copies", "parameters"), 0)
+    for kind, size in kinds.values():
+        totals[kind] += size
+    return totals
+
+
+def _copies_a_leaf(fn: Any) -> bool:
+    """True when autograd's graph leads from ``fn`` to one leaf alone (a cast, a transpose)."""
+    while fn is not None:
+        if getattr(fn, "variable", None) is not None:  # AccumulateGrad: a parameter
+            return True
+        inputs = [nxt for nxt, _ in fn.next_functions if nxt is not None]
+        if len(inputs) != 1:
+            return False
+        fn = inputs[0]
+    return False
 
 
 def number_formats() -> list[dict[str, Any]]:
