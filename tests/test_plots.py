@@ -55,6 +55,19 @@ def test_bars_and_grouped_bars():
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["1 GPU", "DP"]
 
 
+def test_share_grid_draws_a_labelled_grid_per_panel():
+    fig = plots.share_grid({"ddp": [[1.0, 1.0], [1.0, 1.0]], "zero3": [[0.5, 0.25], [0.5, 0.75]]},
+                           rows=["rank 0", "rank 1"], columns=["weights", "Adam state"],
+                           title="shares")
+    ddp, zero3 = fig.axes
+    assert [ax.get_title() for ax in fig.axes] == ["ddp", "zero3"]
+    assert [t.get_text() for t in zero3.texts] == ["50%", "25%", "50%", "75%"]
+    assert [t.get_text() for t in ddp.get_yticklabels()] == ["rank 0", "rank 1"]
+    assert [t.get_text() for t in zero3.get_xticklabels()] == ["weights", "Adam state"]
+    shade = zero3.images[0].get_array()
+    assert shade[1][1] == 0.75 and shade[0][1] == 0.25          # shaded by the share it shows
+
+
 def test_results_round_trip_and_missing_is_none(tmp_path, monkeypatch):
     monkeypatch.setenv("DDPLAB_RESULTS", str(tmp_path / "results"))
     assert plots.load_result("01_baseline") is None

@@ -38,12 +38,27 @@ def losses(result) -> dict[str, list[float]]:
 # ------------------------------------------------------------------------------ sharding
 
 
+def test_the_library_step_shown_before_exercise_1_leaves_out_the_loss_weighting():
+    from ddplab.lab.showcode import source
+
+    shown = source("ddplab/workers/pipeline.py", "library")           # section 7 of notebook 11
+    after = source("ddplab/workers/pipeline.py", "library-loss")      # after exercise 1's verdict
+    assert "ScheduleGPipe(" in shown and "library_loss(" in shown
+    assert "micro_batches" not in shown.replace("n_microbatches=micro_batches", "") \
+        .replace("library_loss(micro_batches)", "")
+    assert "/ micro_batches" in after and "scale_grads" in after
+
+
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_each_rank_holds_about_one_nth_under_fsdp_and_the_losses_equal_one_process(nprocs):
     result = launch("ddplab.workers.sharding", nprocs, args=["--steps", "4"], quiet=True)
     assert result.ok, result.error
     memory, found = by_mode_and_rank(result), losses(result)
     full = memory["ddp", 0]["full_params"]
+    # the width the run was launched with (notebook 11 reads it): 64 inputs, 10 classes, float32
+    hidden = memory["ddp", 0]["hidden"]
+    assert hidden == 256 and full == 4 * ((64 + 1) * hidden + 2 * (hidden + 1) * hidden
+                                          + (hidden + 1) * 10)
     for r in range(nprocs):
         assert memory["ddp", r]["params"] == memory["ddp", r]["grads"] == full
         assert memory["ddp", r]["optimizer"] > 2 * full

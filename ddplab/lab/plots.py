@@ -199,6 +199,40 @@ def grouped_bars(groups: Mapping[str, Mapping[str, float]], ylabel: str,
     return fig
 
 
+def share_grid(panels: Mapping[str, Sequence[Sequence[float]]], rows: Sequence[str],
+               columns: Sequence[str], title: Optional[str] = None) -> Any:
+    """One small grid per panel, each cell shaded and labelled with a share (0 to 1).
+
+    Args:
+        panels: panel title -> one list per row of ``rows``, one share per column.
+        rows: the rows' labels (e.g. ranks).
+        columns: the columns' labels (e.g. what is held).
+        title: the figure's title.
+
+    Returns:
+        The matplotlib Figure.
+
+    Lesson: 11.
+    """
+    import matplotlib.pyplot as plt
+
+    size = (1.0 + 0.8 * len(columns) * len(panels), 2.0 + 0.4 * len(rows))
+    fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=size)
+    for ax, (name, grid) in zip(axes[0], panels.items()):
+        ax.imshow([list(row) for row in grid], cmap="Blues", vmin=0, vmax=1.4, aspect="auto")
+        for i, row in enumerate(grid):
+            for j, share in enumerate(row):
+                ax.text(j, i, f"{share:.0%}", ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right", fontsize=7)
+        ax.set_yticks(range(len(rows)), rows if ax is axes[0][0] else [""] * len(rows),
+                      fontsize=8)
+        ax.set_title(name, fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 # ------------------------------------------------------------------ results between notebooks
 
 

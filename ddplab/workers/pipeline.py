@@ -38,7 +38,7 @@ from __future__ import annotations
 import argparse
 import copy
 import inspect
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.distributed as torch_dist
@@ -139,6 +139,23 @@ def reference(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, info: dist
     return out.detach(), [p.grad.clone() for p in mine.parameters()]
 
 
+# [library-loss]
+def library_loss(micro_batches: int) -> tuple[Callable[..., torch.Tensor], dict[str, Any]]:
+    """``ScheduleGPipe``'s loss function and options for the whole batch's mean loss."""
+    from torch.distributed.pipelining import ScheduleGPipe
+
+    def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        # the whole batch's mean, as the micro-batches are equal (the batch divides by them)
+        return F.cross_entropy(out, target) / micro_batches
+
+    # torch 2.6 sums the micro-batches' gradients; later versions divide by their number
+    # unless told not to (scale_grads=False), so the loss above is right for both.
+    unscaled = {"scale_grads": False} \
+        if "scale_grads" in inspect.signature(ScheduleGPipe).parameters else {}
+    return loss_fn, unscaled
+# [/library-loss]
+
+
 def run_library(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, micro_batches: int,
                 info: dist.DistInfo) -> dict[str, Any]:
     """The same split and step with ``torch.distributed.pipelining`` (GPipe schedule)."""
@@ -149,16 +166,8 @@ def run_library(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, micro_ba
     # [library]
     stage_module = split_model(model, info.rank, info.world_size)
     stage = PipelineStage(stage_module, info.rank, info.world_size, info.device)
-
-    def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        # the whole batch's mean, as the micro-batches are equal (the batch divides by them)
-        return F.cross_entropy(out, target) / micro_batches
-
-    # torch 2.6 sums the micro-batches' gradients; later versions divide by their number
-    # unless told not to (scale_grads=False), so the loss above is right for both.
-    unscaled = {"scale_grads": False} \
-        if "scale_grads" in inspect.signature(ScheduleGPipe).parameters else {}
-    schedule = ScheduleGPipe(stage, n_microbatches=micro_batches, loss_fn=loss_fn, **unscaled)
+    loss_fn, options = library_loss(micro_batches)        # shown after exercise 1's verdict
+    schedule = ScheduleGPipe(stage, n_microbatches=micro_batches, loss_fn=loss_fn, **options)
     last = info.rank == info.world_size - 1
     if info.rank == 0:
         out = schedule.step(x)

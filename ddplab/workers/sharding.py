@@ -141,7 +141,7 @@ def train(mode: str, split: data.DataSplit, info: dist.DistInfo,
         mean_loss = dist.all_reduce_mean(loss.item(), info.device)
         if info.is_main:
             events.emit("loss", mode=mode, step=step, loss=mean_loss)
-    return events.emit("memory", mode=mode, full_params=full_params,
+    return events.emit("memory", mode=mode, hidden=args.hidden, full_params=full_params,
                        params=local_bytes(model.parameters()),
                        params_in_backward=params_in_backward, grads=grads,
                        optimizer=optimizer_bytes(optimizer), collectives=sent,
