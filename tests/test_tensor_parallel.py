@@ -73,6 +73,13 @@ def test_four_ranks_meshes_placements_tp_modules_and_2d_equal_one_process():
         passes = (attention["forward_collectives"], attention["backward_collectives"])
         counted = tuple(counts.get(kind, 0) for counts in passes for kind in (ag, rs))
         assert counted == reference_answer("12")          # notebook 12's quiz, as the run says
+    whole = {e["rank"]: e for e in result.events_of("sp_whole")}
+    assert sorted(whole) == list(range(4))
+    for e in whole.values():   # PrepareModuleInput/Output: the whole sequence in, the whole out
+        assert e["in_shape"] == e["out_shape"] == [16, 8, 16] and not e["output_is_dtensor"]
+        assert max(e["output_error"], e["input_grad_error"]) < 1e-4, e
+        # the input sliced locally; the output's all-gather added to the block's own pair
+        assert e["forward_collectives"] == e["backward_collectives"] == {ag: 2, rs: 1}
 
     tp = {(e["module"], e["rank"]): e for e in result.events_of("tp")}
     d, h = 16, 64

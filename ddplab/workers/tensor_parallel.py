@@ -18,7 +18,8 @@ The parts run one after the other in one job (``--parts``, default all of them):
   ``RowwiseParallel`` over the 1-D mesh, against the same module unsharded: outputs,
   gradients, bytes per rank, collectives, and the forward time of both.
 - ``sp``: sequence parallel on a residual LayerNorm + MLP block (the sequence split over the
-  ranks outside the TP region), against the same block unsharded; and section ``mlp``'s
+  ranks outside the TP region), against the same block unsharded; the same block called with
+  the whole sequence (event ``sp_whole``); and section ``mlp``'s
   attention with each of ``q``, ``k``, ``v`` gathering the sequence itself (event
   ``sp_attention``, read only after the notebook's question about it).
 - ``2d``: an MLP trained on the digits with TP over ``tp`` and ``fully_shard`` over ``dp``
@@ -45,6 +46,10 @@ Events:
   ``whole_activation_bytes`` (the whole output, what plain TP keeps on every rank); for
   ``norm_mlp`` also ``norm_grad_placement`` (the norm's weight
   gradient after backward) and ``norm_summed_collectives`` (turning it whole).
+- ``sp_whole`` (every rank): the same block inside ``PrepareModuleInput`` /
+  ``PrepareModuleOutput``, called with the whole ``x``: ``in_shape``, ``out_shape``,
+  ``output_is_dtensor``, ``output_error``, ``input_grad_error``, ``forward_collectives``,
+  ``backward_collectives``.
 - ``tp`` (every rank): ``module`` (``mlp`` or ``attention``), ``dims``, ``tp_size``,
   ``output_error``, ``grad_error`` (the parameters') and ``input_grad_error`` (``x.grad``):
   the largest differences from the unsharded module,
@@ -83,7 +88,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                               PrepareModuleOutput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
 from ddplab import data, dist, events
@@ -341,6 +347,36 @@ def sequence_parallel(mesh: DeviceMesh, info: dist.DistInfo, args: argparse.Name
 # [/sp]
 
 
+def sequence_parallel_whole(mesh: DeviceMesh, info: dist.DistInfo,
+                            args: argparse.Namespace) -> None:
+    """NormMLP under SP_PLAN, called with the whole sequence and returning it whole."""
+    torch.manual_seed(args.seed)
+    reference = NormMLP(args.dim, args.hidden).to(info.device)
+    # [prepare]
+    model = parallelize_module(copy.deepcopy(reference), mesh, SP_PLAN)
+    # the block receives x whole (Replicate) and needs its tokens (Shard(1)): a local slice
+    parallelize_module(model, mesh, PrepareModuleInput(
+        input_layouts=Replicate(), desired_input_layouts=Shard(1), use_local_output=True))
+    # it returns its tokens (Shard(1)); the caller gets the whole output: an all-gather
+    parallelize_module(model, mesh, PrepareModuleOutput(
+        output_layouts=Shard(1), desired_output_layouts=Replicate()))
+    # [/prepare]
+    torch.manual_seed(args.seed + 1)                            # the same input on every rank
+    x = torch.randn(args.batch_size, 2 * mesh.size(), args.dim, device=info.device)
+    x_reference = x.clone().requires_grad_(True)
+    x.requires_grad_(True)
+    with collectives() as forward:
+        out = model(x)                                          # whole in, whole out
+    with collectives() as backward:
+        out.pow(2).sum().backward()
+    reference(x_reference).pow(2).sum().backward()
+    events.emit("sp_whole", module="norm_mlp", in_shape=list(x.shape), out_shape=list(out.shape),
+                output_error=largest_gap(out, reference(x_reference)),
+                input_grad_error=largest_gap(x.grad, x_reference.grad),
+                output_is_dtensor=isinstance(out, DTensor),
+                forward_collectives=forward, backward_collectives=backward)
+
+
 def sequence_parallel_attention(mesh: DeviceMesh, info: dist.DistInfo,
                                 args: argparse.Namespace) -> None:
     """Section attention's module, each of q, k and v given its input as slices of the sequence."""
@@ -469,6 +505,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             rowwise_bias(mesh_1d, info)
         elif part == "sp":
             sequence_parallel(mesh_1d, info, args)
+            sequence_parallel_whole(mesh_1d, info, args)
             sequence_parallel_attention(mesh_1d, info, args)
         elif part == "mlp" and args.mlp_plan:
             try_plan(read_plan(args.mlp_plan), mesh_1d, info, args)
