@@ -16,13 +16,16 @@ keeps for backward (the activations). With ``--checkpoint`` every block runs und
 by default (``preserve_rng_state=True``), the CPU generator's state (``torch.get_rng_state()``,
 5,056 bytes) so that a random op in the block draws the same numbers when backward computes the
 block again. ``--checkpoint K`` checkpoints only blocks 0, K, 2K, ... (the others run plainly).
-Then ``--timed`` more steps run without the profiler, timed phase by phase.
+Then ``--timed`` more steps run without the profiler, timed phase by phase; with
+``--checkpoint`` each is followed by a step with no block checkpointed, so that the two are timed
+alternately in one process, on the same weights, under the same load.
 
 Events (every rank): metric ``bytes``: ``parameters``, ``gradients`` and ``optimizer_state``
 (Adam's two moments and step counts), ``moments`` (the two moments alone) and ``tensors`` (how
 many parameter tensors), counted from the tensors themselves; metric ``profiled``:
 bytes kept at the end of each phase (``forward``, ``backward``, ``step``), from the profiler, and
-each phase's median milliseconds over the timed steps (``forward_ms``, ...); metric ``trace``:
+each phase's median milliseconds over the timed steps (``forward_ms``, ...; with
+``--checkpoint`` also ``plain_forward_ms``, ... of the steps without it); metric ``trace``:
 the Chrome trace file this rank wrote under ``--trace-dir`` (or None), which names every
 all-reduce DDP ran (``gloo:all_reduce``) beside the ``backward`` span.
 
@@ -88,20 +91,32 @@ def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
-def timed_steps(model, optimizer, inputs, labels, steps: int) -> dict[str, list[float]]:
-    """Milliseconds of each phase over ``steps`` more steps, without the profiler."""
-    times: dict[str, list[float]] = {name: [] for name in PHASES}
+def timed_steps(model, optimizer, inputs, labels, steps: int,
+                net: Optional[Blocks] = None) -> dict[str, list[float]]:
+    """Milliseconds of each phase over ``steps`` more steps, without the profiler.
+
+    With ``net`` (the checkpointed ``Blocks`` inside ``model``), every step is followed by one
+    with no block checkpointed, its phases timed as ``plain_forward``, ``plain_backward``, ...
+    """
+    times: dict[str, list[float]] = {}
+    recompute = net.recompute if net is not None else 0
+    settings = [("", recompute)] + ([("plain_", 0)] if net is not None else [])
     for _ in range(max(1, steps)):
-        optimizer.zero_grad(set_to_none=True)
-        start = time.perf_counter()
-        loss = F.cross_entropy(model(inputs), labels)
-        forward = time.perf_counter()
-        loss.backward()
-        backward = time.perf_counter()
-        optimizer.step()
-        end = time.perf_counter()
-        for name, ms in zip(PHASES, (forward - start, backward - forward, end - backward)):
-            times[name].append(ms * 1000)
+        for prefix, every in settings:
+            if net is not None:
+                net.recompute = every
+            optimizer.zero_grad(set_to_none=True)
+            start = time.perf_counter()
+            loss = F.cross_entropy(model(inputs), labels)
+            forward = time.perf_counter()
+            loss.backward()
+            backward = time.perf_counter()
+            optimizer.step()
+            end = time.perf_counter()
+            for name, ms in zip(PHASES, (forward - start, backward - forward, end - backward)):
+                times.setdefault(prefix + name, []).append(ms * 1000)
+    if net is not None:
+        net.recompute = recompute
     return times
 
 
@@ -140,7 +155,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     spans = {e.name: e for e in prof.events() if e.name in PHASES}
     profiled = {name: spans[name].cpu_memory_usage for name in PHASES}
     profiled.update({f"{name}_ms": statistics.median(times) for name, times in
-                     timed_steps(model, optimizer, inputs, labels, args.timed).items()})
+                     timed_steps(model, optimizer, inputs, labels, args.timed,
+                                         net if args.checkpoint else None).items()})
     state = [(name, t) for s in optimizer.state.values() for name, t in s.items()]
     events.emit("metric", name="bytes", value={
         "parameters": tensor_bytes(net.parameters()),
