@@ -1,6 +1,6 @@
-"""ddplab.lab.script_runs (lesson 07): a terminal run's output is read only when it is newer
-than the script; otherwise the script is launched, and a run that does not finish names the
-line each rank was at."""
+"""ddplab.lab.script_runs (lessons 07, 07b): a terminal run's output is read only when it is
+newer than the script; otherwise the script is launched, and a run that does not finish names
+the line each rank was at. Terminal logs are read for their events, or not at all."""
 
 from __future__ import annotations
 
@@ -54,3 +54,17 @@ def test_a_run_that_does_not_finish_names_each_ranks_line(script, monkeypatch, c
     out = capsys.readouterr().out
     assert "rank 0 was at line 4: dist.barrier()" in out
     assert "rank 1 was at line 3: dist.all_gather_object(a, b)" in out
+
+
+def test_terminal_logs_give_their_events_or_none_when_a_terminal_has_not_run(tmp_path):
+    one, two = tmp_path / "terminal_1.log", tmp_path / "terminal_2.log"
+    one.write_text('W1129 a warning\n@ddplab {"kind": "joined", "rank": 0}\n'
+                   '[default1]:@ddplab {"kind": "joined", "rank": 1}\n'
+                   '@ddplab {"kind": "metric", "rank": 0}\n@ddplab not json\n')
+    assert script_runs.terminal_events([one, two], "joined") is None        # two never ran
+    two.write_text("rank 2 joined\n")
+    assert script_runs.terminal_events([one, two], "joined") is None        # no event in it
+    two.write_text('@ddplab {"kind": "joined", "rank": 2}\n')
+    found = script_runs.terminal_events([one, two], "joined")
+    assert {name: [e["rank"] for e in evs] for name, evs in found.items()} == {
+        "terminal_1": [0, 1], "terminal_2": [2]}

@@ -4,19 +4,22 @@
 ``script`` wrote it (the file is newer than the script); otherwise it launches ``script`` with
 ``ddplab.launch`` and reads the file that run wrote. A run that does not finish raises
 ``RuntimeError`` after printing the line of ``script`` each rank was at when it ended.
+``terminal_events(logs, kind)`` reads the ``@ddplab`` events that terminal runs saved with
+``... 2>&1 | tee LOG``, or None when a terminal has not run.
 
 Example::
 
     seen = json.loads(output_of_a_run(RUN_DIR / "whoami.py", RUN_DIR / "seen.json"))
+    joined = terminal_events([RUN_DIR / "terminal_1.log", RUN_DIR / "terminal_2.log"], "joined")
 
-Lesson: 07.
+Lessons: 07, 07b.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Sequence, Union
 
 PathLike = Union[str, Path]
 
@@ -56,3 +59,23 @@ def output_of_a_run(script: PathLike, output: PathLike, nprocs: int = 2,
             raise RuntimeError(f"{script.name} did not finish ({run.status}): restore it, run "
                                "the cell that writes it again, then this one")
     return output.read_text()
+
+
+def terminal_events(logs: Sequence[PathLike], kind: str) -> Optional[dict[str, list[dict]]]:
+    """``{log's name without suffix: its events of kind}``, in the order they were printed.
+
+    Each log is a terminal's output saved with ``tee``; an event line may follow other text on
+    its line (a prefix such as torchrun's ``[default0]:``). None when a log is missing or holds
+    no such event: that terminal has not run (or not to the end).
+    """
+    from .. import events
+
+    found: dict[str, list[dict]] = {}
+    for log in map(Path, logs):
+        if not log.exists():
+            return None
+        lines = (events.split(line)[1] for line in log.read_text(errors="replace").splitlines())
+        found[log.stem] = [e for e in lines if e is not None and e["kind"] == kind]
+        if not found[log.stem]:
+            return None
+    return found

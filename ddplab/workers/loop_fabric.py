@@ -5,7 +5,9 @@ Run it::
     torchrun --nproc-per-node 2 -m ddplab.workers.loop_fabric
     fabric run --devices 2 ddplab/workers/loop_fabric.py
 
-Needs ``pip install lightning`` (or only ``lightning-fabric``). The same loop as
+Needs ``pip install lightning`` (or only ``lightning-fabric``), which the course's environment
+does not install: lesson 07b shows this file but runs it only where Lightning is installed.
+Fabric's documentation: https://lightning.ai/docs/fabric/stable/. The same loop as
 ``loop_ddp.py``, section by section; the comments say what Fabric does for you.
 
 Events: as ``loop_ddp``.

@@ -4,13 +4,13 @@ Run it on two "nodes" of this machine (2 processes each), from a notebook or two
 
     ddplab.launch_multinode("ddplab.workers.multinode_save", nnodes=2, nproc_per_node=2,
                             args=["--out", "/tmp/ckpt"])
-    python -m ddplab launch --nnodes 2 --node-rank 0 --nproc-per-node 2 \
-        --rdzv-endpoint 127.0.0.1:29500 ddplab.workers.multinode_save --out /tmp/ckpt
-    python -m ddplab launch --nnodes 2 --node-rank 1 --nproc-per-node 2 \
-        --rdzv-endpoint 127.0.0.1:29500 ddplab.workers.multinode_save --out /tmp/ckpt
+    torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d \
+        --rdzv-endpoint 127.0.0.1:29500 --rdzv-id job1 -m ddplab.workers.multinode_save \
+        --out /tmp/ckpt    # the same command in each of the two terminals
 
-On two real machines, run ``torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d
---rdzv-endpoint HOST0:29500 --rdzv-id job1 -m ddplab.workers.multinode_save --out DIR`` on each.
+On two real machines, run that command on each, with the first machine's address (reachable
+from the other) in place of 127.0.0.1. The c10d rendezvous numbers the nodes itself: no
+``--node-rank`` is needed.
 
 Each checkpoint is saved twice under ``--out``, to two kinds of storage:
 
