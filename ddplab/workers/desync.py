@@ -96,10 +96,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     # [log-loss]
     if args.fault == "one_rank":
-        if info.is_main:                  # BUG: a collective inside a rank-0-only branch
+        if info.is_main:                  # rank 0 prints the loss below
             torch_dist.all_reduce(total)  # the sum and count of the test loss
     elif args.fault == "order":
-        decide_early_stop(info, total)    # BUG: not the same order on every rank
+        decide_early_stop(info, total)    # an early-stopping decision, and the loss summed
     else:
         torch_dist.all_reduce(total)      # every rank calls it; only rank 0 prints
     dist.print0(f"test loss {total[0].item() / total[1].item():.4f} on {int(total[1])} samples")
