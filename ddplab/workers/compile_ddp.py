@@ -22,8 +22,8 @@ inside DDP's forward, its ``DDPOptimizer`` splits the graph at the bucket bounda
 each bucket's all-reduce can start while backward goes on through the earlier layers.
 
 In ``torch.compile(DDP(model))`` Dynamo breaks its graph inside DDP's forward, and the model's
-``forward`` starts a new frame, which Dynamo compiles or not by the file it lives in (notebook
-03b, once its Try it has run, says which).
+``forward`` starts a new frame, which Dynamo compiles or not by the file it lives in (after a
+``--sequential`` run, the ``why`` event says which).
 
 ``--backend`` defaults to ``inductor``, which generates C++ on the CPU; without a C++ compiler
 the worker uses ``aot_eager`` instead and says so.
@@ -31,8 +31,11 @@ the worker uses ``aot_eager`` instead and says so.
 Events:
 
 - ``graphs`` (rank 0, per order): ``order``, ``backend``, ``sequential``, ``frames`` (compiled
-  regions run in one step), ``forward``/``backward`` (compiled graphs run in one step),
+  regions run in one step), ``regions`` (their labels, ``frame/recompile``: Dynamo numbers the
+  frames it starts in order), ``forward``/``backward`` (compiled graphs run in one step),
   ``buckets`` (buckets DDP all-reduced in that step, seen by a comm hook).
+- ``why`` (rank 0, ``--sequential`` only, when ``torch.compile(DDP(model))`` ran no compiled
+  graph of the model): ``text``, why.
 - ``loss`` (rank 0, per run and step): ``run`` (``eager`` or ``ORDER/BACKEND``), ``step``,
   ``loss`` (mean over the ranks).
 - ``skipped`` (rank 0): ``backend``, ``reason`` (when inductor could not run).
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 from contextlib import nullcontext
 from typing import Any, Optional, Sequence
@@ -58,6 +62,15 @@ from torch.profiler import ProfilerActivity, profile
 from ddplab import dist, events
 
 ORDERS = ("wrap_then_compile", "compile_then_wrap")
+#: Why ``torch.compile(DDP(nn.Sequential(...)))`` ran no compiled graph of the model (the
+#: ``why`` event; torch 2.14: ``_inside_ddp_forward`` in torch/nn/parallel/distributed.py,
+#: ``check_file`` in torch/_dynamo/trace_rules.py).
+SEQUENTIAL_WHY = (
+    "Why: DDP calls the model from a method Dynamo does not trace, so the model's forward must "
+    "start a frame of its own. Dynamo starts frames in your files, but in torch's own torch/nn "
+    "files only when a frame it is already tracing calls them: nn.Sequential's forward lives "
+    "in torch/nn, so nothing compiled it. An MLP class of your own starts its frame in your "
+    "file.")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -140,7 +153,9 @@ def count_buckets(ddp: DDP) -> list[int]:
 def compiled_pieces(events: Any) -> dict[str, int]:
     """Count the compiled pieces a profiler trace saw run (see the module doc)."""
     names = [e.name for e in events]
-    return {"frames": sum(n.startswith("Torch-Compiled Region") for n in names),
+    regions = [n.split(": ")[-1] for n in names if n.startswith("Torch-Compiled Region")]
+    by_number = sorted(set(regions), key=lambda r: [int(d) for d in re.findall(r"\d+", r)])
+    return {"frames": len(regions), "regions": by_number,   # "4/0": Dynamo's frame 4, first build
             "forward": names.count("CompiledFunction"),
             "backward": names.count("CompiledFunctionBackward")}
 # [/profile]
@@ -196,6 +211,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if info.is_main:
             events.emit("graphs", order=order, backend=backend, sequential=args.sequential,
                         **seen)
+            if order == "wrap_then_compile" and args.sequential and not seen["forward"]:
+                events.emit("why", text=SEQUENTIAL_WHY)
     dist.cleanup()
 
 
