@@ -63,3 +63,44 @@ def _sleep(rank: int, seconds: float) -> None:
     import time
 
     time.sleep(seconds)
+
+
+def test_child_error_is_the_first_exception_line_and_the_lines_after_it():
+    stderr = "\n".join([
+        "Traceback (most recent call last):",
+        '  File "hello.py", line 9, in <module>',
+        "    raise RuntimeError('''",
+        "RuntimeError: ",
+        "        An attempt has been made to start a new process before the",
+        "        current process has finished its bootstrapping phase.",
+        "Traceback (most recent call last):",
+        "RuntimeError: the second child's"])
+    said = spawning.child_error(stderr, lines=2)
+    assert said.splitlines() == stderr.splitlines()[3:6]   # the first child's, not the raise line
+    assert spawning.child_error("no exception here\n  at all") == ""
+
+
+class _Tried:
+    """What ``verdict`` reads of a launch: its status, rank 0's metrics, the ranks' log lines."""
+
+    def __init__(self, status, grads, weights, logs=None):
+        self.status, self.logs = status, logs or {}
+        self._metrics = ([{"rank": r, "name": "first_step", "grad_checksum": g}
+                          for r, g in enumerate(grads)]
+                         + [{"rank": r, "name": "param_checksum", "value": w}
+                            for r, w in enumerate(weights)])
+
+    def events_of(self, kind):
+        return self._metrics if kind == "metric" else []
+
+
+def test_verdict_names_the_refusal_and_why_equal_steps_kept_the_weights_apart():
+    apart = _Tried("failed", [1.5, 1.5], [2.0, 3.0],
+                   {0: ["RuntimeError: ranks disagree on the weights: [2.0, 3.0]"], 1: []})
+    said = spawning.verdict(apart, ["--seed-per-rank", "--no-init-sync"])
+    assert said.startswith("--seed-per-rank --no-init-sync: status 'failed': RuntimeError: ranks")
+    assert "equal steps from unequal starting weights" in said
+    equal = spawning.verdict(_Tried("ok", [1.5, 1.5], [2.0, 2.0]), ["--seed-per-rank"])
+    assert equal == "--seed-per-rank: status 'ok', every rank ended with the same weights"
+    other_grads = spawning.verdict(_Tried("failed", [1.0, 2.0], [2.0, 3.0]), ["--x"])
+    assert "equal steps" not in other_grads          # unequal gradients: not that explanation

@@ -137,3 +137,39 @@ def _quiet_spawn_log() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+def child_error(stderr: str, lines: int = 6) -> str:
+    """The first exception a child printed: its ``...Error`` line and the ``lines`` after it.
+
+    What ``python hello.py`` printed when its children failed (notebook 03's Your turn), without
+    the tracebacks around it. "" when no line names an exception.
+
+    Lesson: 03.
+    """
+    said = stderr.splitlines()
+    first = next((i for i, line in enumerate(said)
+                  if line.split(":")[0].endswith(("Error", "Exception"))), None)
+    return "" if first is None else "\n".join(said[first:first + lines + 1]).rstrip()
+
+
+def verdict(tried: Any, flags: Sequence[str]) -> str:
+    """What a launch of ``spawn_ddp.py`` with ``flags`` shows, in words (notebook 03's Try it).
+
+    Its status and the worker's refusal if the ranks' final weights differed; and, when the first
+    gradients were equal but the final weights were not, why: equal steps from unequal starting
+    weights keep them unequal.
+
+    Lesson: 03.
+    """
+    metrics = tried.events_of("metric")
+    grads = {e["rank"]: e["grad_checksum"] for e in metrics if e["name"] == "first_step"}
+    weights = {e["rank"]: e["value"] for e in metrics if e["name"] == "param_checksum"}
+    raised = [line for lines in tried.logs.values() for line in lines
+              if line.startswith("RuntimeError: ranks disagree")]
+    said = f"{' '.join(flags)}: status {tried.status!r}" + (
+        f": {raised[0]}" if raised else ", every rank ended with the same weights")
+    if len(set(grads.values())) == 1 < len(set(weights.values())):
+        said += ("\nThe first gradients were equal (DDP averaged them), yet the weights ended "
+                 "apart: equal steps from unequal starting weights keep them unequal.")
+    return said
