@@ -9,8 +9,8 @@ machine shows what ``nn.DataParallel`` does in one training step:
   its gradient with the full batch's: equal without BatchNorm, different with it.
 - ``memory_by_hand`` adds up the bytes of the tensors each GPU holds in that step, at its
   peak (the gradient reduction) and after backward, to show why GPU 0 needs more memory.
-- ``time_replicate`` times that step with and without its replicate step, to show what
-  re-copying the model at every step costs.
+- ``time_replicate`` times that step's replicate step apart from the rest, on several GPU
+  counts in turn, to show what re-copying the model at every step costs.
 - ``module_prefix_demo``: a wrapped model's state_dict does not load into a plain model; both
   fixes, shown working.
 
@@ -85,9 +85,9 @@ def data_parallel_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch
         model: the model on "GPU 0".
         inputs, labels: the whole batch, on "GPU 0".
         devices: number of GPUs to spread the batch over.
-        replicas: copies made by an earlier call, reused instead of copying the model again
-            (what DataParallel does not do; ``time_replicate`` uses it to time the step
-            without its replicate step). Their gradients must be cleared first.
+        replicas: copies made by the caller instead of here (``time_replicate`` makes them
+            itself to time the replicate step apart); copies that already ran a step must
+            have their gradients cleared first.
 
     Returns:
         The gradient of every parameter, as it ends up in the model on GPU 0.
@@ -126,8 +126,9 @@ def memory_by_hand(model: nn.Module, batch_size: int, devices: int,
     GPU 0 holds the model itself (its replica shares the model's storage), the momentum
     buffers, its input chunk, its outputs, and the gathered outputs with the labels, where the
     loss is computed; every other GPU holds a replica (weights and buffers), its input chunk and
-    its outputs. In backward every replica's parameters get their full gradient on their own
-    GPU; ``Broadcast.backward`` then sums them onto GPU 0 (``ReduceAddCoalesced``, in
+    its outputs. In backward every replica's parameters get a gradient tensor of full size on
+    their own GPU, holding that chunk's share of the batch's gradient; ``Broadcast.backward``
+    then sums them onto GPU 0 (``ReduceAddCoalesced``, in
     ``torch/nn/parallel/_functions.py``), where the sum becomes the model's ``.grad``. So at
     that reduction every GPU holds a replica's gradient, and GPU 0 the sum as well: ``peak``;
     once backward has ended, the replicas and their gradients are gone and GPU 0 keeps the
@@ -222,70 +223,86 @@ def dp_by_hand(model: nn.Module, name: str = "", batch_size: int = 32, devices: 
 
 @dataclass
 class ReplicateTiming:
-    """What ``time_replicate`` measured: the median seconds of one by-hand DataParallel step.
+    """What ``time_replicate`` measured on one GPU count: seconds, one entry per repeat.
+
+    ``copy_times`` holds the replicate step's times (one copy of the model per GPU),
+    ``rest_times`` the rest of the same steps (scatter, forward, gather, backward, reduce).
 
     Lesson: 02.
     """
 
     devices: int
-    with_replicate: float
-    without_replicate: float
+    copy_times: list[float]
+    rest_times: list[float]
 
     @property
-    def replicate_share(self) -> float:
-        """The part of a step that re-copying the model took (the difference of the medians)."""
-        return 1 - self.without_replicate / self.with_replicate
+    def step(self) -> float:
+        """The median time of a whole step."""
+        return statistics.median(c + r for c, r in zip(self.copy_times, self.rest_times))
+
+    @property
+    def copying(self) -> float:
+        """The median time of the replicate step: what copying the model cost in a step."""
+        return statistics.median(self.copy_times)
 
     @property
     def per_copy(self) -> float:
-        """Seconds of that difference per copy: the by-hand step copies the model once per GPU
-        (GPU 0's replica included, where DataParallel's shares the model's storage)."""
-        return (self.with_replicate - self.without_replicate) / self.devices
+        """``copying`` per copy: the by-hand step copies the model once per GPU (GPU 0's
+        replica included, where DataParallel's shares the model's storage)."""
+        return self.copying / self.devices
+
+    @property
+    def per_copy_spread(self) -> tuple[float, float]:
+        """The lower and upper quartiles of the replicate step's times per copy: the middle
+        half of the repeats lies between them."""
+        low, _, high = statistics.quantiles(self.copy_times, n=4, method="inclusive")
+        return low / self.devices, high / self.devices
 
 
-def time_replicate(model: nn.Module, devices: int, batch_size: int = 32, repeats: int = 21,
-                   seed: int = 0, image_shape: Sequence[int] = (1, 8, 8),
-                   num_classes: int = 10) -> ReplicateTiming:
-    """Time ``data_parallel_gradient`` with its replicate step and with replicas made once.
+def time_replicate(model: nn.Module, devices: Sequence[int] = (2, 4), batch_size: int = 32,
+                   repeats: int = 21, seed: int = 0, image_shape: Sequence[int] = (1, 8, 8),
+                   num_classes: int = 10) -> list[ReplicateTiming]:
+    """Time the by-hand DataParallel step, its replicate step apart from the rest.
 
-    The two versions alternate, ``repeats`` times each after one untimed warm-up call of
-    each, so a busy moment of the machine touches both, on one CPU thread (threads that wait
-    for each other on a busy machine add noise); the medians are returned. The
-    replicas are copies of ``model``, which the step never changes, so reusing them gives the
-    same gradient: the difference is the cost of copying the model at every step.
+    Each step makes its copies of ``model`` as ``data_parallel_gradient``'s replicate step
+    does (one per chunk), timed, then hands them to ``data_parallel_gradient`` for the rest
+    of the step, timed too. Every repeat runs one step for each GPU count in turn, so a busy
+    moment of the machine touches every count; one untimed round comes first (the warm-up).
+    The copies are dropped after their step, as DataParallel drops its replicas, so the next
+    step's copies can reuse their memory. On one CPU thread (threads that wait for each other
+    on a busy machine add noise).
 
     Args:
         model: the model on "GPU 0" (left untouched).
-        devices: number of GPUs to simulate.
+        devices: the GPU counts to simulate.
         batch_size, seed, image_shape, num_classes: the random batch, as in ``dp_by_hand``.
-        repeats: timed steps of each version.
+        repeats: timed steps on each GPU count (at least 2).
 
     Returns:
-        A ``ReplicateTiming``.
+        One ``ReplicateTiming`` per GPU count, in the order of ``devices``.
 
     Lesson: 02.
     """
     generator = torch.Generator().manual_seed(seed)
     inputs = torch.randn(batch_size, *image_shape, generator=generator)
     labels = torch.randint(0, num_classes, (batch_size,), generator=generator)
-    made_once = [copy.deepcopy(model) for _ in range(devices)]
-    times: dict[bool, list[float]] = {True: [], False: []}
+    times: dict[int, tuple[list[float], list[float]]] = {n: ([], []) for n in devices}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for repeat in range(repeats + 1):             # repeat 0 is the warm-up, not kept
-            for replicate in (True, False):
-                for replica in made_once:
-                    replica.zero_grad()
+            for n in devices:
                 start = time.perf_counter()
-                data_parallel_gradient(model, inputs, labels, devices,
-                                       None if replicate else made_once)
+                replicas = [copy.deepcopy(model) for _ in inputs.chunk(n)]   # replicate
+                copied = time.perf_counter()
+                data_parallel_gradient(model, inputs, labels, n, replicas)
                 if repeat:
-                    times[replicate].append(time.perf_counter() - start)
+                    times[n][0].append(copied - start)
+                    times[n][1].append(time.perf_counter() - copied)
+                del replicas                          # dropped after the step, as in DP
     finally:
         torch.set_num_threads(threads)
-    return ReplicateTiming(devices, statistics.median(times[True]),
-                           statistics.median(times[False]))
+    return [ReplicateTiming(n, *times[n]) for n in devices]
 
 
 # ------------------------------------------------------------------ the module. prefix
