@@ -737,3 +737,22 @@ def test_the_reference_is_named_only_once_the_learners_job_is_judged_right(tmp_p
         shown = capsys.readouterr().out
         assert (shown.strip() == showcode.source(judge13.REFERENCE).strip()) == (
             yours and right), shown[:200]
+
+
+def test_the_references_five_runs_are_judged_in_one_line(tmp_path, monkeypatch, capsys):
+    """While the learner's job is the skeleton, section 4 judges the reference's five runs and
+    says so in one line: correct, or the judge's message."""
+    five = {name: _run(range(32)) for name in judge13.RUNS}
+    lab, _ = _lab(tmp_path, monkeypatch, yours=False)
+    capsys.readouterr()
+    judged = []
+    monkeypatch.setattr(judge13, "judge_capstone", lambda runs: judged.append(runs))   # right
+    assert lab.judge({"ddp": five["ddp"]}) is None and capsys.readouterr().out == ""   # not all
+    assert judged == [] and not lab.correct
+    assert lab.judge(five) is None and lab.hint is None and lab.correct
+    assert judged[0]["reference"] is five["ddp"]   # compared with itself: the course's job
+    assert capsys.readouterr().out == "the reference job's five runs: judged correct\n"
+    monkeypatch.setattr(judge13, "judge_capstone", lambda runs: "step 3 differs")
+    lab.judge(five)
+    assert capsys.readouterr().out == ("the reference job's five runs: the judge says: "
+                                       "step 3 differs\n")

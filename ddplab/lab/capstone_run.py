@@ -148,13 +148,15 @@ class Capstone:
     def judge(self, runs: dict[str, Any]) -> Any:
         """The learner's runs judged: ``ddplab.check("13", runs)`` on all five (printed), the
         judge's line on fewer (the cells below launch the rest); a section after a mistake
-        launches nothing. The reference's runs are judged silently (``hint``: None when right).
-        Returns the verdict (None for the reference's runs)."""
+        launches nothing. The reference's five runs are judged too, in one line (``hint``: the
+        judge's message, None when right). Returns the verdict (None for the reference's runs)."""
         whole = set(runs) == set(judge.RUNS)
         if not self.yours:
             if whole:
                 self.hint = judge.judge_capstone({**runs, "reference": runs["ddp"]})
                 self.final = True
+                print("the reference job's five runs:",
+                      "judged correct" if self.hint is None else f"the judge says: {self.hint}")
             return None
         import ddplab
 
