@@ -27,3 +27,13 @@ def test_every_kept_answer_has_its_section():
 def test_an_exercise_without_a_kept_answer_is_refused():
     with pytest.raises(KeyError):
         answers.show_after(True, "99")
+
+
+def test_no_notebook_names_an_answer_file_in_view():
+    import json
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb")):
+        code = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"]
+                       if c["cell_type"] == "code")
+        assert "lab.answers." not in code and "lab/answers/" not in code, path.name

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 # exercise -> (its answer's file in this folder, the ``# [name]`` section shown)
-SHOWN = {"10": ("running_loss.py", "running-loss")}
+SHOWN = {"10": ("running_loss.py", "running-loss"),
+         "12": ("tensor_parallel.py", "llama_plan")}
 
 
 def show_after(verdict: Any, exercise: str) -> bool:
