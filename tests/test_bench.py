@@ -71,6 +71,24 @@ def test_row_verdict_compares_amp_with_its_own_run_and_marks_one_epoch():
     assert bench.row_verdict(rows[2], rows) == "no clear difference vs DDP xN; 1 epoch, no spread"
 
 
+def test_row_verdict_judges_dataparallel_on_one_device_by_its_fastest_epochs():
+    single = _row("single", 1, 100.0, rates=[95, 100, 105])
+    single.epoch_times = [1.00, 1.02, 1.05]
+    dp = _row("DataParallel", 1, 76.0, rates=[60, 76, 80])
+    dp.setup = bench.Setup("DataParallel", 1, "dp", 1)
+    dp.epoch_times = [1.01, 1.20, 1.60]          # median much slower, but a busy machine
+    rows = [single, dp]
+    assert bench.verdict(dp.rates, single.rates) == "slower"
+    assert bench.row_verdict(dp, rows) == "too noisy to compare vs single (fastest epochs, " \
+                                          "one device)"
+    dp.epoch_times = [1.03, 1.04, 1.06]
+    assert bench.row_verdict(dp, rows).startswith("within noise vs single")
+    dp.epoch_times = [1.30, 1.31, 1.35]
+    assert bench.row_verdict(dp, rows).startswith("slower vs single")
+    dp.setup = bench.Setup("DataParallel", 1, "dp", 2)   # two GPUs: the median rule
+    assert bench.row_verdict(dp, rows) == "slower vs single"
+
+
 def test_fastest_epochs_says_within_noise_only_when_the_spreads_allow_it():
     steady = bench.fastest_epochs([1.00, 1.02, 1.05], [1.01, 1.03, 1.04])
     assert steady["reading"] == "within noise" and steady["ratio"] == pytest.approx(1.01)

@@ -217,7 +217,8 @@ def verdict(rates: Sequence[float], reference: Sequence[float], noise: float = N
 def row_verdict(row: Row, rows: Sequence[Row]) -> str:
     """A row's verdict against its reference row (``REFERENCE``, else "single"), as table text.
 
-    A row measured for one epoch says so: "1 epoch, no spread".
+    A row measured for one epoch says so: "1 epoch, no spread". DataParallel on one device is
+    judged by ``fastest_epochs`` (its two runs were timed apart on a possibly busy machine).
 
     Lesson: 09.
     """
@@ -225,6 +226,14 @@ def row_verdict(row: Row, rows: Sequence[Row]) -> str:
     against = REFERENCE.get(row.setup.name, "single")
     if row.setup.name == "single" or against not in by:
         return "reference" if row.setup.name == "single" else "n/a"
+    if row.setup.mode == "dp" and row.setup.devices == 1:
+        times, other = row.epoch_times, by[against].epoch_times
+        if not times or not other:
+            return "n/a"
+        dp = fastest_epochs(times, other)
+        said = {"busy": "too noisy to compare", "within noise": "within noise",
+                "a difference": "faster" if dp["ratio"] > 1 else "slower"}[dp["reading"]]
+        return f"{said} vs {against} (fastest epochs, one device)"
     text = f"{verdict(row.rates, by[against].rates)} vs {against}"
     return text + ("; 1 epoch, no spread" if len(row.rates) == 1 else "")
 
