@@ -14,7 +14,8 @@ What must be true of a run, and why
 1. **One process per device, one group.** Each process joins the job's process group from
    what the launcher put in its environment (nccl and its own GPU, ``LOCAL_RANK``, when every
    process on the machine gets one; else gloo on the CPU, as 4 processes on a 1-GPU machine:
-   one group cannot mix the two) and leaves it at the end. On a GPU a resume must replay the
+   the ranks of one collective are all on GPUs or all on the CPU) and leaves it at the end. On a
+   GPU a resume must replay the
    run bit for bit: deterministic kernels only (cuBLAS needs ``CUBLAS_WORKSPACE_CONFIG``
    before its first matmul; no cuDNN benchmarking).
 2. **Each rank its own share, a new order every epoch.** In one epoch the ranks together read

@@ -31,7 +31,7 @@ from ddplab.capstone import build_model, datasets, log_accuracy, log_step, parse
 def this_device() -> torch.device:
     """This process's device: its own GPU (``LOCAL_RANK``) when every process on this machine
     gets one, else the CPU (more processes than GPUs, as 4 ranks on a 1-GPU Colab: all on gloo,
-    since one group cannot mix nccl and gloo)."""
+    since the ranks of one collective are all on GPUs or all on the CPU)."""
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if not torch.cuda.is_available() or torch.cuda.device_count() < local_world:
         return torch.device("cpu")
