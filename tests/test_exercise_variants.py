@@ -401,8 +401,8 @@ VARIANTS = [
         ("\"attention.wo\": RowwiseParallel(output_layouts=Shard(1))",
          "\"attention.wo\": RowwiseParallel()"),
     ), right=False, words=("attention returned Replicate()", "needed Shard(1)",
-                           "attention.wo", "output_layouts=Shard(1)"),
-        absent=("a DTensor and a plain tensor",)),
+                           "attention.wo", "the residual's layout"),
+        absent=("a DTensor and a plain tensor", "output_layouts=")),
 ]
 
 # ----------------------------------------------------------------- 13: the capstone
