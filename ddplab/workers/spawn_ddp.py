@@ -107,7 +107,7 @@ def main(rank: int, world_size: int, args: argparse.Namespace) -> None:
     name = args.model or models.default_model(args.dataset)
     model = models.build_model(name, split.num_classes, split.in_channels).to(device)
     model = DDP(model, device_ids=[rank] if device.type == "cuda" else None,
-                init_sync=not args.no_init_sync)
+                **({"init_sync": False} if args.no_init_sync else {}))   # (torch >= 2.7)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     # [/model]
 
