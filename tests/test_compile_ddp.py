@@ -25,7 +25,7 @@ def test_graphs_split_per_bucket_and_the_losses_equal_eager():
         assert e["backend"] == "aot_eager" and e["frames"] >= 1 and not e["sequential"]
     assert graphs["compile_then_wrap"]["regions"] == ["0/0"]        # the model's frame only
     outer = graphs["wrap_then_compile"]["regions"]                  # DDP's frame, then the model's
-    assert len(outer) == 2 and outer[0] == "0/0" and int(outer[1].split("/")[0]) > 1, outer
+    assert len(outer) == 2 and outer[0] == "0/0" and int(outer[1].split("/")[0]) >= 1, outer
     assert not result.events_of("why")                              # --sequential only
     losses: dict[str, list[float]] = {}
     for e in result.events_of("loss"):
