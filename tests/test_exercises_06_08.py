@@ -5,12 +5,11 @@ reference solutions judged right, and the judges' device rules on runs this mach
 from __future__ import annotations
 
 import copy
-import difflib
 from pathlib import Path
 
 import pytest
 
-from test_exercises_hints import answer_named
+from test_exercises_hints import answer_named, changes_outside_todo
 
 import ddplab
 from ddplab.lab import judges
@@ -64,12 +63,7 @@ def test_the_amp_solution_only_fills_the_skeletons_gaps():
     key = "06"
     skeleton = judges.skeleton_path(key).read_text().splitlines()
     solution = (SOLUTIONS / judges.skeleton_path(key).name).read_text().splitlines()
-    matcher = difflib.SequenceMatcher(a=skeleton, b=solution, autojunk=False)
-    for tag, i1, i2, _, _ in matcher.get_opcodes():
-        if tag != "equal" and i1 > 0:  # the docstring's first line names the solution
-            assert any("# TODO(exercise)" in line for line in skeleton[i1:i2]), (
-                f"the solution of {key} changes lines {i1 + 1}-{i2} of the skeleton, "
-                "outside its TODO(exercise) blocks")
+    assert changes_outside_todo(skeleton, solution) == [], key
 
 
 # ----------------------------------------------------------------------------- 06

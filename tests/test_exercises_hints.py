@@ -44,6 +44,15 @@ def todo_names(key: str) -> tuple[str, frozenset[str], frozenset[str], frozenset
     return skeleton, frozenset(calls), frozenset(keywords), frozenset(unseen)
 
 
+def changes_outside_todo(skeleton: list[str], solution: list[str]) -> list[tuple[int, int]]:
+    """The line ranges (1-based, inclusive) where ``solution`` changes ``skeleton`` outside its
+    ``TODO(exercise)`` blocks; the docstring's first line, which names the file, may differ."""
+    matcher = difflib.SequenceMatcher(a=skeleton, b=solution, autojunk=False)
+    return [(i1 + 1, i2) for tag, i1, i2, _, _ in matcher.get_opcodes()
+            if tag != "equal" and i1 > 0
+            and not any("# TODO(exercise)" in line for line in skeleton[i1:i2])]
+
+
 def answer_named(key: str, message: str) -> list[str]:
     """The parts of the solution's code that ``message`` spells out (it should be none): a
     name the skeleton never mentions, a call with arguments or a keyword argument that the
