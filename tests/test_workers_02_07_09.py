@@ -239,4 +239,8 @@ def test_step_profile_under_ddp_writes_traces_with_every_buckets_all_reduce(tmp_
                                                     str(tmp_path / "trace_rank1.json")}
     overlap = bench.backward_overlap(seen[0, "trace"])
     assert len(overlap["all_reduces"]) >= 2 and overlap["gradients_ms"] > 0
+    # every bucket's all-reduce is launched from inside backward, all but the last before the
+    # last gradient is computed
+    assert len(overlap["launches_ms"]) == len(overlap["all_reduces"])
+    assert overlap["launches_ms"][-2] < overlap["gradients_ms"] <= overlap["launches_ms"][-1]
     assert seen[0, "bytes"] == seen[1, "bytes"]

@@ -513,8 +513,12 @@ def backward_overlap(trace: str | Path) -> dict[str, Any]:
 
     Returns:
         ``{"gradients_ms": when the last gradient op finished computing, "backward_ms": end of
-        the ``backward`` span (None if the trace has none), "all_reduces": [(start_ms, end_ms,
-        thread), ...] in start order, "overlapped": how many started before gradients_ms,
+        the ``backward`` span (None if the trace has none), "launches_ms": when DDP launched
+        each bucket's all-reduce from inside a gradient op, in order (one before gradients_ms
+        is a bucket handed to gloo while gradients were still to compute, whatever the
+        machine's load), "all_reduces": [(start_ms, end_ms, thread), ...] in start order,
+        "overlapped": how many started before gradients_ms (gloo's thread needs a free core
+        for that: on a busy machine it can wait),
         "busy_ms": the time at least one all-reduce ran (their union: on two threads they
         overlap), "hidden_ms": the part of it while a gradient op computed}``.
 
@@ -536,11 +540,14 @@ def backward_overlap(trace: str | Path) -> dict[str, Any]:
 
     computing = sorted(computed(e) for e in grads)
     end = max(finish for _, finish, _ in computing)
+    handed = sorted((e["ts"] - start) / 1000 for e in launches if any(
+        g["tid"] == e["tid"] and g["ts"] <= e["ts"] < g["ts"] + g["dur"] for g in grads))
     backward = [(e["ts"] + e["dur"] - start) / 1000 for e in spans if e["name"] == "backward"]
     reduces = sorted(((e["ts"] - start) / 1000, (e["ts"] + e["dur"] - start) / 1000, e["tid"])
                      for e in spans if e["name"] == ALL_REDUCE_OP)
     return {"gradients_ms": end, "backward_ms": max(backward) if backward else None,
-            "all_reduces": reduces, "overlapped": sum(begin < end for begin, _, _ in reduces),
+            "launches_ms": handed, "all_reduces": reduces,
+            "overlapped": sum(begin < end for begin, _, _ in reduces),
             "busy_ms": _length(_merged(reduces)),
             "hidden_ms": _length(_common(_merged(reduces), _merged(computing)))}
 
