@@ -44,8 +44,12 @@ def lines_reached(result: Any, script: PathLike) -> dict[int, str]:
 
 
 def output_of_a_run(script: PathLike, output: PathLike, nprocs: int = 2,
-                    timeout: float = 30.0) -> str:
-    """The text a run of the current ``script`` wrote to ``output``; launched here if needed."""
+                    timeout: float = 60.0) -> str:
+    """The text a run of the current ``script`` wrote to ``output``; launched here if needed.
+
+    ``timeout`` (seconds) ends a run that hangs; it includes every rank's start (importing
+    torch), which takes many seconds on a busy machine.
+    """
     script, output = Path(script), Path(output)
     if not written_since(output, script):
         import ddplab
@@ -56,8 +60,10 @@ def output_of_a_run(script: PathLike, output: PathLike, nprocs: int = 2,
         if not run.ok:
             for rank, line in lines_reached(run, script).items():
                 print(f"rank {rank} was at line {line}")
-            raise RuntimeError(f"{script.name} did not finish ({run.status}): restore it, run "
-                               "the cell that writes it again, then this one")
+            why = getattr(run, "error", None)
+            raise RuntimeError(f"{script.name} did not finish ({run.status}"
+                               + (f": {why}" if why else "") + "): restore it, run the cell "
+                               "that writes it again, then this one")
     return output.read_text()
 
 
