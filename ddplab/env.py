@@ -448,6 +448,10 @@ class Report(dict):
                 f"{len(self['problems'])} problem(s)>")
 
 
+#: The plans ``doctor`` printed in this process (a kernel's launches then print none).
+PLAN_PRINTED: list[str] = []
+
+
 def doctor(quiet: bool = False, full: bool = False) -> Report:
     """Report torch, devices, backends, the backend ddplab picks, a free port and problems.
 
@@ -480,6 +484,7 @@ def doctor(quiet: bool = False, full: bool = False) -> Report:
     facts["problems"] = [{"problem": p, "fix": f} for p, f in problems(facts)]
     if not quiet:
         print(format_report(facts) if full else format_summary(facts))
+        PLAN_PRINTED.append(facts["plan"])   # a notebook's first launch need not say it again
     return facts
 
 

@@ -33,12 +33,14 @@ _PLAN_SHOWN: list[str] = []  # the line show_plan_once printed in this kernel, i
 def show_plan_once() -> Optional[str]:
     """In a notebook, at its first launch: the doctor's one line on how the course runs here.
 
-    Printed once per kernel (``ddplab: lessons run 2 ranks on CPU with gloo (...) unless a cell asks for more``), from
-    the facts the hardware cell's ``doctor()`` already gathered. Nothing outside Jupyter.
+    Printed once per kernel (``ddplab: lessons run 2 ranks on CPU with gloo (...) unless a cell
+    asks for more``), from the facts ``doctor()`` gathered; not at all once ``doctor()`` printed
+    it in this kernel (a course notebook's first cell). Nothing outside Jupyter.
     """
-    if _PLAN_SHOWN or not in_notebook():
-        return None
     from . import env
+
+    if _PLAN_SHOWN or env.PLAN_PRINTED or not in_notebook():
+        return None
 
     try:
         line = f"ddplab: lessons run {env.course_plan(env.probe())} unless a cell asks for more"

@@ -55,7 +55,25 @@ def test_a_notebooks_first_launch_prints_the_doctors_plan_once(monkeypatch, caps
     LiveView(quiet=True)                                 # a quiet launch shows nothing
     LiveView(plan=False)                                 # nor a one-process launch
     assert capsys.readouterr().out == ""
+    monkeypatch.setattr(env, "PLAN_PRINTED", [])
     LiveView()
     LiveView()
     plan = env.course_plan(env.probe())
     assert capsys.readouterr().out == f"ddplab: lessons run {plan} unless a cell asks for more\n"
+
+
+def test_no_launch_repeats_the_plan_a_doctor_printed_in_this_kernel(monkeypatch, capsys):
+    from ddplab import env
+    from ddplab import liveview as widgets
+
+    monkeypatch.setattr(widgets, "_PLAN_SHOWN", [])
+    monkeypatch.setattr(env, "PLAN_PRINTED", [])
+    monkeypatch.setattr(widgets, "in_notebook", lambda: True)
+    env.doctor()                                         # a notebook's first cell
+    assert "lessons run" in capsys.readouterr().out
+    LiveView()                                           # its first launch: said already
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(env, "PLAN_PRINTED", [])         # a new kernel
+    env.doctor(quiet=True)                               # whose doctor printed nothing
+    LiveView()
+    assert "lessons run" in capsys.readouterr().out
