@@ -205,7 +205,8 @@ def atomic_save(obj: Any, path: PathLike) -> None:
     """``torch.save`` to a temporary file in the same folder, fsync it, then rename it.
 
     ``os.replace`` is atomic on one file system, so readers see the old file or the new one,
-    never half of one. The file gets the mode the umask gives (as ``open`` would: 0644 under
+    never half of one; the folder is fsynced after the rename, so that a power cut cannot undo
+    the rename itself. The file gets the mode the umask gives (as ``open`` would: 0644 under
     the usual umask 022). The temporary file, ``.<name>.tmp-<host>-<pid>``, is removed if
     anything fails; one that a killed save left (its process is gone) is removed by the next
     save on that host. Several writers (one per node, say) each have their own.

@@ -184,10 +184,11 @@ def _compare_05(answer: Any, expected: Any) -> Optional[str]:
     return "the second launch trains every epoch that is not yet in the checkpoint, up to --epochs."
 
 
-@exercise("05", "A job started with `--epochs 5 --checkpoint-dir ckpt` saves atomically after "
-          "every epoch. Its processes are killed (kill -9) while rank 0 is writing the checkpoint "
-          "of epoch 4; you launch the job again with `--resume`. Which epochs (numbered from "
-          "1) does the second launch train? answer = [...]", _compare_05)
+@exercise("05", "A job of the course's script, started with `--epochs 5 --checkpoint-dir "
+          "ckpt`, saves its checkpoint after every epoch. Its processes are killed (kill -9) "
+          "while rank 0 is writing the checkpoint of epoch 4; you launch the job again with "
+          "`--resume`. Which epochs (numbered from 1) does the second launch train? "
+          "answer = [...]", _compare_05)
 def _exercise_05() -> list[int]:
     # The atomic write never replaced the file: it still holds epochs 1..3, so 4 is trained again.
     epochs, saved = 5, 3
