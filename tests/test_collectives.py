@@ -39,6 +39,7 @@ def test_collectives_give_the_textbook_results():
     p2p = {e["rank"]: e for e in result.events_of("p2p")}
     assert sorted(p2p) == [0, n - 1]                     # one sender, one receiver
     assert p2p[n - 1]["message"] == [3.0, 1.0, 4.0] and p2p[0]["reply"] == [6.0, 2.0, 8.0]
+    assert {e["backend"] for e in p2p.values()} == {"gloo"}   # CPU clocks time gloo's waits
     # causal, not speed: recv returned after the sender's 0.2 s of work; rank 0's wait() after
     # the reply, which the receiver sent another 0.2 s later; irecv returned before that reply
     assert p2p[n - 1]["received"] > 0.18 and p2p[0]["done"] > 0.36

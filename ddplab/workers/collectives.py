@@ -12,11 +12,12 @@ result can be checked by hand. For each collective every rank emits one ``collec
 ``arrived`` and ``left`` (seconds since a common start): rank r arrives r x ``--stagger``
 seconds late, and nobody leaves before the last one arrived.
 
-Point to point (``p2p`` events, seconds since a common start): rank 0 sends one message to the
-last rank with the blocking ``send``/``recv`` after ``--stagger`` seconds of work; the last
-rank answers with ``isend``, ``--stagger`` seconds later, into rank 0's ``irecv``. Rank 0
-reports ``sent``, ``posted`` (when ``irecv`` returned), ``done`` (when its ``wait()`` did) and
-``reply``; the last rank ``received`` (when ``recv`` returned) and ``message``.
+Point to point (``p2p`` events, seconds since a common start), on a gloo group of CPU tensors
+on every machine: rank 0 sends one message to the last rank with the blocking ``send``/``recv``
+after ``--stagger`` seconds of work; the last rank answers with ``isend``, ``--stagger``
+seconds later, into rank 0's ``irecv``. Rank 0 reports ``sent``, ``posted`` (when ``irecv``
+returned), ``done`` (when its ``wait()`` did) and ``reply``; the last rank ``received`` (when
+``recv`` returned) and ``message``; both say the group's ``backend``.
 
 A naive ring step (``naive`` events): every rank calls the blocking ``send`` to its right
 neighbour, then ``recv`` from its left, a ``--naive-numel``-element tensor, on a gloo group
@@ -139,31 +140,38 @@ def run_barrier(info: dist.DistInfo, stagger: float) -> None:
 def run_point_to_point(info: dist.DistInfo, delay: float) -> None:
     """One message from rank 0 to the last rank, blocking; the answer back, non-blocking.
 
+    Runs on a gloo group of its own (CPU tensors) on every machine: gloo's ``wait()`` holds the
+    calling thread until the message is out or in, so the times it reports are the messages'.
+    NCCL's ``wait()`` would only make the GPU's stream wait, and the CPU clock would see nothing.
+
     Lesson: 08.
     """
     last = info.world_size - 1
-    torch_dist.barrier()                  # a common start, one clock
-    start = time.time()
     # [p2p]
+    p2p = torch_dist.new_group(backend="gloo")      # on GPUs too: gloo's wait() holds the CPU
+    torch_dist.barrier(group=p2p)                   # a common start, one clock
+    start = time.time()
     if info.rank == 0:
         time.sleep(delay)                                   # busy a moment before it sends
-        torch_dist.send(torch.tensor([3.0, 1.0, 4.0], device=info.device), dst=last)
+        torch_dist.send(torch.tensor([3.0, 1.0, 4.0]), dst=last, group=p2p)
         sent = time.time() - start                          # send (gloo): once it was taken
-        reply = torch.zeros(3, device=info.device)
-        request = torch_dist.irecv(reply, src=last)         # irecv: returns a request at once ...
+        reply = torch.zeros(3)
+        request = torch_dist.irecv(reply, src=last, group=p2p)  # returns a request at once ...
         posted = time.time() - start
         request.wait()                                      # ... the wait is here
         done = time.time() - start
-        events.emit("p2p", sent=sent, posted=posted, done=done, reply=reply.tolist())
+        events.emit("p2p", sent=sent, posted=posted, done=done, reply=reply.tolist(),
+                    backend=torch_dist.get_backend(p2p))
     elif info.rank == last:
-        message = torch.zeros(3, device=info.device)
-        torch_dist.recv(message, src=0)                     # recv (gloo): returns once it arrived
+        message = torch.zeros(3)
+        torch_dist.recv(message, src=0, group=p2p)          # recv (gloo): returns once it arrived
         received = time.time() - start
         time.sleep(delay)
         answer = 2 * message
-        request = torch_dist.isend(answer, dst=0)           # isend: leave `answer` alone ...
+        request = torch_dist.isend(answer, dst=0, group=p2p)    # leave `answer` alone ...
         request.wait()                                      # ... until wait() returns
-        events.emit("p2p", received=received, message=message.tolist())
+        events.emit("p2p", received=received, message=message.tolist(),
+                    backend=torch_dist.get_backend(p2p))
     # [/p2p]
 
 
