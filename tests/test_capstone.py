@@ -611,7 +611,7 @@ def test_a_resume_that_reads_an_unfinished_save_is_named():
 # --------------------------------------------------------------- the notebook's launches (lab)
 
 
-def _lab(tmp_path, monkeypatch, yours: bool):
+def _lab(tmp_path, monkeypatch, yours: bool, without=None):
     """A ``Capstone`` after a first launch of the skeleton (or of a job without its TODO line,
     judged right so far), whose launches are recorded, not run: each leaves two checkpoints."""
     from ddplab.lab import capstone_run
@@ -636,8 +636,32 @@ def _lab(tmp_path, monkeypatch, yours: bool):
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     lab = capstone_run.Capstone(first, job, data=["--dataset", "digits"], work=work,
-                                timeout=300.0)
+                                timeout=300.0, without=without)
     return lab, launched
+
+
+@pytest.mark.parametrize("piece, line", [("scaler", "scaler.load_state_dict("),
+                                         ("set_epoch", "sampler.set_epoch(")])
+def test_the_lab_can_take_one_piece_out_of_the_reference(tmp_path, monkeypatch, piece, line):
+    """Notebook 13's ``WITHOUT``: while the learner's job is the skeleton, the lab launches a
+    copy of the reference job with that one piece taken out, the rest as it is; a learner's
+    own job is launched as it is."""
+    import importlib.util
+
+    lab, launched = _lab(tmp_path, monkeypatch, False, without=piece)
+    lab.run("ddp", "--amp-dtype", "float16")
+    reference = Path(importlib.util.find_spec(judge13.REFERENCE).origin).read_text()
+    copy = Path(launched[0][0]).read_text()
+    assert line in reference and line not in copy
+    compile(copy, "copy", "exec")
+    kept = [l for l in reference.splitlines() if l in copy.splitlines()]
+    assert len(reference.splitlines()) - len(kept) in (1, 2)   # only that piece's lines
+    (tmp_path / "yours").mkdir()
+    mine, launched = _lab(tmp_path / "yours", monkeypatch, True, without=piece)
+    mine.run("ddp", "--amp-dtype", "float16")
+    assert mine.without is None and launched[0][0] == str(tmp_path / "yours" / "capstone.py")
+    with pytest.raises(ValueError):
+        _lab(tmp_path / "yours", monkeypatch, False, without="momentum")
 
 
 @pytest.mark.parametrize("yours", [False, True])

@@ -41,6 +41,13 @@ UNJUDGED = "run section 4 first: it judges the five runs this section builds on.
 TODO = "Your job ran: delete the `# TODO(exercise)` line in exercises/capstone.py."
 BROKEN = "The run above failed: fix what it says (your file still holds its TODO line)."
 
+# ``without=`` of :class:`Capstone`: one piece taken out of the reference job (the line that
+# does it, and what replaces it), so that the judge and the notebook's checks show they catch it.
+WITHOUT = {
+    "scaler": ('    if state["scaler"]:\n        scaler.load_state_dict(state["scaler"])\n', ""),
+    "set_epoch": ("sampler.set_epoch(epoch)", "pass"),
+}
+
 
 class Capstone:
     """The cells' launches after the first one, ``first`` (a launch of ``job`` on 2 processes),
@@ -52,10 +59,13 @@ class Capstone:
         data: the workload's arguments, given to every launch.
         work: the folder under which each run gets its own (new for every ``Capstone``).
         timeout: seconds per launch at most.
+        without: while ``job`` is the skeleton, launch the reference job without one piece,
+            a key of ``WITHOUT``: ``"scaler"`` (a resume leaves the GradScaler new) or
+            ``"set_epoch"`` (every epoch the same order). None: the reference as it is.
     """
 
     def __init__(self, first: Any, job: Union[str, Path], *, data: Any = (),
-                 work: Union[str, Path], timeout: float):
+                 work: Union[str, Path], timeout: float, without: Optional[str] = None):
         self.first, self.job, self.data, self.timeout = first, Path(job), list(data), timeout
         self.verdict = judge.check_so_far(first)
         self.skeleton = judge.unanswered(self.job, first)
@@ -68,6 +78,21 @@ class Capstone:
         self._runs: dict[int, tuple[Any, Path]] = {}
         self._kept: dict[int, Path] = {}
         self._said = False
+        self.without = without if self.skeleton else None
+        self._target = judge.REFERENCE
+        if self.without:   # a copy of the reference's file, that piece taken out
+            import importlib.util
+
+            if without not in WITHOUT:
+                raise ValueError(f"without={without!r}: one of {sorted(WITHOUT)}, or None")
+            old, new = WITHOUT[without]
+            text = Path(importlib.util.find_spec(judge.REFERENCE).origin).read_text()
+            assert text.count(old) == 1, f"the reference job has no one {without!r} line"
+            self._target = str(self.folder / f"reference_without_{without}.py")
+            Path(self._target).write_text(text.replace(old, new))
+        elif without:
+            print(f"without={without!r} left out: it takes a piece from the reference job, and "
+                  "the runs below use yours")
         if not self.skeleton and judge.unanswered(self.job):   # a job under the TODO line
             print(TODO if first.ok else BROKEN)
 
@@ -93,6 +118,7 @@ class Capstone:
         if not self._said:
             self._said = True
             print("the runs below use", "your job" if self.yours else
+                  f"the reference job without {self.without!r}" if self.without else
                   "the reference job (yours is still the skeleton)")
         return True
 
@@ -111,7 +137,7 @@ class Capstone:
         import ddplab
 
         result = ddplab.launch(
-            str(self.job) if self.yours else judge.REFERENCE, n,
+            str(self.job) if self.yours else self._target, n,
             args=[*self.data, "--checkpoint-dir", path, *args],
             quiet=not self.yours and "--kill-rank" in args,   # its rank 0's traceback
             timeout=min(self.timeout, watch.get("timeout", self.timeout)),
@@ -149,11 +175,15 @@ class Capstone:
         """The learner's runs judged: ``ddplab.check("13", runs)`` on all five (printed), the
         judge's line on fewer (the cells below launch the rest); a section after a mistake
         launches nothing. The reference's five runs are judged too, in one line (``hint``: the
-        judge's message, None when right). Returns the verdict (None for the reference's runs)."""
+        judge's message, None when right; with a piece taken out, ``without``, the judge compares
+        them with a launch of the whole reference). Returns the verdict (None for the
+        reference's runs)."""
         whole = set(runs) == set(judge.RUNS)
         if not self.yours:
             if whole:
-                self.hint = judge.judge_capstone({**runs, "reference": runs["ddp"]})
+                # the ddp run is the reference's, but not without a piece: then one launch more
+                reference = {} if self.without else {"reference": runs["ddp"]}
+                self.hint = judge.judge_capstone({**runs, **reference})
                 self.final = True
                 print("the reference job's five runs:",
                       "judged correct" if self.hint is None else f"the judge says: {self.hint}")
