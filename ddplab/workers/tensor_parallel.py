@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import logging
 import statistics
 import time
 import warnings
@@ -154,8 +155,9 @@ def show_placements(mesh: DeviceMesh, info: dist.DistInfo) -> None:
         tensor = distribute_tensor(whole, mesh, [placement])     # each keeps its piece
         events.emit("placement", placement=name, local=tensor.to_local().tolist(),
                     full=tensor.full_tensor().tolist())
-    # Partial: every rank holds a summand; the tensor is their sum, not yet computed.
-    mine = torch.full((2, n), float(info.rank + 1), device=info.device)
+    # Partial: every rank holds a summand; the tensor is their sum, not yet computed. Here each
+    # holds whole / n (quarters of integers on 4 ranks: exact), so the sum is the same whole.
+    mine = whole / n
     partial = DTensor.from_local(mine, mesh, [Partial()])
     events.emit("placement", placement="Partial()", local=mine.tolist(),
                 full=partial.full_tensor().tolist())
@@ -496,6 +498,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if size % info.world_size:
             raise SystemExit(f"{name} {size} does not divide by the {info.world_size} ranks: "
                              f"tensor parallel splits it evenly; pick a multiple.")
+    if not info.is_main:   # DTensor's warnings (logged) are the same on every rank: rank 0's only
+        for name in ("torch.distributed.tensor._redistribute",
+                     "torch.distributed.tensor._collective_utils"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     mesh_1d, mesh_2d = make_meshes(info)
     for part in args.parts:
         if part == "mesh":
