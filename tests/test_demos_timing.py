@@ -18,3 +18,38 @@ def test_benchmark_is_torch_utils_benchmark_with_the_extension_notice_silenced()
         assert logger.getEffectiveLevel() == logging.ERROR      # notices and warnings dropped
     finally:
         logger.setLevel(level)
+
+
+def test_time_step_two_ways_alternates_on_one_thread_and_restores_the_threads():
+    import statistics
+    import time
+
+    import torch
+
+    calls = []
+
+    def step():
+        calls.append(torch.get_num_threads())
+        time.sleep(0.001)
+
+    threads = torch.get_num_threads()
+    times = timing.time_step_two_ways(step, rounds=3, seconds=0.01)
+    assert set(calls) == {1} and torch.get_num_threads() == threads
+    assert times.rounds == 3 and len(times.by_hand) >= 3 and times.first >= 0.001
+    assert times.hand_median == statistics.median(times.by_hand)
+    assert len(times.timer.times) >= 3 and times.timer.median >= 0.001      # per step
+
+
+def test_time_step_two_ways_restores_the_threads_after_an_error():
+    import torch
+
+    threads = torch.get_num_threads()
+
+    def step():
+        raise RuntimeError("boom")
+
+    try:
+        timing.time_step_two_ways(step, rounds=1, seconds=0.01)
+    except RuntimeError:
+        pass
+    assert torch.get_num_threads() == threads

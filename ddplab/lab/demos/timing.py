@@ -5,6 +5,7 @@ Kernel side (see ``ddplab.lab.demos``): nothing here touches a GPU.
 - ``benchmark``: ``torch.utils.benchmark``, imported without the notice its import of
   ``torch.utils.cpp_extension`` logs when no CUDA toolkit is installed (``CUDA_HOME``), a notice
   about compiling C++ extensions that has nothing to do with timing.
+- ``time_step_two_ways``: one step timed by hand and with ``Timer``, in alternating rounds.
 
 Lesson: 01.
 """
@@ -12,7 +13,13 @@ Lesson: 01.
 from __future__ import annotations
 
 import logging
+import statistics
+import time
+from dataclasses import dataclass
 from types import ModuleType
+from typing import Any, Callable
+
+import torch
 
 
 def benchmark() -> ModuleType:
@@ -29,3 +36,61 @@ def benchmark() -> ModuleType:
     from torch.utils import benchmark as module
 
     return module
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """One step timed two ways, in alternating rounds (:func:`time_step_two_ways`)."""
+
+    first: float              # the very first step's reading, its one-off costs included
+    by_hand: list[float]      # one time.perf_counter() reading per step, after the first
+    timer: Any                # Timer's measurements of every round, merged: seconds per step
+    rounds: int               # rounds of (readings by hand, then Timer.blocked_autorange)
+
+    @property
+    def hand_median(self) -> float:
+        """The median of the readings by hand (the first step left out)."""
+        return statistics.median(self.by_hand)
+
+
+def time_step_two_ways(step: Callable[[], Any], rounds: int = 5,
+                       seconds: float = 0.05) -> StepTimes:
+    """Time ``step`` by hand and with ``torch.utils.benchmark.Timer``, alternately, on 1 thread.
+
+    The first call is read alone (its one-off costs). Then each round reads the clock around
+    single calls for ``seconds``, and lets ``Timer.blocked_autorange(min_run_time=seconds)``
+    time blocks of calls: a busy stretch of the machine falls on both methods, not on one.
+    Timer's clock is ``time.perf_counter`` (its default would synchronize a GPU). The number
+    of threads torch uses is set to 1, Timer's default, and restored even on an error.
+
+    Args:
+        step: the work to time, called with no arguments.
+        rounds: how many times the two methods take turns.
+        seconds: how long each method times in each round.
+
+    Returns:
+        :class:`StepTimes`; ``timer.median`` is Timer's median per step.
+
+    Lesson: 01.
+    """
+    bench = benchmark()
+    timer = bench.Timer("step()", globals={"step": step}, timer=time.perf_counter)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        first, by_hand, measured = _reading(step), [], []
+        for _ in range(rounds):
+            end = time.perf_counter() + seconds
+            while not by_hand or time.perf_counter() < end:
+                by_hand.append(_reading(step))
+            measured.append(timer.blocked_autorange(min_run_time=seconds))
+    finally:
+        torch.set_num_threads(threads)
+    merged, = bench.Measurement.merge(measured)
+    return StepTimes(first, by_hand, merged, rounds)
+
+
+def _reading(step: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
