@@ -63,11 +63,13 @@ from ddplab import dist, events
 
 ORDERS = ("wrap_then_compile", "compile_then_wrap")
 #: Why ``torch.compile(DDP(nn.Sequential(...)))`` ran no compiled graph of the model (the
-#: ``why`` event; torch 2.14: ``_inside_ddp_forward`` in torch/nn/parallel/distributed.py,
-#: ``check_file`` in torch/_dynamo/trace_rules.py).
+#: ``why`` event; torch 2.14: ``_run_ddp_forward`` and the context manager
+#: ``_inside_ddp_forward`` in torch/nn/parallel/distributed.py, ``check_file`` in
+#: torch/_dynamo/trace_rules.py).
 SEQUENTIAL_WHY = (
-    "Why: DDP calls the model from a method Dynamo does not trace, so the model's forward must "
-    "start a frame of its own. Dynamo starts frames in your files, but in torch's own torch/nn "
+    "Why: DDP calls the model inside a context manager that Dynamo skips (_inside_ddp_forward): "
+    "the graph breaks on entering it, so the model's forward must start a frame of its own. "
+    "Dynamo starts frames in your files, but in torch's own torch/nn "
     "files only when a frame it is already tracing calls them: nn.Sequential's forward lives "
     "in torch/nn, so nothing compiled it. An MLP class of your own starts its frame in your "
     "file.")
