@@ -58,7 +58,7 @@ def train(model: nn.Module, loader: DataLoader, sampler: DistributedSampler,
       which start from different weights, train as one and end with the same weights;
     - it learns the ten digit classes: its weights change, over ``epochs`` passes over
       ``loader``;
-    - each pass reads this rank's share in a new order (notebook 04, section 4).
+    - each pass reads this rank's share in a new order (notebook 04, section 5).
     """
     model = model.to(device)  # first to the device, then wrap
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)

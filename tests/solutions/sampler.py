@@ -25,7 +25,7 @@ ranks (``ddplab check`` launches 2 and 4):
    all-reduce its peers never join, until the process group's timeout), and an epoch leaves out
    only what does not divide: fewer samples than there are ranks;
 3. the samples left out are not the same in every epoch, so that each one gets its turn;
-4. every epoch reads in a new order (notebook 04, section 4).
+4. every epoch reads in a new order (notebook 04, section 5).
 
 Any way that makes these true passes: torch's ``DistributedSampler``, if its arguments allow it
 (https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler),

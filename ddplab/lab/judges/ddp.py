@@ -262,7 +262,7 @@ def _order_hint(reads: dict[int, dict[int, list[int]]], epochs: list[int]) -> Op
                 else f"in epochs {same[0]} and {same[1]}")
         return (f"rank {rank} read its share in the same order {when}: the shuffle must change "
                 "with the epoch (TODO 2, goal 4), and the sampler does not know which epoch "
-                "this is unless the loop tells it (notebook 04, section 4).")
+                "this is unless the loop tells it (notebook 04, section 5).")
     return None
 
 

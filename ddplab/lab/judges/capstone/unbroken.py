@@ -108,7 +108,7 @@ def _samples_hint(mine: dict, ref: dict, per_epoch: int) -> Optional[str]:
             if read(mine[r], per_epoch, 2 * per_epoch) == epoch0[r]:
                 return (f"rank {r} read its share in the same order in every epoch: point 2 "
                         "wants another order every epoch, and a DistributedSampler knows the "
-                        "epoch only when the loop tells it (notebook 04, section 4).")
+                        "epoch only when the loop tells it (notebook 04, section 5).")
     return ("the ranks read other samples, or in another order, than the reference: point 2 "
             "wants DistributedSampler's shares, shuffled from --seed, a new order every epoch, "
             "--batch-size samples per rank and step.")
