@@ -85,16 +85,18 @@ def test_reused_replicas_give_the_same_gradient_and_only_the_copies_asked_for():
         False]
 
 
-def test_time_replicate_times_the_copies_and_the_rest_on_every_gpu_count_untouched():
-    model = _cnn()
-    before = [p.detach().clone() for p in model.parameters()]
-    timings = dataparallel.time_replicate(model, devices=(2, 3), batch_size=8, repeats=3)
-    assert [t.devices for t in timings] == [2, 3]
-    for timing in timings:
-        assert len(timing.copy_times) == len(timing.rest_times) == 3   # the warm-up left out
-        assert all(t > 0 for t in timing.copy_times + timing.rest_times)
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    assert all(p.grad is None for p in model.parameters())
+def test_time_copies_times_one_copy_of_every_model_untouched_on_one_thread():
+    small, large = _cnn(), models.build_model("cnn_bn")
+    before = [p.detach().clone() for p in small.parameters()]
+    threads = torch.get_num_threads()
+    timings = dataparallel.time_copies({"cnn": small, "cnn_bn": large}, repeats=3)
+    assert [t.model for t in timings] == ["cnn", "cnn_bn"]
+    assert all(len(t.times) == 3 and all(s > 0 for s in t.times) for t in timings)  # no warm-up
+    assert timings[0].nbytes == sum(p.numel() * 4 for p in small.parameters())   # no buffers
+    assert timings[1].nbytes == sum(t.numel() * t.element_size()
+                                    for t in [*large.parameters(), *large.buffers()])
+    assert all(torch.equal(a, b) for a, b in zip(before, small.parameters()))
+    assert torch.get_num_threads() == threads
 
 
 def test_memory_by_hand_gives_every_gpu_a_gradient_at_the_peak_and_gpu_0_the_sum():
@@ -115,13 +117,10 @@ def test_memory_by_hand_gives_every_gpu_a_gradient_at_the_peak_and_gpu_0_the_sum
     assert len(dataparallel.memory_by_hand(model, 3, 8)) == 3              # idle GPUs: no row
 
 
-def test_time_replicate_reports_the_copies_per_copy_with_their_spread():
-    timing = dataparallel.ReplicateTiming(4, copy_times=[0.008, 0.002, 0.004, 0.012, 0.006],
-                                          rest_times=[0.010, 0.010, 0.030, 0.010, 0.010])
-    assert timing.copying == pytest.approx(0.006)          # the median replicate step
-    assert timing.per_copy == pytest.approx(0.0015)        # 6 ms over 4 copies, one per GPU
-    assert timing.per_copy_spread == pytest.approx((0.001, 0.002))   # quartiles: 4 and 8 ms
-    assert timing.step == pytest.approx(0.018)             # the median of whole steps: 8 + 10
+def test_copy_timing_reports_the_median_copy_with_its_spread():
+    timing = dataparallel.CopyTiming("cnn", 100, times=[0.008, 0.002, 0.004, 0.012, 0.006])
+    assert timing.median == pytest.approx(0.006)
+    assert timing.spread == pytest.approx((0.004, 0.008))          # the quartiles
 
 
 def test_module_prefix_demo_lists_missing_and_unexpected_keys():

@@ -9,8 +9,8 @@ machine shows what ``nn.DataParallel`` does in one training step:
   its gradient with the full batch's: equal without BatchNorm, different with it.
 - ``memory_by_hand`` adds up the bytes of the tensors each GPU holds in that step, at its
   peak (the gradient reduction) and after backward, to show why GPU 0 needs more memory.
-- ``time_replicate`` times that step's replicate step apart from the rest, on several GPU
-  counts in turn, to show what re-copying the model at every step costs.
+- ``time_copies`` times one copy of each of several models, as the replicate step makes one
+  per GPU at every step, to show that its cost grows with the model's size.
 - ``module_prefix_demo``: a wrapped model's state_dict does not load into a plain model; both
   fixes, shown working.
 
@@ -85,9 +85,8 @@ def data_parallel_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch
         model: the model on "GPU 0".
         inputs, labels: the whole batch, on "GPU 0".
         devices: number of GPUs to spread the batch over.
-        replicas: copies made by the caller instead of here (``time_replicate`` makes them
-            itself to time the replicate step apart); copies that already ran a step must
-            have their gradients cleared first.
+        replicas: copies made by the caller instead of here; copies that already ran a step
+            must have their gradients cleared first.
 
     Returns:
         The gradient of every parameter, as it ends up in the model on GPU 0.
@@ -222,87 +221,62 @@ def dp_by_hand(model: nn.Module, name: str = "", batch_size: int = 32, devices: 
 
 
 @dataclass
-class ReplicateTiming:
-    """What ``time_replicate`` measured on one GPU count: seconds, one entry per repeat.
-
-    ``copy_times`` holds the replicate step's times (one copy of the model per GPU),
-    ``rest_times`` the rest of the same steps (scatter, forward, gather, backward, reduce).
+class CopyTiming:
+    """What ``time_copies`` measured for one model: its bytes and one copy's seconds per repeat.
 
     Lesson: 02.
     """
 
-    devices: int
-    copy_times: list[float]
-    rest_times: list[float]
+    model: str
+    nbytes: int                # parameters and buffers: what a replica copies
+    times: list[float]
 
     @property
-    def step(self) -> float:
-        """The median time of a whole step."""
-        return statistics.median(c + r for c, r in zip(self.copy_times, self.rest_times))
+    def median(self) -> float:
+        """The median time of one copy."""
+        return statistics.median(self.times)
 
     @property
-    def copying(self) -> float:
-        """The median time of the replicate step: what copying the model cost in a step."""
-        return statistics.median(self.copy_times)
-
-    @property
-    def per_copy(self) -> float:
-        """``copying`` per copy: the by-hand step copies the model once per GPU (GPU 0's
-        replica included, where DataParallel's shares the model's storage)."""
-        return self.copying / self.devices
-
-    @property
-    def per_copy_spread(self) -> tuple[float, float]:
-        """The lower and upper quartiles of the replicate step's times per copy: the middle
-        half of the repeats lies between them."""
-        low, _, high = statistics.quantiles(self.copy_times, n=4, method="inclusive")
-        return low / self.devices, high / self.devices
+    def spread(self) -> tuple[float, float]:
+        """The lower and upper quartiles: the middle half of the repeats lies between them."""
+        low, _, high = statistics.quantiles(self.times, n=4, method="inclusive")
+        return low, high
 
 
-def time_replicate(model: nn.Module, devices: Sequence[int] = (2, 4), batch_size: int = 32,
-                   repeats: int = 21, seed: int = 0, image_shape: Sequence[int] = (1, 8, 8),
-                   num_classes: int = 10) -> list[ReplicateTiming]:
-    """Time the by-hand DataParallel step, its replicate step apart from the rest.
+def time_copies(models: Mapping[str, nn.Module], repeats: int = 11) -> list[CopyTiming]:
+    """Time one copy of each model, as the by-hand replicate step makes one per GPU.
 
-    Each step makes its copies of ``model`` as ``data_parallel_gradient``'s replicate step
-    does (one per chunk), timed, then hands them to ``data_parallel_gradient`` for the rest
-    of the step, timed too. Every repeat runs one step for each GPU count in turn, so a busy
-    moment of the machine touches every count; one untimed round comes first (the warm-up).
-    The copies are dropped after their step, as DataParallel drops its replicas, so the next
-    step's copies can reuse their memory. On one CPU thread (threads that wait for each other
-    on a busy machine add noise).
+    Every repeat copies each model once (``copy.deepcopy``) in turn, so a busy moment of the
+    machine touches every model; one untimed round comes first (the warm-up). A copy never
+    touches the batch, so no batch is needed. On one CPU thread, restored afterwards.
 
     Args:
-        model: the model on "GPU 0" (left untouched).
-        devices: the GPU counts to simulate.
-        batch_size, seed, image_shape, num_classes: the random batch, as in ``dp_by_hand``.
-        repeats: timed steps on each GPU count (at least 2).
+        models: name -> model (left untouched).
+        repeats: timed copies of each model (at least 2).
 
     Returns:
-        One ``ReplicateTiming`` per GPU count, in the order of ``devices``.
+        One ``CopyTiming`` per model, in the order of ``models``.
 
     Lesson: 02.
     """
-    generator = torch.Generator().manual_seed(seed)
-    inputs = torch.randn(batch_size, *image_shape, generator=generator)
-    labels = torch.randint(0, num_classes, (batch_size,), generator=generator)
-    times: dict[int, tuple[list[float], list[float]]] = {n: ([], []) for n in devices}
+    times: dict[str, list[float]] = {name: [] for name in models}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for repeat in range(repeats + 1):             # repeat 0 is the warm-up, not kept
-            for n in devices:
+            for name, model in models.items():
                 start = time.perf_counter()
-                replicas = [copy.deepcopy(model) for _ in inputs.chunk(n)]   # replicate
-                copied = time.perf_counter()
-                data_parallel_gradient(model, inputs, labels, n, replicas)
+                replica = copy.deepcopy(model)
                 if repeat:
-                    times[n][0].append(copied - start)
-                    times[n][1].append(time.perf_counter() - copied)
-                del replicas                          # dropped after the step, as in DP
+                    times[name].append(time.perf_counter() - start)
+                del replica                           # dropped, as DataParallel drops its replicas
     finally:
         torch.set_num_threads(threads)
-    return [ReplicateTiming(n, *times[n]) for n in devices]
+    return [CopyTiming(name, _nbytes(model), times[name]) for name, model in models.items()]
+
+
+def _nbytes(model: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
 
 # ------------------------------------------------------------------ the module. prefix
