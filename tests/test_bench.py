@@ -35,8 +35,8 @@ def test_traffic_model_ring_is_bounded_and_the_server_grows():
     assert all(m["ring"] < 4.0 for m in model) and model[0]["ring"] == 2.0
 
 
-def _row(name, nprocs, samples_per_s, same_as=None, rates=None):
-    setup = bench.Setup(name, nprocs, "ddp", nprocs, same_as=same_as)
+def _row(name, nprocs, samples_per_s, same_as=None, rates=None, mode="ddp"):
+    setup = bench.Setup(name, nprocs, mode, nprocs, same_as=same_as)
     rates = [samples_per_s] * 3 if rates is None else rates
     return bench.Row(setup=setup, samples_per_s=samples_per_s, epoch_time=1.0, accuracy=0.9,
                      global_batch=64 * nprocs, samples_per_epoch=1347, checksums_equal=True,
@@ -48,8 +48,54 @@ def test_markdown_table_puts_the_source_beside_ours():
             _row("DDP xN", 2, 150.0, same_as="DDP x2")]
     table = bench.markdown_table(rows)
     assert "| single | 1 |" in table and "13.2" in table and "9.8" in table
-    assert "DDP xN (= DDP x2)" in table and "| 1.50 |" in table
-    assert "| reference |" in table and table.count("| faster vs single |") == 2
+    assert "| 1.50 |" in table and "| reference |" in table
+    assert table.count("| faster vs single |") == 1          # DDP x2's, measured
+    xn = next(line for line in table.splitlines() if line.startswith("| DDP xN |"))
+    assert "n/a on this machine" in xn and "the DDP x2 row" in xn and "| 4 | 6.1 |" in xn
+    assert "1.50" not in xn                                   # no number of ours beside 4 GPUs
+
+
+def test_a_busy_machine_is_said_in_every_verdict_and_the_notes():
+    rows = [_row("single", 1, 100.0), _row("DataParallel", 1, 100.0, mode="dp"),
+            _row("DDP x2", 2, 150.0)]
+    for row in rows:
+        row.epoch_times = [1.0, 1.01, 1.02]
+    assert not bench.busy_machine(rows)["busy"]               # no load known: not called busy
+    for row in rows:
+        row.loads = (0.2, 1.9)                                # our 2 processes, nothing else
+    assert not bench.busy_machine(rows, cores=2)["busy"]
+    assert "machine busy" not in bench.table_notes(rows)
+    rows[0].loads = (3.5, 3.0)                                # other work on both cores
+    assert bench.busy_machine(rows, cores=2) == {
+        "before": 3.5, "after": 1.9, "others": 3.5, "cores": 2, "busy": True}
+    rows[0].loads, rows[-1].loads = (0.2, 1.0), (1.0, 4.5)    # came during the table
+    assert bench.busy_machine(rows, cores=2)["others"] == 2.5
+    table = bench.markdown_table(rows)
+    assert "| reference |" in table and table.count("machine busy: re-run") == 2
+    notes = bench.table_notes(rows, predicted=1.4, gpus=0)
+    assert "machine busy" in notes and "you predicted 1.4x: right" in notes
+    assert "DataParallel (the single run's work, on one device): 1.00x" in notes
+
+
+def test_the_loader_comparison_reads_rates_as_fit_epoch_reports_them():
+    class Launch:
+        def events_of(self, kind):
+            return [{"epoch": e, "rank": r, "samples": 674, "epoch_time": t + r,
+                     "accuracy": 0.9} for e, t in ((1, 9.0), (2, 1.0), (3, 2.0)) for r in (0, 1)]
+    plain = bench.launch_rates(Launch())
+    assert plain == {"rates": [1348.0, 674.0], "samples_per_epoch": 1348, "accuracy": 0.9,
+                     "epochs": 3}
+    text = bench.loader_text(plain, _row("DDP x2", 2, 2022.0), pinned=True)
+    assert "2.00x" in text and "pinned" in text and "after 3 epochs" in text
+
+
+def test_the_cpu_text_lists_the_bf16_instructions(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("flags : fpu avx512f avx512_bf16\n")
+    assert "listed by the CPU: avx512_bf16" in bench.cpu_bf16_text(info)
+    info.write_text("flags : fpu avx2\n")
+    assert "listed by the CPU: none" in bench.cpu_bf16_text(info)
+    assert "listed by the CPU: unknown" in bench.cpu_bf16_text(tmp_path / "absent")
 
 
 def test_verdict_calls_a_difference_only_beyond_both_spreads_and_the_noise():
@@ -252,3 +298,22 @@ def test_the_cli_sweeps_the_batches_notebook_09_sweeps():
     given = eval(compile(ast.Expression(node.value), "09", "eval"), {"dict": dict})
     assert given == {k: bench.ACCURACY_SWEEP[k] for k in given}
     assert bench._parser().parse_args([]).global_batches is None   # the sweep's own batches
+
+
+def test_accuracy_text_tells_too_few_steps_from_instability():
+    def run(policy, batch, accuracy, losses, steps):
+        return {"policy": policy, "global_batch": batch, "nprocs": 1, "grad_accum": batch // 16,
+                "steps": steps, "lr": 0.01, "accuracy": accuracy, "losses": losses,
+                "status": "ok"}
+    runs = [run("rule", 16, 0.96, [1.0, 0.2], 170), run("rule", 64, 0.95, [1.8, 0.5], 44),
+            run("rule", 256, 0.10, [2.4, 2.5], 12), run("same lr", 256, 0.57, [2.4, 2.1], 12),
+            run("rule, seed 1", 256, 0.58, [2.1, 1.6], 12)]
+    text = bench.accuracy_text(runs, predicted={4: True, 16: True})
+    assert "small batch" in text and "  170 " in text
+    assert "rule at 4x: 1.0 points below the small batch: the rule carries" in text
+    assert "rule at 16x: 86.0 points below the small batch, training loss rose: unstable" in text
+    assert "rule, seed 1 at 16x" in text and "+1.0 points" in text and "too few steps" in text
+    assert "same lr at 16x: 39.0 points below, training loss fell, 12 steps" in text
+    assert "the rule carries at 4x: True; you predicted True: right" in text
+    assert "the rule carries at 16x: False; you predicted True: not so" in text
+

@@ -56,6 +56,9 @@ NOISE = 0.10
 BUSY = 0.25
 #: The row a setup's verdict compares with: its own run without AMP, else the single run.
 REFERENCE = {"DDP xN + AMP": "DDP xN"}
+#: Other work's load (1-minute load average, in cores) above this share of the cores: the
+#: table's processes shared their cores with it, every row slowed alike (``busy_machine``).
+BUSY_LOAD = 0.5
 
 
 @dataclass
@@ -87,6 +90,7 @@ class Row:
     speedup: float = float("nan")
     epoch_times: list[float] = field(default_factory=list)
     rates: list[float] = field(default_factory=list)  # samples/s of each measured epoch
+    loads: tuple[float, ...] = ()  # the 1-minute load average before and after the launch
 
     @property
     def ok(self) -> bool:
@@ -143,7 +147,9 @@ def measure(setup: Setup, workload: str = "digits", *, repeats: int = 3, batch_s
     repeats = setup.repeats or repeats
     args = [*workload_args(workload), "--epochs", repeats + 1, "--batch-size", batch_size,
             "--mode", setup.mode, "--amp", setup.amp, "--seed", 0]
+    before = machine_load()
     result = launch(TRAIN, setup.nprocs, args=args, quiet=quiet, live=False, timeout=timeout)
+    loads = () if before is None else (before, machine_load() or before)
     summary = result.summary or {}
     measured = summary.get("history", [])[1:]  # leave out the warm-up epoch
     nan = float("nan")
@@ -152,7 +158,7 @@ def measure(setup: Setup, workload: str = "digits", *, repeats: int = 3, batch_s
         setup=setup, status=result.status, wall_time=result.wall_time,
         samples_per_s=statistics.median([h["samples_per_s"] for h in measured]) if times else nan,
         epoch_time=statistics.median(times) if times else nan, epoch_times=times,
-        rates=[h["samples_per_s"] for h in measured],
+        rates=[h["samples_per_s"] for h in measured], loads=loads,
         accuracy=summary.get("final_accuracy", nan), global_batch=summary.get("global_batch", 0),
         samples_per_epoch=int(measured[0]["samples"]) if measured else 0,
         checksums_equal=len(set(summary.get("param_checksums_per_rank", [0, 1]))) == 1,
@@ -265,22 +271,191 @@ def fastest_epochs(times: Sequence[float], other: Sequence[float],
     return {"ratio": ratio, "widths": widths, "reading": reading}
 
 
-def markdown_table(rows: Sequence[Row]) -> str:
-    """The source's table with our measurements beside its numbers, and each row's verdict.
+def table_notes(rows: Sequence[Row], predicted: Optional[float] = None, gpus: int = 0) -> str:
+    """What to read in the table, as text: the prediction, a busy machine, odd ratios.
 
     Lesson: 09.
     """
+    by = {r.setup.name: r for r in rows}
+    speedup = by["DDP x2"].samples_per_s / by["single"].samples_per_s
+    lines = [f"DDP x2: {speedup:.2f}x the single run; " + (
+        "you did not predict" if predicted is None else f"you predicted {predicted}x: " + (
+            "right, within 0.25x" if abs(predicted - speedup) <= 0.25
+            else f"off by {abs(predicted - speedup):.2f}x"))]
+    load = busy_machine(rows)
+    if load["others"] is not None:
+        lines.append(f"other work on the machine: a load of {load['others']:.1f} core(s) at least"
+                     f" (1-minute average around the table) on {load['cores']} cores")
+    if load["busy"]:
+        lines.append("machine busy: other work shared the cores and slowed every row; no verdict"
+                     " holds (run the table again when the machine is quiet)")
+    if speedup > 2:  # 2 processes: more than a second device can add
+        lines.append("above 2x: more than a second process can add; the machine's load changed"
+                     " between the runs, slowing the single run more (run the table again)")
+    amp = by.get("DDP xN + AMP")
+    if amp is not None and amp.speedup > amp.setup.nprocs:
+        n = amp.setup.nprocs
+        lines.append(f"DDP xN + AMP: {amp.speedup:.2f}x the single run from"
+                     f" {len(amp.epoch_times)} epoch(s), above {n}x on {n} processes: the gain"
+                     f" beyond DDP xN is autocast's {amp.setup.amp} compute here, not scaling")
+    dp_row = by.get("DataParallel")
+    if gpus == 0 and dp_row is not None and dp_row.epoch_times and by["single"].epoch_times:
+        dp = fastest_epochs(dp_row.epoch_times, by["single"].epoch_times)
+        lines.append(f"DataParallel (the single run's work, on one device): {dp_row.speedup:.2f}x"
+                     f" the single run's median speed, fastest epoch {dp['ratio']:.2f}x as fast")
+        for name, width in zip(("DataParallel", "single"), dp["widths"]):
+            times = by[name].epoch_times
+            lines.append(f"  {name} epochs {min(times):.3f}-{max(times):.3f} s: "
+                         f"spread {width:.0%}")
+        lines.append({
+            "within noise": "the fastest epochs differ by no more than 10% or than a run's own"
+                            " spread: within noise",
+            "busy": f"a run's epochs spread by more than {BUSY:.0%}: the machine was busy, too"
+                    " noisy to compare the two (run the table again)",
+            "a difference": "the fastest epochs differ by more than 10% and more than either"
+                            " run's spread: the same work timed at two moments, so the"
+                            " machine's load changed in between (run the table again)"}
+            [dp["reading"]])
+    return "\n".join(lines)
+
+
+def machine_text(rows: Sequence[Row], workload: str, gpus: int) -> str:
+    """The two machines of the table, the epochs measured, and the CPU's bf16 instructions.
+
+    Lesson: 09.
+    """
+    lines = [f"Benchmark post (notebook 01, section 5): {SOURCE_HARDWARE}.",
+             f"Ours: {workload}, {gpus} GPU(s)" if gpus else
+             f"Ours: {workload}, {os.cpu_count()}-core CPU, no GPU, gloo, one thread per process.",
+             "measured epochs after the warm-up: "
+             + ", ".join(f"{r.setup.name} {len(r.epoch_times)}" for r in rows)]
+    if not gpus:
+        lines.append(cpu_bf16_text())
+    return "\n".join(lines)
+
+
+def cpu_bf16_text(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """torch's widest CPU kernels, and the bf16 instructions the CPU lists (Linux).
+
+    Lesson: 09 (AMP's row on a CPU).
+    """
+    from torch.backends.cpu import get_cpu_capability
+
+    path = Path(cpuinfo)
+    flags = path.read_text().split() if path.exists() else []
+    bf16 = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+    listed = ", ".join(bf16) if bf16 else "none" if flags else "unknown"
+    return (f"torch.backends.cpu.get_cpu_capability() = {get_cpu_capability()}; "
+            f"bf16 instructions listed by the CPU: {listed}")
+
+
+def launch_rates(result: Any) -> dict[str, Any]:
+    """A launch's epochs read as ``fit_epoch`` reports them: every rank's samples over rank 0's
+    epoch time, the warm-up epoch left out.
+
+    Returns:
+        ``{"rates": samples/s per measured epoch, "samples_per_epoch", "accuracy" (the last
+        epoch's), "epochs"}``.
+
+    Lesson: 09 (the canonical script beside the table's worker).
+    """
+    epochs: dict[int, list[dict[str, Any]]] = {}
+    for e in result.events_of("epoch"):
+        epochs.setdefault(e["epoch"], []).append(e)
+    rates = [sum(e["samples"] for e in es) / next(e["epoch_time"] for e in es if e["rank"] == 0)
+             for epoch, es in sorted(epochs.items()) if epoch > 1]
+    last = epochs[max(epochs)]
+    return {"rates": rates, "samples_per_epoch": sum(e["samples"] for e in last),
+            "accuracy": last[0]["accuracy"], "epochs": max(epochs)}
+
+
+def ranks_pinned(nprocs: int, gpus: int = 0) -> bool:
+    """Does the training worker pin its CPU ranks here (``ddplab/pinning.py``)?
+
+    Lesson: 09.
+    """
+    from .. import pinning
+
+    return bool(not gpus and hasattr(os, "sched_getaffinity")
+                and os.environ.get("DDPLAB_PIN_CPU", "1") != "0"
+                and pinning.cpu_cores_for(0, nprocs, 1, os.sched_getaffinity(0)) is not None)
+
+
+def loader_text(canonical: dict[str, Any], row: Row, pinned: bool = False) -> str:
+    """The canonical script (``launch_rates``) beside the table's row, by notebook 06's rule.
+
+    Lesson: 09.
+    """
+    rate = statistics.median(canonical["rates"])
+    return "\n".join([
+        f"DataLoader + DistributedSampler (plain_ddp.py): {rate:>7.0f} samples/s",
+        f"tensor-resident loader (train worker, {row.setup.name}):  {row.samples_per_s:>7.0f}"
+        " samples/s" + ("  (and its ranks pinned to cores)" if pinned else ""),
+        f"the train worker against plain_ddp.py: {row.samples_per_s / rate:.2f}x, "
+        f"{verdict(row.rates, canonical['rates'])} (notebook 06's rule)",
+        f"test accuracy after {canonical['epochs']} epochs: plain_ddp.py "
+        f"{canonical['accuracy']:.3f}, train worker {row.accuracy:.3f}"])
+
+
+def machine_load() -> Optional[float]:
+    """The 1-minute load average (runnable processes, in cores), None where the OS has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def busy_machine(rows: Sequence[Row], cores: Optional[int] = None) -> dict[str, Any]:
+    """Did other work share the cores during the table? A slowdown of every row shows here.
+
+    Each row's verdict compares it with another row, so a machine that slowed every row alike
+    goes unnoticed there. The load average does not: before the first launch it is other work
+    only; after the last it also holds the table's own processes, at most the largest row's.
+
+    Returns:
+        ``{"before", "after": the 1-minute load average around the table (None: unknown),
+        "others": other work's load, at least, "cores", "busy": others > BUSY_LOAD x cores}``.
+
+    Lesson: 09.
+    """
+    cores = cores or os.cpu_count() or 1
+    measured = [r.loads for r in rows if r.loads]
+    if not measured:
+        return {"before": None, "after": None, "others": None, "cores": cores, "busy": False}
+    before, after = measured[0][0], measured[-1][1]
+    own = max(r.setup.nprocs for r in rows)
+    others = max(before, after - own)
+    return {"before": before, "after": after, "others": others, "cores": cores,
+            "busy": others > BUSY_LOAD * cores}
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    """The source's table with our measurements beside its numbers, and each row's verdict.
+
+    A row that repeats another here ("DDP xN" with N = 2) has no measurement of its own: the
+    source's N GPUs have no counterpart on this machine. On a busy machine (``busy_machine``)
+    every verdict says so.
+
+    Lesson: 09.
+    """
+    busy = busy_machine(rows)["busy"]
     lines = ["| setup | processes | our epoch (s) | our samples/s | our speed-up | our verdict | "
              "our ideal | source GPUs | source epoch (s) | source speed-up |",
              "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for row in rows:
         gpus, seconds = SOURCE_SECONDS.get(row.setup.name, (None, float("nan")))
-        note = f" (= {row.setup.same_as})" if row.setup.same_as else ""
         amp = f", {row.setup.amp}" if row.setup.amp != "off" else ""
+        said = row_verdict(row, rows)
+        if busy and said != "reference":
+            said = "machine busy: re-run"
+        ours = (f"{_fmt(row.epoch_time, '.2f')} | {_fmt(row.samples_per_s, '.0f')} | "
+                f"{_fmt(row.speedup, '.2f')} | {said}")
+        if row.setup.same_as:
+            ours = (f"n/a on this machine | n/a | n/a | N = {row.setup.nprocs}: "
+                    f"the {row.setup.same_as} row")
         lines.append(
-            f"| {row.setup.name}{note} | {row.setup.nprocs}{amp} | {_fmt(row.epoch_time, '.2f')} "
-            f"| {_fmt(row.samples_per_s, '.0f')} | {_fmt(row.speedup, '.2f')} | "
-            f"{row_verdict(row, rows)} | {row.setup.devices} | {gpus or ''} | "
+            f"| {row.setup.name} | {row.setup.nprocs}{amp} | {ours} | {row.setup.devices} "
+            f"| {gpus or ''} | "
             f"{_fmt(seconds, '.1f')} | "
             f"{_fmt(SOURCE_SECONDS['single'][1] / seconds, '.2f')} |")
     return "\n".join(lines)
@@ -349,8 +524,8 @@ def accuracy_vs_batch(workload: str = "digits", *, global_batches: Sequence[int]
 
     Returns:
         One dict per (policy, global batch): ``policy``, ``global_batch``, ``nprocs``,
-        ``grad_accum``, ``lr`` (effective), ``accuracy``, ``losses`` (the training loss of each
-        epoch), ``status``.
+        ``grad_accum``, ``steps`` (optimizer steps of the run), ``lr`` (effective),
+        ``accuracy``, ``losses`` (the training loss of each epoch), ``status``.
 
     Lesson: 09.
     """
@@ -367,7 +542,11 @@ def accuracy_vs_batch(workload: str = "digits", *, global_batches: Sequence[int]
                     *(["--mode", "single"] if procs == 1 else [])]
             result = launch(TRAIN, procs, args=args, quiet=quiet, live=False, timeout=timeout)
             summary = result.summary or {}
+            history = summary.get("history", [])
+            # optimizer steps, as fit_epoch counts them: ceil(loader batches / grad_accum)
+            batches = math.ceil(history[0]["samples"] / procs / batch_size) if history else 0
             record = {"policy": policy, "global_batch": global_batch, "nprocs": procs,
+                      "steps": len(history) * math.ceil(batches / accum),
                       "grad_accum": accum, "lr": summary.get("lr", float("nan")),
                       "accuracy": summary.get("final_accuracy", float("nan")),
                       "losses": [epoch["loss"] for epoch in summary.get("history", [])],
@@ -376,6 +555,69 @@ def accuracy_vs_batch(workload: str = "digits", *, global_batches: Sequence[int]
             if global_batch == batch_size:
                 base = record
     return found
+
+
+def accuracy_text(runs: Sequence[dict[str, Any]], rule: str = "rule", control: str = "same lr",
+                  predicted: Optional[dict[int, Optional[bool]]] = None, margin: float = 0.05
+                  ) -> str:
+    """The runs of ``accuracy_vs_batch`` as a table, and why each larger batch fell short.
+
+    A run of policy ``rule`` (the linear scaling rule) within ``margin`` of the smallest batch
+    "carries". Otherwise its training loss tells why: it rose (the scaled rate made training
+    unstable), or it fell and the run ended no more than ``margin`` above the ``control``
+    policy at the same batch (the unchanged rate, as many steps): too few steps, which the
+    scaled rate did not make up.
+
+    Args:
+        predicted: times the smallest batch -> the learner's guess that ``rule`` carries there.
+
+    Lesson: 09.
+    """
+    small = min(r["global_batch"] for r in runs)
+    base = next(r for r in runs if r["global_batch"] == small)
+    lines = [f"{'run':<14}{'batch':>6}{'x':>4}{'procs':>6}{'accum':>6}{'steps':>6}{'lr':>7}"
+             f"{'accuracy':>9}  training loss per epoch"]
+    for r in [base, *[r for r in runs if r["global_batch"] > small]]:
+        name = "small batch" if r is base else r["policy"]   # the smallest: one run
+        losses = " -> ".join(f"{loss:.2f}" for loss in r["losses"])
+        lines.append(f"{name:<14}{r['global_batch']:>6}{r['global_batch'] // small:>4}"
+                     f"{r['nprocs']:>6}{r['grad_accum']:>6}{r['steps']:>6}{r['lr']:>7.3f}"
+                     f"{r['accuracy']:>9.3f}  {losses}")
+    lines.append("")
+    same = {r["global_batch"]: r for r in runs if r["policy"] == control}
+    carried = {}
+    for r in runs:
+        if r["global_batch"] == small or not r["policy"].startswith(rule):
+            continue
+        below = base["accuracy"] - r["accuracy"]
+        times = r["global_batch"] // small
+        said = f"{r['policy']} at {times}x: {100 * below:.1f} points below the small batch"
+        if r["policy"] == rule:
+            carried[times] = below <= margin
+        if below <= margin:
+            said += ": the rule carries"
+        elif r["losses"][-1] > r["losses"][0]:
+            said += ", training loss rose: unstable at the scaled rate" + (
+                ", near chance" if r["accuracy"] < 0.2 else "")
+        elif r["global_batch"] in same:
+            gain = r["accuracy"] - same[r["global_batch"]]["accuracy"]
+            said += (f", training loss fell; {100 * gain:+.1f} points against the unchanged rate"
+                     f" in as many steps: " + ("too few steps, not made up by the scaled rate"
+                                               if gain <= margin else "short, but the rule helped"))
+        else:
+            said += ", training loss fell: short"
+        lines.append(said)
+    for r in same.values():
+        lines.append(f"{control} at {r['global_batch'] // small}x: "
+                     f"{100 * (base['accuracy'] - r['accuracy']):.1f} points below, training loss "
+                     + ("rose" if r["losses"][-1] > r["losses"][0] else "fell")
+                     + f", {r['steps']} steps: what the fewer steps cost without the rule")
+    for times, guess in (predicted or {}).items():
+        if times in carried:
+            lines.append(f"the rule carries at {times}x: {carried[times]}; " + (
+                "you did not predict" if guess is None else
+                f"you predicted {guess}: " + ("right" if guess == carried[times] else "not so")))
+    return "\n".join(lines)
 
 
 def plot_accuracy(runs: Sequence[dict[str, Any]], ax: Any = None) -> Any:
