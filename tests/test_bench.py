@@ -317,3 +317,36 @@ def test_accuracy_text_tells_too_few_steps_from_instability():
     assert "the rule carries at 4x: True; you predicted True: right" in text
     assert "the rule carries at 16x: False; you predicted True: not so" in text
 
+
+def test_the_input_pipeline_helpers_read_a_runs_metrics():
+    class Run:
+        def __init__(self, events):
+            self.events = events
+
+        def events_of(self, kind):
+            return self.events
+
+    def steps(epoch, wait):
+        return {"name": "steps", "rank": 0, "epoch": epoch, "wait_ms": wait, "compute_ms": 10.0,
+                "mean_wait_ms": wait + 1, "mean_compute_ms": 11.0, "first_wait_ms": 50.0,
+                "wait_share": 0.25}
+    draws = [{"name": "draws", "rank": r, "epoch": e, "workers": [10 + e], "value": [0.5, 0.25]}
+             for r in (0, 1) for e in (0, 1)]
+    runs = {"a": Run([steps(0, 9.0), steps(1, 4.0), *draws]), "b": Run([steps(0, 2.0)])}
+    got = bench.pipeline_steps(runs)
+    assert got["a"]["wait_ms"] == 4.0 and got["b"]["wait_ms"] == 2.0        # the last epoch
+    supply = bench.supply_ms({"a": ["--decode-ms", 1, "--num-workers", "2"], "b": []}, 32)
+    assert supply == {"a": 16.0, "b": 0.0}
+    text = bench.pipeline_text(got, supply, wait_only=["b"])
+    assert "   16.0    4.0    10.0      16.0   50.0    25%" in text
+    assert text.splitlines()[-1].split()[1:5] == ["0.0", "2.0", "-", "-"]
+    assert bench.loader_draws(runs["a"])[1, 1]["workers"] == [11]
+    assert "rank 1: worker pids epoch 1 [10], epoch 2 [11]; first draws [0.5, 0.25]" in (
+        bench.draws_text(runs, ["a"]))
+
+
+def test_cnn_flops_grow_with_the_square_of_the_width_in_two_convolutions():
+    narrow, wide = bench.cnn_flops(32), bench.cnn_flops(64)
+    # multiply-adds: 3 convolutions (8x8, 8x8, then 4x4 after the pool) and the 2x2x64 head
+    assert narrow == 2 * (9 * 64 * 32 + 9 * 64 * 32 * 64 + 9 * 16 * 64 * 64 + 4 * 64 * 10)
+    assert 3.9 < wide / narrow < 4

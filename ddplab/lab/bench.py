@@ -738,6 +738,99 @@ def plot_traffic(max_world: int = 32, measured: Sequence[dict[str, Any]] = (),
 #: Names in a torch.profiler Chrome trace: autograd's work on one gradient; DDP's launch of a
 #: bucket's all-reduce, on the main thread inside the gradient op whose hook filled the bucket;
 #: gloo's all-reduce itself, on gloo's own threads.
+# ------------------------------------------------------------------ one step's input (09b)
+
+
+def option(args: Sequence[Any], name: str) -> float:
+    """The value of ``name`` in a worker's argument list, 0 if it is not given."""
+    args = list(args)
+    return float(args[args.index(name) + 1]) if name in args else 0.0
+
+
+def pipeline_steps(runs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Rank 0's ``steps`` metric of its last epoch, per run of ``input_pipeline``.
+
+    Lesson: 09b.
+    """
+    found = {}
+    for name, run in runs.items():
+        epochs = [e for e in run.events_of("metric") if e["name"] == "steps" and e["rank"] == 0]
+        found[name] = epochs[-1]
+    return found
+
+
+def supply_ms(pipelines: dict[str, Sequence[Any]], batch: int) -> dict[str, float]:
+    """ms to load one batch, ``batch x --decode-ms``, spread over the loader workers (none:
+    the rank loads it itself).
+
+    Lesson: 09b.
+    """
+    return {name: batch * option(args, "--decode-ms") / max(1.0, option(args, "--num-workers"))
+            for name, args in pipelines.items()}
+
+
+def pipeline_text(steps: dict[str, dict[str, Any]], supply: dict[str, float],
+                  wait_only: Sequence[str] = ()) -> str:
+    """One table of the runs' last epochs: supply, waits, compute, step, share waited.
+
+    ``wait_only`` rows show their waits only (their compute was timed in another run).
+
+    Lesson: 09b.
+    """
+    lines = ["rank 0's last epoch, ms per step. supply: BATCH x DECODE_MS / workers; wait and",
+             "compute: medians; mean step: mean wait + mean compute; first: the first batch's",
+             "wait; waited: the share of the epoch spent waiting",
+             f"{'pipeline':<34}{'supply':>7}{'wait':>7}{'compute':>8}{'mean step':>10}"
+             f"{'first':>7}{'waited':>7}"]
+    for name, e in steps.items():
+        compute, step = ("-", "-") if name in wait_only else (
+            f"{e['compute_ms']:.1f}", f"{e['mean_wait_ms'] + e['mean_compute_ms']:.1f}")
+        lines.append(f"{name:<34}{supply[name]:>7.1f}{e['wait_ms']:>7.1f}{compute:>8}{step:>10}"
+                     f"{e['first_wait_ms']:>7.1f}{e['wait_share']:>7.0%}")
+    return "\n".join(lines)
+
+
+def cnn_flops(width: int, image: tuple[int, int, int] = (1, 8, 8)) -> int:
+    """Floating-point operations of one sample's forward through ``SmallCNN(width=width)``,
+    counted by ``torch.utils.flop_counter.FlopCounterMode``.
+
+    Lesson: 09b (how much wider CNN computes).
+    """
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .. import models
+
+    model = models.SmallCNN(image[0], 10, width=width)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(torch.zeros(1, *image))
+    return counter.get_total_flops()
+
+
+def draws_text(runs: dict[str, Any], names: Sequence[str]) -> str:
+    """Which processes loaded each rank's epochs 1 and 2, and each rank's first draws.
+
+    Lesson: 09b.
+    """
+    lines = []
+    for name in names:
+        draws = loader_draws(runs[name])
+        lines.append(name)
+        for rank in (0, 1):
+            first = [round(x, 3) for x in draws[rank, 0]["value"][:4]]
+            lines.append(f"  rank {rank}: worker pids epoch 1 {draws[rank, 0]['workers']}, "
+                         f"epoch 2 {draws[rank, 1]['workers']}; first draws {first}")
+    return "\n".join(lines)
+
+
+def loader_draws(run: Any) -> dict[tuple[int, int], dict[str, Any]]:
+    """A run's ``draws`` metrics by ``(rank, epoch)``: the loading pids and the draws.
+
+    Lesson: 09b.
+    """
+    return {(e["rank"], e["epoch"]): e for e in run.events_of("metric") if e["name"] == "draws"}
+
+
 GRADIENT_OP = "autograd::engine::evaluate_function"
 LAUNCH_OP = "c10d::allreduce_"
 ALL_REDUCE_OP = "gloo:all_reduce"
