@@ -61,7 +61,7 @@ def test_global_batch_and_shares(run):
 
 
 def test_sections_shown_by_the_notebook_exist():
-    for name in ("init", "data", "model", "train", "checksum", "spawn"):
+    for name in ("setup", "data", "model", "train", "checksum", "spawn"):
         assert source("ddplab/workers/spawn_ddp.py", name).strip()
     assert "python -m ddplab.workers.spawn_ddp --nprocs 2" in spawn_ddp.__doc__
 

@@ -83,7 +83,7 @@ def main(rank: int, world_size: int, args: argparse.Namespace) -> None:
     if os.environ.get("DDPLAB_RANK_PREFIX") == "1":
         dist.prefix_output(rank)  # the spawned ranks share one stdout: tag each line
 
-    # [init]
+    # [setup]
     backend = dist.pick_backend()               # nccl with GPUs, gloo on CPU
     torch_dist.init_process_group(              # rank 0 waits for all ranks (gloo: every rank)
         backend, init_method="env://",          # rendezvous at MASTER_ADDR:MASTER_PORT
@@ -92,7 +92,7 @@ def main(rank: int, world_size: int, args: argparse.Namespace) -> None:
     device = dist.pick_device(rank, backend)    # one machine: the rank is the local rank
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    # [/init]
+    # [/setup]
 
     # [data]
     split = data.load_dataset(args.dataset, root=args.data_root, seed=args.seed)
