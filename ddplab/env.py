@@ -86,6 +86,17 @@ def loopback_interface() -> Optional[str]:
     return next((name for name in ("lo", "lo0") if name in names), None)
 
 
+def cpu_flags(cpuinfo: Union[str, Path] = "/proc/cpuinfo") -> Optional[set[str]]:
+    """The instruction-set flags the Linux kernel lists for this CPU (``avx512_bf16``,
+    ``amx_bf16``, ...); None elsewhere (macOS and Windows list them otherwise: unknown)."""
+    path = Path(cpuinfo)
+    if not is_linux() or not path.exists():
+        return None
+    return {flag for line in path.read_text(errors="replace").splitlines()
+            if line.split(":")[0].strip() in ("flags", "Features")
+            for flag in line.split(":", 1)[-1].split()}
+
+
 def _prctl(option: int, value: int) -> bool:
     if not is_linux():
         return False

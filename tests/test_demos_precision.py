@@ -86,7 +86,27 @@ def test_matmul_speed_alternates_fp32_and_bf16_batches():
     assert rows[0]["fp32_ms"] <= rows[0]["fp32_max_ms"]
 
 
-def test_native_bf16_reports_torchs_cpu_checks():
-    native = precision.native_bf16()
-    assert native == {"avx512_bf16": torch.cpu._is_avx512_bf16_supported(),
-                      "amx": torch.cpu._is_amx_tile_supported()}
+def test_native_bf16_reads_the_cpus_flags(monkeypatch):
+    from ddplab import env
+
+    monkeypatch.setattr(env, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    assert precision.native_bf16() == {"avx512_bf16": True, "amx": False}
+    monkeypatch.setattr(env, "cpu_flags", lambda: {"amx_tile", "amx_bf16"})
+    assert precision.native_bf16() == {"avx512_bf16": False, "amx": True}
+    monkeypatch.setattr(env, "cpu_flags", lambda: None)
+    assert precision.native_bf16() is None
+
+
+def test_the_bf16_verdict_names_this_cpus_case():
+    steady = [{"size": 256, "speedup": 0.8}, {"size": 1024, "speedup": 1.6}]
+    native = precision.bf16_verdict(steady, 1.5, "faster", native={"avx512_bf16": True,
+                                                                    "amx": False})
+    assert "units: AVX-512 BF16" in native and "natively" in native and "size 1024" in native
+    none = precision.bf16_verdict(steady, 1.5, "faster", native={"avx512_bf16": False,
+                                                                  "amx": False})
+    assert "units: none" in none and "did not come from them" in none
+    assert "nothing to gain (slower)" in precision.bf16_verdict(
+        steady, 0.7, "slower", native={"avx512_bf16": False, "amx": False})
+    unknown = precision.bf16_verdict([], 1.0, "no clear difference")
+    assert "unknown" in unknown and "none (busy at every size)" in unknown
+    assert "ran on GPUs" in precision.bf16_verdict(steady, 1.2, "faster", gpus=2)

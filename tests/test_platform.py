@@ -127,3 +127,13 @@ def test_children_are_read_from_proc_with_or_without_the_kernels_lists(monkeypat
     finally:
         child.kill()
         child.wait()
+
+
+def test_cpu_flags_are_the_kernels_list_on_linux_and_unknown_elsewhere(platform, tmp_path):
+    name, _libc = platform
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n\n"
+                    "processor\t: 1\nflags\t\t: fpu avx512f avx512_bf16\n")
+    flags = env.cpu_flags(info)
+    assert flags == ({"fpu", "avx512f", "avx512_bf16"} if name == "linux" else None)
+    assert env.cpu_flags(tmp_path / "absent") is None

@@ -289,25 +289,67 @@ def _time_matmul(size: int, repeats: int, inner: int) -> dict[str, float]:
     return row
 
 
-def native_bf16() -> dict[str, bool]:
-    """Which bf16 units this CPU has, as torch's own CPU checks (``torch.cpu``) report them.
+def native_bf16() -> Optional[dict[str, bool]]:
+    """Which bf16 units this CPU has, from the flags the Linux kernel lists for it.
 
     ``avx512_bf16``: AVX-512 BF16 instructions (bf16 dot products into float32); ``amx``: AMX
-    tiles (Intel's matrix units, bf16 among their types). torch's CPU matrix products (oneDNN
+    tiles with bf16 (``amx_bf16``, Intel's matrix units). torch's CPU matrix products (oneDNN
     or its own kernels) use them when present; without either, the bf16 inputs are converted
     to float32 for the multiply-adds, so a bf16 product does float32's arithmetic plus the
     conversions.
 
     Returns:
-        ``{"avx512_bf16": bool, "amx": bool}``.
+        ``{"avx512_bf16": bool, "amx": bool}``, or None where the flags are unknown (not Linux).
 
     Lesson: 06.
     """
-    def check(name: str) -> bool:   # private helpers of torch.cpu: absent means unknown, no
-        return bool(getattr(torch.cpu, name, lambda: False)())
+    from ... import env
 
-    return {"avx512_bf16": check("_is_avx512_bf16_supported"),
-            "amx": check("_is_amx_tile_supported")}
+    flags = env.cpu_flags()
+    if flags is None:
+        return None
+    return {"avx512_bf16": "avx512_bf16" in flags, "amx": "amx_bf16" in flags}
+
+
+def bf16_verdict(steady: Sequence[dict[str, Any]], ratio: float, speed_verdict: str,
+                 gpus: int = 0, native: Optional[dict[str, bool]] = None) -> str:
+    """The measurement's conclusion, as lines of text: this CPU's bf16 units, the steady
+    sizes' bf16 products against float32 (``matmul_speed`` rows), and the training's ratio.
+
+    Lesson: 06.
+    """
+    units = [name for name, key in (("AVX-512 BF16", "avx512_bf16"), ("AMX", "amx"))
+             if native and native[key]]
+    gains = [str(r["size"]) for r in steady if r["speedup"] > 1]
+    lines = ["this CPU's bf16 units: " + (", ".join(units) or "none" if native is not None
+                                          else "unknown (the kernel lists no CPU flags here)"),
+             "bf16 products, steady sizes: " + (", ".join(
+                 f"{r['size']}: {r['speedup']:.2f}x of fp32" for r in steady)
+                 or "none (busy at every size)"),
+             f"bf16 training: {ratio:.2f}x of fp32's median, {speed_verdict}"]
+    training = {"faster": "training gained too.",
+                "slower": "training did not: the small model's steps go mostly into small "
+                          "operations, casts and the all-reduce."
+                }.get(speed_verdict, "training shows no clear difference: the small model's "
+                                     "steps go mostly into small operations, casts and the "
+                                     "all-reduce.")
+    if gpus:
+        lines.append("The training ran on GPUs: this CPU's bf16 arithmetic does not bear on it.")
+    elif units:
+        lines.append("Verdict: this CPU computes bf16 natively: a bf16 product gains once it is "
+                     "large enough to pay for the casts (" + (
+                         f"here at size {', '.join(gains)}); " if gains else
+                         "none of the steady sizes here; re-run the cell above for the others); ")
+                     + training)
+    elif native is not None:
+        lines.append("Verdict: this CPU has no bf16 units: its bf16 products do float32's "
+                     "arithmetic plus the conversions, " + (
+                         "so the launches' gain did not come from them (re-run the launches to "
+                         "see whether it holds)." if speed_verdict == "faster"
+                         else f"and give training nothing to gain ({speed_verdict})."))
+    else:
+        lines.append("Verdict: the products above say whether this CPU's bf16 gains; " + training)
+    return "\n".join(lines)
 
 
 _READ_TF32 = """import json, torch
