@@ -499,9 +499,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             raise SystemExit(f"{name} {size} does not divide by the {info.world_size} ranks: "
                              f"tensor parallel splits it evenly; pick a multiple.")
     if not info.is_main:   # DTensor's warnings (logged) are the same on every rank: rank 0's only
-        for name in ("torch.distributed.tensor._redistribute",
-                     "torch.distributed.tensor._collective_utils"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger("torch.distributed.tensor").setLevel(logging.ERROR)
     mesh_1d, mesh_2d = make_meshes(info)
     for part in args.parts:
         if part == "mesh":
