@@ -37,6 +37,16 @@ def cpu_cores_for(local_rank: int, local_world_size: int, threads: int,
     return cores[local_rank * threads:(local_rank + 1) * threads]
 
 
+def ranks_pinned(nprocs: int, gpus: int = 0) -> bool:
+    """Would ``pin_cpu_rank`` pin the CPU ranks of an ``nprocs``-process launch on this machine?
+
+    Lesson: 09 (the canonical script beside the table's worker, which pins).
+    """
+    return bool(not gpus and nprocs >= 2 and hasattr(os, "sched_getaffinity")
+                and os.environ.get("DDPLAB_PIN_CPU", "1") != "0"
+                and cpu_cores_for(0, nprocs, 1, os.sched_getaffinity(0)) is not None)
+
+
 def pin_cpu_rank(info: dist.DistInfo) -> Optional[list[int]]:
     """Keep this CPU rank (every thread of it) on cores of its own; return them, or None.
 

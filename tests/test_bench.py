@@ -346,7 +346,9 @@ def test_the_input_pipeline_helpers_read_a_runs_metrics():
 
 
 def test_cnn_flops_grow_with_the_square_of_the_width_in_two_convolutions():
-    narrow, wide = bench.cnn_flops(32), bench.cnn_flops(64)
+    from ddplab.models import SmallCNN
+
+    narrow, wide = (bench.forward_flops(SmallCNN(1, 10, width=w)) for w in (32, 64))
     # multiply-adds: 3 convolutions (8x8, 8x8, then 4x4 after the pool) and the 2x2x64 head
     assert narrow == 2 * (9 * 64 * 32 + 9 * 64 * 32 * 64 + 9 * 16 * 64 * 64 + 4 * 64 * 10)
     assert 3.9 < wide / narrow < 4

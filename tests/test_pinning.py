@@ -27,6 +27,17 @@ def test_no_pinning_when_ranks_do_not_fit_or_are_alone() -> None:
     assert pinning.cpu_cores_for(0, 1, 1, [0, 1]) is None  # a single process is left alone
 
 
+def test_ranks_pinned_says_whether_a_launch_s_cpu_ranks_would_be_pinned(monkeypatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.delenv("DDPLAB_PIN_CPU", raising=False)
+    assert pinning.ranks_pinned(2)
+    assert not pinning.ranks_pinned(3)              # more ranks than cores
+    assert not pinning.ranks_pinned(1)              # one process is left alone
+    assert not pinning.ranks_pinned(2, gpus=2)      # GPU ranks are not pinned
+    monkeypatch.setenv("DDPLAB_PIN_CPU", "0")
+    assert not pinning.ranks_pinned(2)
+
+
 @pytest.mark.parametrize("env, info", [
     ({"LOCAL_WORLD_SIZE": "1"}, dist.DistInfo(1, 0, 2, CPU, "gloo")),  # 2 "nodes", 1 machine
     ({"LOCAL_WORLD_SIZE": "2", "DDPLAB_PIN_CPU": "0"}, dist.DistInfo(1, 1, 2, CPU, "gloo")),

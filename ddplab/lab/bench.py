@@ -369,18 +369,6 @@ def launch_rates(result: Any) -> dict[str, Any]:
             "accuracy": last[0]["accuracy"], "epochs": max(epochs)}
 
 
-def ranks_pinned(nprocs: int, gpus: int = 0) -> bool:
-    """Does the training worker pin its CPU ranks here (``ddplab/pinning.py``)?
-
-    Lesson: 09.
-    """
-    from .. import pinning
-
-    return bool(not gpus and hasattr(os, "sched_getaffinity")
-                and os.environ.get("DDPLAB_PIN_CPU", "1") != "0"
-                and pinning.cpu_cores_for(0, nprocs, 1, os.sched_getaffinity(0)) is not None)
-
-
 def loader_text(canonical: dict[str, Any], row: Row, pinned: bool = False) -> str:
     """The canonical script (``launch_rates``) beside the table's row, by notebook 06's rule.
 
@@ -790,18 +778,15 @@ def pipeline_text(steps: dict[str, dict[str, Any]], supply: dict[str, float],
     return "\n".join(lines)
 
 
-def cnn_flops(width: int, image: tuple[int, int, int] = (1, 8, 8)) -> int:
-    """Floating-point operations of one sample's forward through ``SmallCNN(width=width)``,
-    counted by ``torch.utils.flop_counter.FlopCounterMode``.
+def forward_flops(model: Any, image: tuple[int, ...] = (1, 8, 8)) -> int:
+    """Floating-point operations of one sample's forward through ``model`` (an input of shape
+    ``image``), counted by ``torch.utils.flop_counter.FlopCounterMode``.
 
-    Lesson: 09b (how much wider CNN computes).
+    Lesson: 09b (how much more a wider CNN computes).
     """
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .. import models
-
-    model = models.SmallCNN(image[0], 10, width=width)
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         model(torch.zeros(1, *image))
     return counter.get_total_flops()
