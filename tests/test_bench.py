@@ -74,6 +74,14 @@ def test_a_busy_machine_is_said_in_every_verdict_and_the_notes():
     assert "| reference |" in table and table.count("machine busy: re-run") == 2
     notes = bench.table_notes(rows, predicted=1.4, gpus=0)
     assert "machine busy" in notes and "you predicted 1.4x: right" in notes
+    assert "2.5 cores' worth of work" in notes
+    amp = _row("DDP xN + AMP", 2, 300.0)                      # 3.00x on 2 processes
+    amp.setup.amp = "bf16"
+    assert "busy, so the load may have made it" in bench.table_notes([*rows, amp])
+    assert "not scaling" not in bench.table_notes([*rows, amp])
+    for row in rows:
+        row.loads = (0.2, 1.9)                                # quiet: the reading is given
+    assert "autocast's bf16 compute here, not scaling" in bench.table_notes([*rows, amp])
     assert "DataParallel (the single run's work, on one device): 1.00x" in notes
 
 

@@ -284,11 +284,13 @@ def table_notes(rows: Sequence[Row], predicted: Optional[float] = None, gpus: in
             else f"off by {abs(predicted - speedup):.2f}x"))]
     load = busy_machine(rows)
     if load["others"] is not None:
-        lines.append(f"other work on the machine: a load of {load['others']:.1f} core(s) at least"
-                     f" (1-minute average around the table) on {load['cores']} cores")
+        lines.append(f"other processes kept about {load['others']:.1f} cores' worth of work"
+                     " running or waiting for a core (the 1-minute load average around the"
+                     f" table, at least), on {load['cores']} cores")
     if load["busy"]:
-        lines.append("machine busy: other work shared the cores and slowed every row; no verdict"
-                     " holds (run the table again when the machine is quiet)")
+        lines.append("machine busy: other work shared the cores, and its load changed between"
+                     " the launches; no verdict holds, nor any reading below (run the table"
+                     " again when the machine is quiet)")
     if speedup > 2:  # 2 processes: more than a second device can add
         lines.append("above 2x: more than a second process can add; the machine's load changed"
                      " between the runs, slowing the single run more (run the table again)")
@@ -296,8 +298,10 @@ def table_notes(rows: Sequence[Row], predicted: Optional[float] = None, gpus: in
     if amp is not None and amp.speedup > amp.setup.nprocs:
         n = amp.setup.nprocs
         lines.append(f"DDP xN + AMP: {amp.speedup:.2f}x the single run from"
-                     f" {len(amp.epoch_times)} epoch(s), above {n}x on {n} processes: the gain"
-                     f" beyond DDP xN is autocast's {amp.setup.amp} compute here, not scaling")
+                     f" {len(amp.epoch_times)} epoch(s), above {n}x on {n} processes: " + (
+                         "the machine was busy, so the load may have made it (re-run)"
+                         if load["busy"] else f"the gain beyond DDP xN is autocast's"
+                         f" {amp.setup.amp} compute here, not scaling"))
     dp_row = by.get("DataParallel")
     if gpus == 0 and dp_row is not None and dp_row.epoch_times and by["single"].epoch_times:
         dp = fastest_epochs(dp_row.epoch_times, by["single"].epoch_times)
