@@ -1,5 +1,7 @@
 """SyncBatchNorm's arithmetic by hand on real gloo ranks: the all-reduced statistics normalise
-every rank's share exactly as BatchNorm over the whole batch in one process; its own do not."""
+every rank's share exactly as BatchNorm over the whole batch in one process; its own do not.
+DDP's next forward broadcasts the buffers after a forward with gradients that syncs, not after
+a no_grad() or a no_sync() forward."""
 
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ def test_global_statistics_equal_one_process_batchnorm(nprocs):
         assert e["running_var_error"] < 1e-5
         assert e["local_error"] > 100 * e["sync_error"]             # its own statistics differ
     assert found[0]["local_mean"] != found[1]["local_mean"]
+    rows = {e["rank"]: [row["broadcasts"] for row in e["rows"]]
+            for e in result.events_of("buffers")}
+    assert rows == {rank: [True, True, False, True, False] for rank in range(nprocs)}
 
 
 def test_a_batch_that_does_not_divide_is_refused():

@@ -15,6 +15,11 @@ seed and keeps its own share, as DDP ranks do. It then normalises its share two 
 Both are compared with ``BatchNorm2d`` applied to the whole global batch in one process (every
 rank runs that reference itself), outputs and running statistics.
 
+Without SyncBatchNorm, DDP keeps BatchNorm's running statistics (buffers) equal by broadcasting
+rank 0's at the start of some forwards. The worker also asks a small DDP model with a BatchNorm,
+after each of a few kinds of forward, whether its next forward will broadcast
+(``will_sync_module_buffers()``).
+
 Events:
 
 - ``batchnorm`` (every rank): ``samples`` (this rank's), ``local_mean`` and ``global_mean``
@@ -22,6 +27,8 @@ Events:
   ``local_error`` (largest difference of this rank's normalised share from the one-process
   BatchNorm's), ``running_mean_error`` and ``running_var_error`` (the running statistics
   updated from the global ones, against the one-process BatchNorm's).
+- ``buffers`` (every rank): ``rows``, a list of ``{"after": ..., "broadcasts": bool}``, in the
+  order they ran: whether DDP's next forward broadcasts rank 0's buffers.
 
 Lesson: 03b.
 """
@@ -78,6 +85,28 @@ def running_stats(mean: torch.Tensor, var: torch.Tensor, n: int,
 # [/stats]
 
 
+def buffer_broadcasts(info: dist.DistInfo) -> list[dict[str, Any]]:
+    """After each kind of forward, does DDP's next forward broadcast rank 0's buffers?"""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)).to(info.device)   # BatchNorm's
+    net = DDP(model, device_ids=info.device_ids)                                 # buffers
+    x = torch.randn(4, 3, device=info.device)
+    rows = [("nothing yet (the first forward)", net.will_sync_module_buffers())]
+    net(x).sum().backward()
+    rows.append(("a training forward, then backward", net.will_sync_module_buffers()))
+    with torch.no_grad():
+        net(x)
+    rows.append(("an evaluation forward under torch.no_grad()", net.will_sync_module_buffers()))
+    net(x)
+    rows.append(("a forward with gradients enabled, no backward", net.will_sync_module_buffers()))
+    with net.no_sync():
+        net(x).sum().backward()
+    rows.append(("a forward + backward told to skip the all-reduce",
+                 net.will_sync_module_buffers()))
+    return [{"after": after, "broadcasts": bool(will)} for after, will in rows]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """Normalise this rank's share with its own and with the global statistics; report both."""
     args = parse_args(argv)
@@ -106,6 +135,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         local_error=(local.detach().cpu() - expected).abs().max().item(),
         running_mean_error=(run_mean.cpu() - reference.running_mean).abs().max().item(),
         running_var_error=(run_var.cpu() - reference.running_var).abs().max().item())
+    events.emit("buffers", rows=buffer_broadcasts(info))
     dist.cleanup()
     return found
 
