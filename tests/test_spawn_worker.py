@@ -7,6 +7,7 @@ threads at exit, which test_exit_abort reads too (one launch for both).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,9 @@ def test_ranks_see_different_data_but_share_the_averaged_gradient(run):
     first = metric(run, "first_step")
     assert first[0]["loss"] != first[1]["loss"]
     assert first[0]["grad_checksum"] == first[1]["grad_checksum"]
+    own = [first[r]["own_grad_checksum"] for r in (0, 1)]           # before the all-reduce:
+    assert own[0] != own[1]                                          # each rank's own, and the
+    assert math.isclose(sum(own) / 2, first[0]["grad_checksum"], rel_tol=1e-6)   # shared = mean
 
 
 def test_global_batch_and_shares(run):

@@ -14,10 +14,11 @@ The parent process parses the arguments and calls ``mp.spawn(main, args=(nprocs,
 nprocs=nprocs)``, which starts ``nprocs`` fresh interpreters and calls ``main(rank, nprocs,
 args)`` in each. Every rank trains on its own share of the data; DDP averages the gradients
 during ``backward()``, so the weights stay identical on every rank. Each rank reports ``metric``
-events: ``first_step`` (its own loss on its own first batch, and the gradient checksum after
-the all-reduce) and ``param_checksum`` (sum of all weights at the end, float64); ranks that
-end with different weights raise ``RuntimeError`` (``--seed-per-rank --no-init-sync`` makes
-them: other start weights, and no broadcast in DDP's constructor to even them). Rank 0 then
+events: ``first_step`` (its own loss on its own first batch, the checksum of its own gradient
+before the all-reduce, ``own_grad_checksum``, and of the gradient after it, ``grad_checksum``)
+and ``param_checksum`` (sum of all weights at the end, float64); ranks that end with different
+weights raise ``RuntimeError`` (``--seed-per-rank --no-init-sync`` makes them: other start
+weights, and no broadcast in DDP's constructor to even them). Rank 0 then
 emits a ``summary`` with ``param_checksums_per_rank``, ``final_accuracy``, ``world_size``,
 ``batch_size``, ``global_batch``, ``steps_per_epoch``, ``samples_seen_per_rank`` (over all
 epochs) and ``history``.
@@ -119,9 +120,10 @@ def main(rank: int, world_size: int, args: argparse.Namespace) -> None:
         for step, (inputs, labels) in enumerate(loader):
             loss = F.cross_entropy(model(inputs), labels)
             optimizer.zero_grad(set_to_none=True)
+            own = own_gradient(loss, model) if epoch == 0 and step == 0 else None   # (reported)
             loss.backward()                     # DDP all-reduces (averages) gradients here
-            if epoch == 0 and step == 0:
-                report_first_step(rank, loss, model)
+            if own is not None:
+                report_first_step(rank, loss, model, own)
             optimizer.step()                    # same gradient, same step, on every rank
             losses.append(loss.item())
             seen += len(labels)
@@ -153,11 +155,23 @@ def main(rank: int, world_size: int, args: argparse.Namespace) -> None:
     dist.cleanup()
 
 
-def report_first_step(rank: int, loss: torch.Tensor, model: torch.nn.Module) -> None:
-    """Print and emit this rank's own loss and the (all-reduced) gradient's checksum."""
+def own_gradient(loss: torch.Tensor, model: torch.nn.Module) -> list[torch.Tensor]:
+    """This rank's own gradient, before any all-reduce.
+
+    ``torch.autograd.grad`` returns the gradients without accumulating them into ``.grad``, so
+    DDP's hooks (which run when a gradient is accumulated) do not fire and nothing is sent; the
+    graph is kept for the ``backward()`` that follows.
+    """
+    return list(torch.autograd.grad(loss, list(model.parameters()), retain_graph=True))
+
+
+def report_first_step(rank: int, loss: torch.Tensor, model: torch.nn.Module,
+                      own: Sequence[torch.Tensor]) -> None:
+    """Print and emit this rank's own loss, own gradient's and all-reduced gradient's checksums."""
     grad = checksum([p.grad for p in model.parameters()])
     print(f"first step: my loss {loss.item():.6f}, gradient checksum {grad:.12f}", flush=True)
-    events.emit("metric", rank=rank, name="first_step", loss=loss.item(), grad_checksum=grad)
+    events.emit("metric", rank=rank, name="first_step", loss=loss.item(), grad_checksum=grad,
+                own_grad_checksum=checksum(own))
 
 
 def finish_epoch(rank: int, epoch: int, losses: list[float], model: torch.nn.Module,
