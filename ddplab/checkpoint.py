@@ -233,6 +233,7 @@ def atomic_save(obj: Any, path: PathLike) -> None:
                 os.remove(os.path.join(folder, stale))  # a killed save's: reclaimed
             except FileNotFoundError:
                 pass
+    # [atomic]
     tmp = os.path.join(folder, f"{mine}{os.getpid()}")
     try:
         handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
@@ -245,6 +246,7 @@ def atomic_save(obj: Any, path: PathLike) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    # [/atomic]
     if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable (POSIX)
         dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         try:

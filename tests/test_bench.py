@@ -254,6 +254,7 @@ def test_backward_overlap_times_all_reduces_from_backwards_first_gradient(tmp_pa
     # unions: 1.5-2.5 and 2.0-4.5 overlap (3.0 ms), before the last gradient at 5.0 ms; then
     # 6.0-6.5 after it (3.5 ms in all); backward's span ends at 7.95 - 1.0 ms
     assert seen == {"gradients_ms": 5.0, "backward_ms": 6.95, "launches_ms": [],
+                    "computing": [(0.0, 5.0)],
                     "all_reduces": [(1.5, 2.5, 8), (2.0, 4.5, 9), (6.0, 6.5, 9)],
                     "overlapped": 2, "busy_ms": 3.5, "hidden_ms": 3.0}
     trace.write_text(json.dumps({"traceEvents": ops[:2]}))
@@ -284,6 +285,7 @@ def test_backward_overlap_ends_the_gradients_where_the_last_all_reduce_is_launch
     assert seen["launches_ms"] == [4.2]        # the other thread's launch is not backward's
     assert seen["overlapped"] == 1 and seen["busy_ms"] == 3.5
     assert seen["hidden_ms"] == 0.5            # the first all-reduce; none of the last one
+    assert seen["computing"] == [(0.0, 4.2)]
     # a launch inside an earlier gradient op: the op's time after its launch is not computing
     ops[0]["dur"] = 3000
     ops.append({"ph": "X", "name": "c10d::allreduce_", "ts": 3800, "dur": 1200, "tid": 1})
@@ -291,6 +293,7 @@ def test_backward_overlap_ends_the_gradients_where_the_last_all_reduce_is_launch
     seen = bench.backward_overlap(trace)
     assert seen["gradients_ms"] == 4.2 and seen["hidden_ms"] == 0.0
     assert seen["launches_ms"] == [2.8, 4.2]   # one bucket handed over before the last gradient
+    assert seen["computing"] == [(0.0, 2.8), (4.0, 4.2)]   # not while it handed the bucket over
 
 
 def test_the_cli_sweeps_the_batches_notebook_09_sweeps():

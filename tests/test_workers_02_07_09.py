@@ -42,6 +42,16 @@ def test_torchrun_config_leaves_the_environment_alone(monkeypatch):
     assert found["script_args"] == ["--x"] and found["config"]["max_nodes"] == 2
 
 
+def test_torchrun_shutdown_timeout_is_torchruns_own(monkeypatch):
+    for name in ("PET_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    assert cmdlines.torchrun_shutdown_timeout() == 30                  # the default grace
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7")
+    assert cmdlines.torchrun_shutdown_timeout() == 7                   # the variable
+    assert cmdlines.torchrun_shutdown_timeout(["--shutdown-timeout", "5", "w.py"]) == 5
+    assert "OMP_NUM_THREADS" not in os.environ                         # the kernel untouched
+
+
 def test_the_old_launcher_passes_local_rank_with_a_dash_which_the_source_parser_rejects():
     argv = cmdlines.legacy_script_argv(["--epochs", "3"], local_rank=1)
     assert argv == ["--local-rank=1", "--epochs", "3"]

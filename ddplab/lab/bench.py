@@ -843,6 +843,7 @@ def backward_overlap(trace: str | Path) -> dict[str, Any]:
         machine's load), "all_reduces": [(start_ms, end_ms, thread), ...] in start order,
         "overlapped": how many started before gradients_ms (gloo's thread needs a free core
         for that: on a busy machine it can wait),
+        "computing": [(start_ms, end_ms), ...] when a gradient op computed (their union),
         "busy_ms": the time at least one all-reduce ran (their union: on two threads they
         overlap), "hidden_ms": the part of it while a gradient op computed}``.
 
@@ -870,6 +871,7 @@ def backward_overlap(trace: str | Path) -> dict[str, Any]:
     reduces = sorted(((e["ts"] - start) / 1000, (e["ts"] + e["dur"] - start) / 1000, e["tid"])
                      for e in spans if e["name"] == ALL_REDUCE_OP)
     return {"gradients_ms": end, "backward_ms": max(backward) if backward else None,
+            "computing": [(a, b) for a, b in _merged(computing)],
             "launches_ms": handed, "all_reduces": reduces,
             "overlapped": sum(begin < end for begin, _, _ in reduces),
             "busy_ms": _length(_merged(reduces)),

@@ -561,10 +561,10 @@ def _code_names(fn: Any) -> set[str]:
     return names
 
 
-@exercise("02", "nn.DataParallel scatters a batch of `batch` samples over `gpus` GPUs. Write the "
-          "rule: a function idle_gpus(batch, gpus) that returns how many GPUs get no samples, "
-          "in arithmetic (not chunk or scatter_sizes); the check tries every batch from 1 to 64 "
-          "on 1 to 16 GPUs. answer = idle_gpus",
+@exercise("02", "nn.DataParallel scatters a batch of `batch` samples over `gpus` GPUs. Derive "
+          "from the chunk size a function idle_gpus(batch, gpus) that returns how many GPUs "
+          "get no samples, in arithmetic (not chunk or scatter_sizes); the check tries every "
+          "batch from 1 to 64 on 1 to 16 GPUs. answer = idle_gpus",
           _compare_02)
 def _exercise_02() -> Callable[[int, int], int]:
     def idle_gpus(batch: int, gpus: int) -> int:

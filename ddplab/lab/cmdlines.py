@@ -6,6 +6,7 @@ that code decided:
 
 - ``torchrun_config(argv)``: the ``LaunchConfig`` torchrun builds from its arguments (what one
   node's agent works with), the arguments its workers get, and the warnings it logs;
+- ``torchrun_shutdown_timeout()``: the seconds torchrun waits after a Ctrl-C before SIGKILL;
 - ``legacy_script_argv(...)``: the arguments the deprecated ``python -m torch.distributed.launch``
   appends to a training script's own (``--local-rank=N`` since torch 2.0);
 - ``parse_outcome(parse, argv)``: what a script's argument parsing makes of them, or its
