@@ -101,6 +101,11 @@ def test_four_ranks_meshes_placements_tp_modules_and_2d_equal_one_process():
     bias = 4 * 10                                    # the last bias: over dp only (TP replicates it)
     assert all(memory[r]["param_bytes"] == (memory[r]["full_param_bytes"] - bias) / 4 + bias / 2
                for r in range(4))
+    for e in result.events_of("comm_2d"):            # one step: TP in tp, FSDP2 in dp
+        forward, backward = (" ".join(f"{op}:{n}" for op, n in sorted(e[k].items()))
+                             for k in ("forward_collectives", "backward_collectives"))
+        assert forward == "all_reduce:1 allgather:1" and backward == "reduce_scatter:1", e
+    assert sorted(e["rank"] for e in result.events_of("comm_2d")) == [0, 1, 2, 3]
     single = launch(WORKER, 1, args=["--parts", "2d"], quiet=True)
     assert single.ok, single.error
     two_d = [e["loss"] for e in result.events_of("loss")]

@@ -59,7 +59,8 @@ Events:
 - ``loss`` (rank 0, one per step of ``2d``): ``mode`` (``2d`` or ``single``), ``step``,
   ``loss`` (mean over the global batch); ``weights`` (rank 0, at the end): ``mode``,
   ``values`` (every parameter, whole, flattened); ``memory_2d`` (every rank): ``param_bytes``,
-  ``full_param_bytes``, ``placements``, ``dims``.
+  ``full_param_bytes``, ``placements``, ``dims``; ``comm_2d`` (every rank): the first 2-D
+  step's ``forward_collectives`` and ``backward_collectives``.
 - ``skipped`` (rank 0): ``part``, ``reason``, when a part cannot run here.
 - ``plan_try`` (every rank, with ``--mlp-plan``): section ``mlp``'s MLP under the plan given
   on the command line: ``plan``, and either ``error`` (the type and first line of what was
@@ -81,6 +82,7 @@ import logging
 import statistics
 import time
 import warnings
+from contextlib import nullcontext
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -454,10 +456,14 @@ def train_2d(mesh_2d: Optional[DeviceMesh], info: dist.DistInfo,
         rows = torch.arange(step * args.batch_size, (step + 1) * args.batch_size) % len(images)
         mine = rows.view(dp_size, -1)[dp_rank]                 # my dp group's share; both TP
         x, y = images[mine].to(info.device), labels[mine].to(info.device)   # ranks get it
-        with warnings.catch_warnings():   # FSDP2 warns that its output is a view; never changed
-            warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+        first = step == 0 and mesh_2d is not None               # its collectives counted
+        with collectives() if first else nullcontext({}) as forward, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="FSDP2-wrapped module")   # a view: unchanged
             loss = F.cross_entropy(model(x), y)
-        loss.backward()                                        # FSDP2 averages over dp
+        with collectives() if first else nullcontext({}) as backward:
+            loss.backward()                                    # FSDP2 averages over dp
+        if first:
+            events.emit("comm_2d", forward_collectives=forward, backward_collectives=backward)
         optimizer.step()
         optimizer.zero_grad()
         mean = loss.detach().clone()
