@@ -100,6 +100,26 @@ def torchrun_config(argv: Sequence[str]) -> dict[str, Any]:
             "script_args": _after_script(cmd_args), "warnings": warnings}
 
 
+def torchrun_shutdown_timeout(argv: Sequence[str] = ("script.py",)) -> Optional[int]:
+    """The seconds torchrun waits, after forwarding a signal to its workers, before SIGKILL.
+
+    Read by torchrun's own parser and ``LaunchConfig``: ``--shutdown-timeout``, else the
+    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` variable, else 30 (torch/distributed/launcher/api.py).
+
+    Args:
+        argv: torchrun's arguments, ending with the script's name.
+
+    Returns:
+        The seconds, or None on a torch without the option.
+
+    Lesson: 07.
+    """
+    from torch.distributed import run
+
+    config, _cmd_args, _warnings = _config_from(run.parse_args(list(argv)))
+    return getattr(config, "shutdown_timeout", None)
+
+
 def legacy_script_argv(script_args: Sequence[str] = (), *, local_rank: int = 0,
                        nproc_per_node: int = 2, script: str = "train.py") -> list[str]:
     """The arguments ``python -m torch.distributed.launch`` gives ``script`` on one local rank.
