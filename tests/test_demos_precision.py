@@ -13,6 +13,7 @@ def test_autocast_on_cpu_computes_in_bf16_and_keeps_fp32_weights():
     assert facts["default"] == torch.bfloat16
     assert facts["matmul"] == facts["linear_output"] == torch.bfloat16
     assert facts["weight"] == facts["grad"] == facts["outside"] == torch.float32
+    assert facts["layer_norm"] == torch.bfloat16  # a 16-bit input keeps its dtype on the CPU
     assert facts["loss"] == torch.float32
     assert facts["prod"] == torch.float32  # on the CPU's float32 list
     assert facts["sum"] == facts["softmax"] == torch.bfloat16  # CUDA's list only
@@ -107,6 +108,12 @@ def test_the_bf16_verdict_names_this_cpus_case():
     assert "units: none" in none and "did not come from them" in none
     assert "nothing to gain (slower)" in precision.bf16_verdict(
         steady, 0.7, "slower", native={"avx512_bf16": False, "amx": False})
+    assert "Training gained too." in native                 # 1.5x: less than the 1.6x products
+    more = precision.bf16_verdict(steady, 2.2, "faster", native={"avx512_bf16": True,
+                                                                  "amx": False})
+    assert "more than the products" in more               # training may gain more than them
     unknown = precision.bf16_verdict([], 1.0, "no clear difference")
     assert "unknown" in unknown and "none (busy at every size)" in unknown
+    busy = precision.bf16_verdict([], 2.2, "faster", native={"avx512_bf16": True, "amx": False})
+    assert busy.splitlines()[-1] == "Verdict: no steady measurement; re-run the cell above."
     assert "ran on GPUs" in precision.bf16_verdict(steady, 1.2, "faster", gpus=2)

@@ -43,18 +43,21 @@ def autocast_facts(device_type: str = "cpu", dtype: Optional[torch.dtype] = None
     Returns:
         ``default`` (autocast's dtype when none is given), ``matmul``, ``linear_output``,
         ``weight`` (the parameter keeps its dtype), ``loss`` (cross-entropy runs in float32),
-        ``grad`` (gradients have the parameter's dtype), ``outside`` (after the block), and
-        ``sum``, ``softmax``, ``prod``, ``exp`` and ``norm`` of the 16-bit matmul output (on
-        the CPU only ``prod`` is on autocast's float32 list; on CUDA all five are).
+        ``grad`` (gradients have the parameter's dtype), ``outside`` (the layer called again
+        after the block), ``layer_norm`` (a ``LayerNorm`` with float32 weight and bias on the
+        16-bit linear output: on the CPU it keeps the input's dtype), and ``sum``,
+        ``softmax``, ``prod``, ``exp`` and ``norm`` of the 16-bit matmul output (on the CPU
+        only ``prod`` is on autocast's float32 list; on CUDA all five are).
 
     Lesson: 06.
     """
     torch.manual_seed(0)
-    layer = nn.Linear(4, 3)
+    layer, norm = nn.Linear(4, 3), nn.LayerNorm(3)
     x = torch.randn(5, 4)
     with torch.autocast(device_type, dtype=dtype):
         product = x @ x.T
         out = layer(x)
+        normed = norm(out)
         loss = nn.functional.cross_entropy(out, torch.zeros(5, dtype=torch.long))
         reduced = {"sum": product.sum(), "softmax": product.softmax(-1), "prod": product.prod(),
                    "exp": product.exp(), "norm": product.norm()}
@@ -67,6 +70,7 @@ def autocast_facts(device_type: str = "cpu", dtype: Optional[torch.dtype] = None
         "loss": loss.dtype,
         "grad": layer.weight.grad.dtype,
         "outside": layer(x).dtype,
+        "layer_norm": normed.dtype,
         **{name: value.dtype for name, value in reduced.items()},
     }
 
@@ -327,20 +331,25 @@ def bf16_verdict(steady: Sequence[dict[str, Any]], ratio: float, speed_verdict: 
                  f"{r['size']}: {r['speedup']:.2f}x of fp32" for r in steady)
                  or "none (busy at every size)"),
              f"bf16 training: {ratio:.2f}x of fp32's median, {speed_verdict}"]
-    training = {"faster": "training gained too.",
-                "slower": "training did not: the small model's steps go mostly into small "
+    best = max((r["speedup"] for r in steady), default=None)
+    training = {"faster": "Training gained too" + (
+                    ", more than the products above: a training step also runs convolutions, "
+                    "products of other sizes and elementwise operations on half the bytes."
+                    if best is not None and ratio > best else "."),
+                "slower": "Training did not gain: the small model's steps go mostly into small "
                           "operations, casts and the all-reduce."
-                }.get(speed_verdict, "training shows no clear difference: the small model's "
+                }.get(speed_verdict, "Training shows no clear difference: the small model's "
                                      "steps go mostly into small operations, casts and the "
                                      "all-reduce.")
     if gpus:
         lines.append("The training ran on GPUs: this CPU's bf16 arithmetic does not bear on it.")
+    elif not steady:
+        lines.append("Verdict: no steady measurement; re-run the cell above.")
     elif units:
         lines.append("Verdict: this CPU computes bf16 natively: a bf16 product gains once it is "
                      "large enough to pay for the casts (" + (
-                         f"here at size {', '.join(gains)}); " if gains else
-                         "none of the steady sizes here; re-run the cell above for the others); ")
-                     + training)
+                         f"here at size {', '.join(gains)}). " if gains else
+                         "at none of the sizes measured here). ") + training)
     elif native is not None:
         lines.append("Verdict: this CPU has no bf16 units: its bf16 products do float32's "
                      "arithmetic plus the conversions, " + (
@@ -348,7 +357,7 @@ def bf16_verdict(steady: Sequence[dict[str, Any]], ratio: float, speed_verdict: 
                          "see whether it holds)." if speed_verdict == "faster"
                          else f"and give training nothing to gain ({speed_verdict})."))
     else:
-        lines.append("Verdict: the products above say whether this CPU's bf16 gains; " + training)
+        lines.append("Verdict: the products above say whether this CPU's bf16 gains. " + training)
     return "\n".join(lines)
 
 
