@@ -76,3 +76,12 @@ def test_distinct_batches_without_set_epoch_are_one_epoch_s_worth():
     assert fresh == {"batches": 35, "distinct": 35}       # a new grouping every epoch
     other = sampling.distinct_batches(100, 2, 8, epochs=1, rank=1)
     assert other["batches"] == 7
+
+
+def test_never_read_without_set_epoch_leaves_the_same_samples_out():
+    without = sampling.never_read(1347, 2, 30, set_epoch=False, drop_last=True)
+    with_ = sampling.never_read(1347, 2, 30, set_epoch=True, drop_last=True)
+    assert without == {"per_rank": [674, 674], "by_all": 1}   # one share each; 1347 mod 2 cut
+    assert with_ == {"per_rank": [0, 0], "by_all": 0}
+    padded = sampling.never_read(10, 3, 1, set_epoch=False, drop_last=False)
+    assert padded["by_all"] == 0                             # padding reads every sample

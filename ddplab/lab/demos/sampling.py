@@ -8,6 +8,7 @@ a notebook prints, draws and asserts on::
     padding(10, 3)                                       # 12 read, 2 of them repeats
     epoch_orders(10, 3, epochs=3, set_epoch=False)       # the same order every epoch
     distinct_batches(1347, 2, 32, epochs=30, set_epoch=False)   # 22 batches, read 30 times
+    never_read(1347, 2, epochs=30, set_epoch=False)      # each rank misses the other's half
 
 ``ddplab.lab.widgets.sampler_explorer`` draws the same facts live.
 
@@ -83,6 +84,25 @@ def distinct_batches(dataset_len: int, world_size: int, batch_size: int, epochs:
     batches = [frozenset(order[rank][i:i + batch_size])
                for order in orders for i in range(0, len(order[rank]), batch_size)]
     return {"batches": len(batches), "distinct": len(set(batches))}
+
+
+def never_read(dataset_len: int, world_size: int, epochs: int, *, set_epoch: bool = True,
+               drop_last: bool = True, seed: int = 0) -> dict[str, Any]:
+    """Count the samples left unread over ``epochs`` epochs: by each rank, and by all ranks.
+
+    Without ``set_epoch`` every epoch repeats epoch 0's shares, so a rank only ever reads its
+    one share, and with ``drop_last`` the same tail of the order is left out every epoch.
+
+    Returns:
+        ``{"per_rank": [samples rank r never read], "by_all": samples no rank ever read}``.
+
+    Lesson: 04.
+    """
+    orders = epoch_orders(dataset_len, world_size, epochs, set_epoch=set_epoch, seed=seed,
+                          drop_last=drop_last)
+    read = [set().union(*(order[rank] for order in orders)) for rank in range(world_size)]
+    return {"per_rank": [dataset_len - len(r) for r in read],
+            "by_all": dataset_len - len(set().union(*read))}
 
 
 def is_padding(position: int, rank: int, dataset_len: int, world_size: int) -> bool:
