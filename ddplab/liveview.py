@@ -143,20 +143,28 @@ class LiveView:
             self._plot(force=True)
 
 
-def loss_png(points: list[tuple[float, float]], title: Optional[str] = "training loss") -> bytes:
-    """Render (epoch, loss) points as a small PNG (no pyplot state is touched)."""
+def loss_figure(points: list[tuple[float, float]], title: Optional[str] = "training loss") -> Any:
+    """(epoch, loss) points as a small matplotlib Figure (no pyplot state is touched), its
+    epoch axis ticked at whole epochs only."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(4.5, 2.6), dpi=90)
     ax = fig.add_subplot()
     xs, ys = zip(*points)
     ax.plot(xs, ys, marker="o" if len(xs) < 30 else None)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     ax.set_xlabel("epoch")
     ax.set_ylabel("loss")
     if title:
         ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    return fig
+
+
+def loss_png(points: list[tuple[float, float]], title: Optional[str] = "training loss") -> bytes:
+    """Render (epoch, loss) points as a small PNG (``loss_figure``)."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
+    loss_figure(points, title).savefig(buffer, format="png")
     return buffer.getvalue()

@@ -40,6 +40,16 @@ def test_quiet_view_has_no_bar():
     assert view.bar is None and view.losses == []
 
 
+def test_the_loss_plot_ticks_whole_epochs_only():
+    from ddplab.liveview import loss_figure
+
+    for points in ([(3.0, 1.0)], [(1.0, 1.0), (1.5, 0.8), (2.0, 0.6)]):
+        ax = loss_figure(points).axes[0]
+        ax.figure.canvas.draw()
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(t == int(t) for t in ticks), ticks
+
+
 def test_loss_png_is_a_png():
     assert loss_png([(0.5, 1.0), (1.0, 0.5)]).startswith(b"\x89PNG")
 
