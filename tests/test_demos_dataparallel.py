@@ -104,7 +104,8 @@ def test_memory_by_hand_gives_every_gpu_a_gradient_at_the_peak_and_gpu_0_the_sum
     weights = sum(p.numel() * 4 for p in model.parameters())
     rows = dataparallel.memory_by_hand(model, 10, 4, image_shape=(1, 8, 8), num_classes=10)
     assert [r["GPU"] for r in rows] == [0, 1, 2, 3]
-    assert [r["input chunk"] for r in rows] == [3 * 64 * 4, 3 * 64 * 4, 3 * 64 * 4, 64 * 4]
+    # GPU 0 holds the whole batch (the worker moves it there; its chunk is a view of it)
+    assert [r["input"] for r in rows] == [10 * 64 * 4, 3 * 64 * 4, 3 * 64 * 4, 64 * 4]
     assert all(r["replica's gradient"] == weights for r in rows)   # each replica's, on its GPU
     assert rows[0]["summed gradient (.grad)"] == rows[0]["momentum"] == weights
     assert rows[0]["gathered outputs, labels"] == 10 * (10 * 4 + 8)        # logits and int64s
@@ -115,6 +116,20 @@ def test_memory_by_hand_gives_every_gpu_a_gradient_at_the_peak_and_gpu_0_the_sum
                                                                     "after backward"))
                for r in rows)
     assert len(dataparallel.memory_by_hand(model, 3, 8)) == 3              # idle GPUs: no row
+
+
+def test_time_steps_times_the_plain_step_then_the_by_hand_step_untouched_on_one_thread():
+    model = _cnn()
+    before = [p.detach().clone() for p in model.parameters()]
+    threads = torch.get_num_threads()
+    timings = dataparallel.time_steps(model, batch_size=8, devices=(2, 4), repeats=3)
+    assert [t.devices for t in timings] == [1, 2, 4]
+    assert all(len(t.times) == 3 and all(s > 0 for s in t.times) for t in timings)  # no warm-up
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.get_num_threads() == threads
+    step = dataparallel.StepTiming(2, times=[0.008, 0.002, 0.004, 0.012, 0.006])
+    assert step.median == pytest.approx(0.006) and step.spread == pytest.approx((0.004, 0.008))
 
 
 def test_copy_timing_reports_the_median_copy_with_its_spread():

@@ -11,6 +11,8 @@ machine shows what ``nn.DataParallel`` does in one training step:
   peak (the gradient reduction) and after backward, to show why GPU 0 needs more memory.
 - ``time_copies`` times one copy of each of several models, as the replicate step makes one
   per GPU at every step, to show that its cost grows with the model's size.
+- ``time_steps`` times the by-hand DataParallel step against a plain step of the same batch,
+  on the CPU, to show what the step's extra pieces cost at every step.
 - ``module_prefix_demo``: a wrapped model's state_dict does not load into a plain model; both
   fixes, shown working.
 
@@ -123,9 +125,10 @@ def memory_by_hand(model: nn.Module, batch_size: int, devices: int,
     """Add up the bytes of the tensors each GPU holds in one DataParallel step with momentum SGD.
 
     GPU 0 holds the model itself (its replica shares the model's storage), the momentum
-    buffers, its input chunk, its outputs, and the gathered outputs with the labels, where the
-    loss is computed; every other GPU holds a replica (weights and buffers), its input chunk and
-    its outputs. In backward every replica's parameters get a gradient tensor of full size on
+    buffers, the whole input batch (lesson 02's worker moves it to GPU 0 before the forward,
+    and scatter leaves GPU 0's chunk a view of it: it copies only the chunks bound for another
+    GPU), its outputs, and the gathered outputs with the labels, where the loss is computed;
+    every other GPU holds a replica (weights and buffers), its input chunk and its outputs. In backward every replica's parameters get a gradient tensor of full size on
     their own GPU, holding that chunk's share of the batch's gradient; ``Broadcast.backward``
     then sums them onto GPU 0 (``ReduceAddCoalesced``, in
     ``torch/nn/parallel/_functions.py``), where the sum becomes the model's ``.grad``. So at
@@ -155,7 +158,8 @@ def memory_by_hand(model: nn.Module, batch_size: int, devices: int,
                "replica's gradient": parameters,
                "summed gradient (.grad)": parameters if gpu == 0 else 0,
                "momentum": parameters if gpu == 0 else 0,
-               "input chunk": chunk * size([sample]), "outputs": chunk * size([logit]),
+               "input": (batch_size if gpu == 0 else chunk) * size([sample]),
+               "outputs": chunk * size([logit]),
                "gathered outputs, labels": batch_size * size([logit, label]) if gpu == 0 else 0}
         row["peak"] = sum(v for k, v in row.items() if k != "GPU")
         row["after backward"] = weights + 2 * parameters if gpu == 0 else 0
@@ -273,6 +277,82 @@ def time_copies(models: Mapping[str, nn.Module], repeats: int = 11) -> list[Copy
     finally:
         torch.set_num_threads(threads)
     return [CopyTiming(name, _nbytes(model), times[name]) for name, model in models.items()]
+
+
+@dataclass
+class StepTiming:
+    """What ``time_steps`` measured for one way of running the step: its seconds per repeat.
+
+    ``devices`` is 1 for the plain step (DataParallel with one device calls the module itself).
+
+    Lesson: 02.
+    """
+
+    devices: int
+    times: list[float]
+
+    @property
+    def median(self) -> float:
+        """The median time of one step."""
+        return statistics.median(self.times)
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """The lower and upper quartiles: the middle half of the repeats lies between them."""
+        low, _, high = statistics.quantiles(self.times, n=4, method="inclusive")
+        return low, high
+
+
+def time_steps(model: nn.Module, batch_size: int = 32, devices: Sequence[int] = (2, 4),
+               repeats: int = 11, seed: int = 0, image_shape: Sequence[int] = (1, 8, 8),
+               num_classes: int = 10) -> list[StepTiming]:
+    """Time a plain forward and backward of one batch against the by-hand DataParallel step.
+
+    The by-hand step is ``data_parallel_gradient``: scatter, replicate, apply, gather, reduce.
+    On the CPU its replicas run one after the other, so it does the plain step's arithmetic
+    plus its own pieces (the copies, the concatenation, the sum of the gradients): the
+    difference is what those pieces cost. Every repeat runs each way once, in turn, after one
+    untimed round (the warm-up); on one CPU thread, restored afterwards. The model is copied
+    first, so it is left untouched.
+
+    Args:
+        model: the model, for ``image_shape`` images and ``num_classes`` classes.
+        batch_size: samples in the batch (random images, random labels).
+        devices: the "GPU" counts to time the by-hand step with.
+        repeats: timed steps of each way (at least 2).
+        seed: seeds the batch.
+
+    Returns:
+        One ``StepTiming`` for the plain step (``devices`` 1), then one per count in
+        ``devices``.
+
+    Lesson: 02.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(batch_size, *image_shape, generator=generator)
+    labels = torch.randint(0, num_classes, (batch_size,), generator=generator)
+    model = copy.deepcopy(model)
+
+    def plain() -> None:
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(inputs), labels).backward()
+
+    steps: dict[int, Callable[[], Any]] = {1: plain}
+    for n in devices:
+        steps[n] = lambda n=n: data_parallel_gradient(model, inputs, labels, n)
+    times: dict[int, list[float]] = {n: [] for n in steps}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for repeat in range(repeats + 1):             # repeat 0 is the warm-up, not kept
+            for n, step in steps.items():
+                start = time.perf_counter()
+                step()
+                if repeat:
+                    times[n].append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return [StepTiming(n, times[n]) for n in steps]
 
 
 def _nbytes(model: nn.Module) -> int:
