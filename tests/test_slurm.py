@@ -92,6 +92,31 @@ def test_the_rendezvous_numbers_the_agents_by_their_address_as_a_string():
         slurm.group_ranks(["127.0.0.2", "127.0.0.2"])
 
 
+def test_no_agent_opens_a_store_on_its_own_address(monkeypatch):
+    """macOS configures only 127.0.0.1: while the agents join, torch's opt-out of the rank-0
+    agent's store on its --local-addr is set, and the caller's environment is restored."""
+    import os
+    import types
+
+    from torch.distributed.elastic.rendezvous import registry
+
+    seen = []
+
+    def handler(params):
+        def next_rendezvous():
+            seen.append(os.environ.get(slurm.NO_AGENT_STORE))
+            return types.SimpleNamespace(rank=len(seen) - 1)
+        return types.SimpleNamespace(next_rendezvous=next_rendezvous, shutdown=lambda: None)
+
+    monkeypatch.setattr(registry, "get_rendezvous_handler", handler)
+    monkeypatch.setenv(slurm.NO_AGENT_STORE, "0")
+    assert sorted(slurm.group_ranks(["127.0.0.2", "127.0.0.3"]).values()) == [0, 1]
+    assert seen == ["1", "1"] and os.environ[slurm.NO_AGENT_STORE] == "0"
+    monkeypatch.delenv(slurm.NO_AGENT_STORE)
+    slurm.group_ranks(["127.0.0.2"])
+    assert slurm.NO_AGENT_STORE not in os.environ
+
+
 @pytest.mark.parametrize("addrs", [["gpu2", "gpu10"], ["127.0.0.2", "10.0.0.1"],
                                    ["127.0.0.2", "::1"], ["127.0.0.2", "127.0.0.300"]])
 def test_group_ranks_refuses_a_non_loopback_address_at_once(addrs, monkeypatch):

@@ -19,6 +19,7 @@ Lesson: 07b.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import sys
@@ -160,14 +161,21 @@ def node_commands(
     return commands
 
 
+#: torch's opt-out of the rank-0 agent's TCP store on its own address (``--local-addr``).
+NO_AGENT_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
 def group_ranks(local_addrs: Sequence[str], timeout: float = 30.0) -> dict[str, int]:
     """Run torch's c10d rendezvous for one agent per address; return each one's GROUP_RANK.
 
     Each agent is a rendezvous handler in a thread of this process, made by torch's own
     registry with ``local_addr`` as torchrun's ``--local-addr`` gives it, so the numbering is
-    torch's (no worker starts). The store is served from 127.0.0.1; an address is only the
-    agent's name in the rendezvous, and rank 0 opens a TCP store on it, so every address must
-    be a loopback address (any 127.x.y.z); any other is refused at once.
+    torch's (no worker starts). The store is served from 127.0.0.1 and an address is only the
+    agent's name in the rendezvous: no agent opens a store of its own on it
+    (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` during the call; torchrun's rank-0 agent would),
+    so 127.0.0.2 works on macOS too, which configures only 127.0.0.1. Every agent runs on this
+    machine, so every address must be a loopback address (any 127.x.y.z); any other is
+    refused at once.
 
     Args:
         local_addrs: one address per agent, all different, in the order the agents start.
@@ -211,6 +219,8 @@ def group_ranks(local_addrs: Sequence[str], timeout: float = 30.0) -> dict[str, 
 
     threads = [threading.Thread(target=join, args=pair, daemon=True)
                for pair in zip(addrs, handlers)]
+    shared = os.environ.get(NO_AGENT_STORE)
+    os.environ[NO_AGENT_STORE] = "1"   # read by each handler as it joins (dynamic_rendezvous.py)
     try:
         for thread in threads:
             thread.start()
@@ -219,6 +229,10 @@ def group_ranks(local_addrs: Sequence[str], timeout: float = 30.0) -> dict[str, 
     finally:
         for handler in reversed(handlers):
             handler.shutdown()
+        if shared is None:
+            os.environ.pop(NO_AGENT_STORE, None)
+        else:
+            os.environ[NO_AGENT_STORE] = shared
     errors = [v for v in found.values() if isinstance(v, Exception)]
     if errors or len(found) < len(addrs):
         raise RuntimeError(f"the rendezvous of {addrs} did not complete: {errors or found}")
