@@ -263,20 +263,28 @@ def time_copies(models: Mapping[str, nn.Module], repeats: int = 11) -> list[Copy
 
     Lesson: 02.
     """
-    times: dict[str, list[float]] = {name: [] for name in models}
+    # each replica dropped at once, as DataParallel drops its replicas
+    times = _in_turn({name: lambda model=model: copy.deepcopy(model)
+                      for name, model in models.items()}, repeats)
+    return [CopyTiming(name, _nbytes(model), times[name]) for name, model in models.items()]
+
+
+def _in_turn(calls: Mapping[Any, Callable[[], Any]], repeats: int) -> dict[Any, list[float]]:
+    """Seconds of each call, ``repeats`` times, the calls in turn after one untimed round (the
+    warm-up); on one CPU thread, restored afterwards."""
+    times: dict[Any, list[float]] = {key: [] for key in calls}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for repeat in range(repeats + 1):             # repeat 0 is the warm-up, not kept
-            for name, model in models.items():
+            for key, call in calls.items():
                 start = time.perf_counter()
-                replica = copy.deepcopy(model)
+                call()
                 if repeat:
-                    times[name].append(time.perf_counter() - start)
-                del replica                           # dropped, as DataParallel drops its replicas
+                    times[key].append(time.perf_counter() - start)
     finally:
         torch.set_num_threads(threads)
-    return [CopyTiming(name, _nbytes(model), times[name]) for name, model in models.items()]
+    return times
 
 
 @dataclass
@@ -340,18 +348,7 @@ def time_steps(model: nn.Module, batch_size: int = 32, devices: Sequence[int] = 
     steps: dict[int, Callable[[], Any]] = {1: plain}
     for n in devices:
         steps[n] = lambda n=n: data_parallel_gradient(model, inputs, labels, n)
-    times: dict[int, list[float]] = {n: [] for n in steps}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for repeat in range(repeats + 1):             # repeat 0 is the warm-up, not kept
-            for n, step in steps.items():
-                start = time.perf_counter()
-                step()
-                if repeat:
-                    times[n].append(time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(threads)
+    times = _in_turn(steps, repeats)
     return [StepTiming(n, times[n]) for n in steps]
 
 
