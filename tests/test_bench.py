@@ -95,6 +95,8 @@ def test_the_loader_comparison_reads_rates_as_fit_epoch_reports_them():
                      "epochs": 3}
     text = bench.loader_text(plain, _row("DDP x2", 2, 2022.0), pinned=True)
     assert "2.00x" in text and "pinned" in text and "after 3 epochs" in text
+    busy = bench.loader_text(plain, _row("DDP x2", 2, 2022.0), busy=True)
+    assert "2.00x, machine busy: re-run" in busy and "faster" not in busy
 
 
 def test_the_cpu_text_lists_the_bf16_instructions(tmp_path):

@@ -288,9 +288,9 @@ def table_notes(rows: Sequence[Row], predicted: Optional[float] = None, gpus: in
                      " running or waiting for a core (the 1-minute load average around the"
                      f" table, at least), on {load['cores']} cores")
     if load["busy"]:
-        lines.append("machine busy: other work shared the cores, and its load changed between"
-                     " the launches; no verdict holds, nor any reading below (run the table"
-                     " again when the machine is quiet)")
+        lines.append("machine busy: other work shared the cores, and such load comes and goes"
+                     " between the launches; no verdict holds, nor any reading below (run the"
+                     " table again when the machine is quiet)")
     if speedup > 2:  # 2 processes: more than a second device can add
         lines.append("above 2x: more than a second process can add; the machine's load changed"
                      " between the runs, slowing the single run more (run the table again)")
@@ -373,18 +373,21 @@ def launch_rates(result: Any) -> dict[str, Any]:
             "accuracy": last[0]["accuracy"], "epochs": max(epochs)}
 
 
-def loader_text(canonical: dict[str, Any], row: Row, pinned: bool = False) -> str:
-    """The canonical script (``launch_rates``) beside the table's row, by notebook 06's rule.
+def loader_text(canonical: dict[str, Any], row: Row, pinned: bool = False,
+                busy: bool = False) -> str:
+    """The canonical script (``launch_rates``) beside the table's row, by notebook 06's rule;
+    ``busy`` (``busy_machine``'s reading): no verdict, a re-run.
 
     Lesson: 09.
     """
     rate = statistics.median(canonical["rates"])
+    said = "machine busy: re-run" if busy else verdict(row.rates, canonical["rates"])
     return "\n".join([
         f"DataLoader + DistributedSampler (plain_ddp.py): {rate:>7.0f} samples/s",
         f"tensor-resident loader (train worker, {row.setup.name}):  {row.samples_per_s:>7.0f}"
         " samples/s" + ("  (and its ranks pinned to cores)" if pinned else ""),
         f"the train worker against plain_ddp.py: {row.samples_per_s / rate:.2f}x, "
-        f"{verdict(row.rates, canonical['rates'])} (notebook 06's rule)",
+        f"{said} (notebook 06's rule)",
         f"test accuracy after {canonical['epochs']} epochs: plain_ddp.py "
         f"{canonical['accuracy']:.3f}, train worker {row.accuracy:.3f}"])
 
