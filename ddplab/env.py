@@ -507,7 +507,8 @@ def format_summary(facts: dict[str, Any]) -> str:
         else "cold subprocess"
     found = facts["problems"]
     lines = [f"ddplab doctor: torch {facts['torch']}, {where}, {facts['cpu_count']} CPU cores; "
-             f"lessons run {facts.get('plan') or course_plan(facts)} unless a cell asks for more; launches: {launches}; "
+             f"lessons run {facts.get('plan') or course_plan(facts)} unless a cell asks for more; "
+             f"launches: {launches}; "
              f"{len(found) or 'no'} problem{'s' if len(found) != 1 else ''} "
              "(all facts: ddplab.doctor(full=True))"]
     lines += [f"PROBLEM: {item['problem']}\n  fix: {item['fix']}" for item in found]

@@ -37,7 +37,8 @@ RING = "ddplab.workers.ring_allreduce"
 #: What the source's timing table states about its setup. It never names its GPUs, so neither
 #: do we: its rows are "the source's GPUs", whatever they were.
 SOURCE_HARDWARE = ("ResNet-50 trained from scratch on CIFAR-10, batch 256 "
-                   "(per GPU under DDP), one epoch, on the source's GPUs (their model is not stated)")
+                   "(per GPU under DDP), one epoch, on the source's GPUs "
+                   "(their model is not stated)")
 SOURCE_LABEL = "source's GPUs"
 # setup name -> (GPUs the source used, seconds per epoch the source reported)
 SOURCE_SECONDS = {"single": (1, 13.2), "DataParallel": (4, 19.1), "DDP x2": (2, 9.8),

@@ -251,7 +251,8 @@ def _is_loopback_v4(addr: str) -> bool:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m ddplab.lab.slurm [--nodes N ...] [-- TARGET_ARGS...]``: print the batch script."""
+    """``python -m ddplab.lab.slurm [--nodes N ...] [-- TARGET_ARGS...]``: print the batch
+    script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
     argv, target_args = argv[:split], argv[split + 1:]
