@@ -26,12 +26,12 @@ What must be true of a run, and why
    frees them after it: never the whole model at once (that is what sharding is for).
 2. **Mixed precision, as the reference computes.** Forward and backward compute in the
    16-bit floating-point type that needs no loss scaling (nothing in this loop scales the
-   loss), bfloat16, as ``one_process`` below does, on a CPU with gloo as on a GPU; the stored
-   shards, and so the optimizer, stay float32, and the gradients are averaged over the ranks
-   in float32.
-3. **The 16 bytes.** ``bytes_per_rank`` estimates, before anything runs, what one rank stores
-   for the weights, their gradients and Adam's two moments. The fixed part measures it after a
-   step: the estimate must match.
+   loss), bfloat16, as ``one_process`` below does, on a CPU with gloo as on a GPU; the shards
+   each rank stores are not cast (they keep the dtype the model was built in), and the
+   gradients are averaged over the ranks in float32.
+3. **An estimate before the run.** ``bytes_per_rank`` predicts, from the number of parameters
+   and of ranks alone, what one rank stores for the weights, their gradients and Adam's two
+   moments. The fixed part measures it after a step: the estimate must match within 1%.
 4. **The same training as one process.** The sharded run's losses and trained weights equal
    those of the same model trained by one process on the whole batches, up to rounding: each
    step's loss within 0.005, the weights within 15% of how far training moved them (Adam's
