@@ -3,7 +3,8 @@
 Every figure function builds its figure with pyplot and returns it, so a notebook shows it
 inline (JupyterLab) and a test can inspect it (``MPLBACKEND=Agg``). Tables are fixed-width text,
 printed and returned. ``save_result`` / ``load_result`` keep small JSON results (a baseline)
-in ``results/`` beside the notebooks (or ``$DDPLAB_RESULTS``) for later notebooks, which must also work when the file is missing.
+in ``results/`` beside the notebooks (or ``$DDPLAB_RESULTS``) for later notebooks, which must
+also work when the file is missing.
 
     history = result.summary["history"]                  # from ddplab.launch(...)
     plots.table([{"run": "single", "accuracy": 0.95}])

@@ -43,7 +43,8 @@ def source(obj: Union[str, Path, Any], section: Optional[str] = None) -> str:
     text = path.read_text()
     if section is None:
         return text
-    match = re.search(rf"^[ \t]*# \[{re.escape(section)}\][^\n]*\n(.*?)^[ \t]*# \[/{re.escape(section)}\]",
+    name = re.escape(section)
+    match = re.search(rf"^[ \t]*# \[{name}\][^\n]*\n(.*?)^[ \t]*# \[/{name}\]",
                       text, re.S | re.M)
     if not match:
         names = re.findall(r"^[ \t]*# \[([\w-]+)\]", text, re.M)
@@ -70,7 +71,8 @@ def side_by_side(files: dict[str, Union[str, Path]], sections: list[str]) -> str
     """Show the same-named sections of several files next to each other, one row per section.
 
     Args:
-        files: column title -> file (as for ``source``), e.g. ``{"DDP": "ddplab/workers/loop_ddp.py"}``.
+        files: column title -> file (as for ``source``), e.g.
+            ``{"DDP": "ddplab/workers/loop_ddp.py"}``.
         sections: the ``# [name]`` sections every file has, in the order to show them.
 
     Returns:
@@ -80,7 +82,8 @@ def side_by_side(files: dict[str, Union[str, Path]], sections: list[str]) -> str
     """
     import html
 
-    cells = {(title, name): source(path, name) for title, path in files.items() for name in sections}
+    cells = {(title, name): source(path, name)
+             for title, path in files.items() for name in sections}
     head = "".join(f"<th style='text-align:left'>{html.escape(t)}</th>" for t in files)
     rows = "".join(
         f"<tr><td style='vertical-align:top'><b>{html.escape(name)}</b></td>" + "".join(

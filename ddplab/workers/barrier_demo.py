@@ -50,7 +50,8 @@ def checksum(model: torch.nn.Module) -> float:
 
 
 def _marker(folder: str, rank: int) -> str:
-    """The file rank ``rank`` leaves once it has loaded (named per job: a stale one never counts)."""
+    """The file rank ``rank`` leaves once it has loaded (named per job: a stale one never
+    counts)."""
     job = f"{os.environ.get('MASTER_ADDR', '')}-{os.environ.get('MASTER_PORT', '')}"
     return os.path.join(folder, f".read-by-rank-{rank}-{job}")
 

@@ -21,7 +21,8 @@ The bytes a rank sends are read from the kernel's count of what the process wrot
 Events:
 
 - ``hook`` (every rank, per hook): ``hook``, ``bytes_per_step`` (what this rank wrote per step,
-  None where ``/proc/self/io`` is missing or the backend is not gloo), ``grad_bytes`` (the float32 gradients' size),
+  None where ``/proc/self/io`` is missing or the backend is not gloo), ``grad_bytes`` (the
+  float32 gradients' size),
   ``accuracy`` (on the test set, after training), ``loss`` (the last step's, mean over ranks).
 - ``skipped`` (rank 0): ``hook``, ``reason``, for a hook the installed torch does not ship
   (``missing``). A hook that raises fails the job, with its traceback: never a quiet skip.

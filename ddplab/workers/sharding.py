@@ -32,7 +32,8 @@ Events:
 - ``skipped`` (rank 0, only when FSDP cannot run here): ``modes``, ``reason``.
 
 FSDP2 is ``torch.distributed.fsdp.fully_shard`` (public from torch 2.6, the course's floor); it
-runs on GPUs with nccl, and on CPUs with gloo from torch 2.7 (on an older torch the worker skips ``zero2`` and ``zero3`` on the CPU and says why).
+runs on GPUs with nccl, and on CPUs with gloo from torch 2.7 (on an older torch the worker
+skips ``zero2`` and ``zero3`` on the CPU and says why).
 
 Lesson: 11.
 """

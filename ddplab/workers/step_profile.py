@@ -14,8 +14,9 @@ bytes the CPU allocator handed out minus those given back: for ``forward`` that 
 keeps for backward (the activations). With ``--checkpoint`` every block runs under
 ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``: forward keeps each block's input and,
 by default (``preserve_rng_state=True``), the CPU generator's state (``torch.get_rng_state()``,
-a uint8 tensor of ``torch.get_rng_state().numel()`` bytes) so that a random op in the block draws the same numbers when backward computes the
-block again. ``--checkpoint K`` checkpoints only blocks 0, K, 2K, ... (the others run plainly).
+a uint8 tensor of ``torch.get_rng_state().numel()`` bytes) so that a random op in the block
+draws the same numbers when backward computes the block again. ``--checkpoint K`` checkpoints
+only blocks 0, K, 2K, ... (the others run plainly).
 Then ``--timed`` more steps run without the profiler, timed phase by phase; with
 ``--checkpoint`` each is followed by a step with no block checkpointed, so that the two are timed
 alternately in one process, on the same weights, under the same load.

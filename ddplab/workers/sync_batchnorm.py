@@ -116,8 +116,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
                          "divisible by their number: torchrun --nproc-per-node 2 ...")
     torch.manual_seed(args.seed)
     # Channels with different means and scales; the same batch on every rank (from the seed).
-    whole = torch.randn(args.batch_size, args.channels, 4, 4) * torch.arange(
-        1.0, args.channels + 1)[None, :, None, None] + torch.arange(args.channels)[None, :, None, None]
+    scale = torch.arange(1.0, args.channels + 1)[None, :, None, None]
+    shift = torch.arange(args.channels)[None, :, None, None]
+    whole = torch.randn(args.batch_size, args.channels, 4, 4) * scale + shift
     share = args.batch_size // info.world_size
     mine = whole[info.rank * share:(info.rank + 1) * share].to(info.device)
 

@@ -1,5 +1,6 @@
-"""Tensor parallel on device meshes: DeviceMesh, DTensor placements, ColwiseParallel/RowwiseParallel,
-and 2-D parallelism (FSDP2 over one mesh dimension, tensor parallel over the other).
+"""Tensor parallel on device meshes: DeviceMesh, DTensor placements,
+ColwiseParallel/RowwiseParallel, and 2-D parallelism (FSDP2 over one mesh dimension, tensor
+parallel over the other).
 
 Run it::
 

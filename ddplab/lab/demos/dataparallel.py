@@ -129,7 +129,8 @@ def memory_by_hand(model: nn.Module, batch_size: int, devices: int,
     and scatter leaves GPU 0's chunk a view of it: it copies only the chunks bound for another
     GPU), its outputs, and the gathered outputs with the labels, where the loss is computed;
     every other GPU holds a replica (weights and buffers), its input chunk and its outputs. In
-    backward every replica's parameters get a gradient tensor of full size on their own GPU, holding that chunk's share of the batch's gradient; ``Broadcast.backward``
+    backward every replica's parameters get a gradient tensor of full size on their own GPU,
+    holding that chunk's share of the batch's gradient; ``Broadcast.backward``
     then sums them onto GPU 0 (``ReduceAddCoalesced``, in
     ``torch/nn/parallel/_functions.py``), where the sum becomes the model's ``.grad``. So at
     that reduction every GPU holds a replica's gradient, and GPU 0 the sum as well: ``peak``;

@@ -100,8 +100,8 @@ def saved_locations(path: PathLike) -> Counter:
 
     ``torch.save`` writes each tensor's bytes as a record of their own and names the device
     the tensor lived on in ``data.pkl``, in the persistent id that points to the record.
-    ``torch.load`` puts it back there unless ``map_location`` says otherwise. Read here without moving
-    anything: a ``map_location`` function sees each tag and keeps the tensor on the CPU.
+    ``torch.load`` puts it back there unless ``map_location`` says otherwise. Read here without
+    moving anything: a ``map_location`` function sees each tag and keeps the tensor on the CPU.
 
     Lesson: 05.
     """
