@@ -49,6 +49,7 @@ def test_markdown_table_puts_the_source_beside_ours():
     table = bench.markdown_table(rows)
     assert "| single | 1 |" in table and "13.2" in table and "9.8" in table
     assert "| 1.50 |" in table and "| reference |" in table
+    assert "| 2 | 75% |" in table and "| 1 | 100% |" in table     # speed-up over devices
     assert table.count("| faster vs single |") == 1          # DDP x2's, measured
     xn = next(line for line in table.splitlines() if line.startswith("| DDP xN |"))
     assert "n/a on this machine" in xn and "the DDP x2 row" in xn and "| 4 | 6.1 |" in xn
@@ -74,15 +75,17 @@ def test_a_busy_machine_is_said_in_every_verdict_and_the_notes():
     assert "| reference |" in table and table.count("machine busy: re-run") == 2
     notes = bench.table_notes(rows, predicted=1.4, gpus=0)
     assert "machine busy" in notes and "you predicted 1.4x: right" in notes
-    assert "2.5 cores' worth of work" in notes
+    assert "2.5 cores' worth of work" in notes and "re-run" in notes
     amp = _row("DDP xN + AMP", 2, 300.0)                      # 3.00x on 2 processes
     amp.setup.amp = "bf16"
-    assert "busy, so the load may have made it" in bench.table_notes([*rows, amp])
-    assert "not scaling" not in bench.table_notes([*rows, amp])
+    busy = bench.table_notes([*rows, amp])
+    assert len(busy.splitlines()) == 2                        # the prediction, then busy: no rows
+    assert "DDP xN + AMP" not in busy and "DataParallel" not in busy
     for row in rows:
         row.loads = (0.2, 1.9)                                # quiet: the reading is given
-    assert "autocast's bf16 compute here, not scaling" in bench.table_notes([*rows, amp])
-    assert "DataParallel (the single run's work, on one device): 1.00x" in notes
+    quiet = bench.table_notes([*rows, amp])
+    assert "autocast's bf16 compute here, not scaling" in quiet and "machine busy" not in quiet
+    assert "DataParallel (the single run's work, on one device): 1.00x" in quiet
 
 
 def test_the_loader_comparison_reads_rates_as_fit_epoch_reports_them():

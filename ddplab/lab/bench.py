@@ -275,6 +275,8 @@ def fastest_epochs(times: Sequence[float], other: Sequence[float],
 def table_notes(rows: Sequence[Row], predicted: Optional[float] = None, gpus: int = 0) -> str:
     """What to read in the table, as text: the prediction, a busy machine, odd ratios.
 
+    On a busy machine (``busy_machine``) the prediction and one line saying so, nothing more.
+
     Lesson: 09.
     """
     by = {r.setup.name: r for r in rows}
@@ -284,14 +286,15 @@ def table_notes(rows: Sequence[Row], predicted: Optional[float] = None, gpus: in
             "right, within 0.25x" if abs(predicted - speedup) <= 0.25
             else f"off by {abs(predicted - speedup):.2f}x"))]
     load = busy_machine(rows)
+    if load["busy"]:  # the readings below would not hold: one line
+        lines.append(f"machine busy: other processes kept about {load['others']:.1f} cores'"
+                     f" worth of work on {load['cores']} cores (1-minute load average): re-run"
+                     " the table when the machine is quiet")
+        return "\n".join(lines)
     if load["others"] is not None:
         lines.append(f"other processes kept about {load['others']:.1f} cores' worth of work"
                      " running or waiting for a core (the 1-minute load average around the"
                      f" table, at least), on {load['cores']} cores")
-    if load["busy"]:
-        lines.append("machine busy: other work shared the cores, and such load comes and goes"
-                     " between the launches; no verdict holds, nor any reading below (run the"
-                     " table again when the machine is quiet)")
     if speedup > 2:  # 2 processes: more than a second device can add
         lines.append("above 2x: more than a second process can add; the machine's load changed"
                      " between the runs, slowing the single run more (run the table again)")
@@ -299,10 +302,8 @@ def table_notes(rows: Sequence[Row], predicted: Optional[float] = None, gpus: in
     if amp is not None and amp.speedup > amp.setup.nprocs:
         n = amp.setup.nprocs
         lines.append(f"DDP xN + AMP: {amp.speedup:.2f}x the single run from"
-                     f" {len(amp.epoch_times)} epoch(s), above {n}x on {n} processes: " + (
-                         "the machine was busy, so the load may have made it (re-run)"
-                         if load["busy"] else f"the gain beyond DDP xN is autocast's"
-                         f" {amp.setup.amp} compute here, not scaling"))
+                     f" {len(amp.epoch_times)} epoch(s), above {n}x on {n} processes: the gain"
+                     f" beyond DDP xN is autocast's {amp.setup.amp} compute here, not scaling")
     dp_row = by.get("DataParallel")
     if gpus == 0 and dp_row is not None and dp_row.epoch_times and by["single"].epoch_times:
         dp = fastest_epochs(dp_row.epoch_times, by["single"].epoch_times)
@@ -428,6 +429,8 @@ def busy_machine(rows: Sequence[Row], cores: Optional[int] = None) -> dict[str, 
 def markdown_table(rows: Sequence[Row]) -> str:
     """The source's table with our measurements beside its numbers, and each row's verdict.
 
+    Our parallel efficiency is the speed-up over the ideal (our devices).
+
     A row that repeats another here ("DDP xN" with N = 2) has no measurement of its own: the
     source's N GPUs have no counterpart on this machine. On a busy machine (``busy_machine``)
     every verdict says so.
@@ -436,8 +439,8 @@ def markdown_table(rows: Sequence[Row]) -> str:
     """
     busy = busy_machine(rows)["busy"]
     lines = ["| setup | processes | our epoch (s) | our samples/s | our speed-up | our verdict | "
-             "our ideal | source GPUs | source epoch (s) | source speed-up |",
-             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+             "our ideal | our efficiency | source GPUs | source epoch (s) | source speed-up |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for row in rows:
         gpus, seconds = SOURCE_SECONDS.get(row.setup.name, (None, float("nan")))
         amp = f", {row.setup.amp}" if row.setup.amp != "off" else ""
@@ -446,12 +449,14 @@ def markdown_table(rows: Sequence[Row]) -> str:
             said = "machine busy: re-run"
         ours = (f"{_fmt(row.epoch_time, '.2f')} | {_fmt(row.samples_per_s, '.0f')} | "
                 f"{_fmt(row.speedup, '.2f')} | {said}")
+        efficiency = _fmt(row.speedup / row.setup.devices, ".0%")
         if row.setup.same_as:
             ours = (f"n/a on this machine | n/a | n/a | N = {row.setup.nprocs}: "
                     f"the {row.setup.same_as} row")
+            efficiency = "n/a"
         lines.append(
             f"| {row.setup.name} | {row.setup.nprocs}{amp} | {ours} | {row.setup.devices} "
-            f"| {gpus or ''} | "
+            f"| {efficiency} | {gpus or ''} | "
             f"{_fmt(seconds, '.1f')} | "
             f"{_fmt(SOURCE_SECONDS['single'][1] / seconds, '.2f')} |")
     return "\n".join(lines)
