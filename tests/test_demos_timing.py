@@ -53,3 +53,29 @@ def test_time_step_two_ways_restores_the_threads_after_an_error():
     except RuntimeError:
         pass
     assert torch.get_num_threads() == threads
+
+
+def _times(by_hand, timer_times):
+    from types import SimpleNamespace
+    import statistics
+
+    timer = SimpleNamespace(times=timer_times, median=statistics.median(timer_times))
+    return timing.StepTimes(first=0.01, by_hand=by_hand, timer=timer, rounds=len(by_hand))
+
+
+def test_report_calls_overlapping_middle_halves_within_noise():
+    times = _times([0.0010, 0.0011, 0.0012, 0.0013, 0.0014], [0.0011, 0.0012, 0.0013])
+    import pytest
+
+    assert times.middle_halves == {"by hand": pytest.approx((0.0011, 0.0013)),
+                                   "Timer": pytest.approx((0.00115, 0.00125))}
+    report = times.report()
+    assert "within noise: the middle halves overlap" in report and "shorter" not in report
+    assert "middle half, by hand: 1.10 to 1.30 ms" in report
+
+
+def test_report_names_the_shorter_method_when_the_middle_halves_are_apart():
+    times = _times([0.0010, 0.0010, 0.0010], [0.0020, 0.0020, 0.0020])
+    report = times.report()
+    assert "read 50% shorter by hand than with Timer" in report and "within noise" not in report
+    assert report.splitlines()[-2] == "the first step took 10.0 times the median one"

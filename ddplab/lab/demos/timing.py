@@ -5,7 +5,8 @@ Kernel side (see ``ddplab.lab.demos``): nothing here touches a GPU.
 - ``benchmark``: ``torch.utils.benchmark``, imported without the notice its import of
   ``torch.utils.cpp_extension`` logs when no CUDA toolkit is installed (``CUDA_HOME``), a notice
   about compiling C++ extensions that has nothing to do with timing.
-- ``time_step_two_ways``: one step timed by hand and with ``Timer``, in alternating rounds.
+- ``time_step_two_ways``: one step timed by hand and with ``Timer``, in alternating rounds;
+  ``StepTimes.report()`` prints the medians, the middle halves and how the two compare.
 
 Lesson: 01.
 """
@@ -52,6 +53,34 @@ class StepTimes:
         """The median of the readings by hand (the first step left out)."""
         return statistics.median(self.by_hand)
 
+    @property
+    def middle_halves(self) -> dict[str, tuple[float, float]]:
+        """Each method's first and third quartiles, in seconds: its middle half of the repeats."""
+        return {"by hand": _middle_half(self.by_hand), "Timer": _middle_half(self.timer.times)}
+
+    def report(self) -> str:
+        """The first step, both medians and middle halves, and how the two medians compare.
+
+        Where the two middle halves overlap, the medians' difference is called within noise;
+        otherwise the report says which method read the step shorter, and by how much.
+        """
+        hand, timer = self.hand_median, self.timer.median
+        (hand_low, hand_high), (timer_low, timer_high) = self.middle_halves.values()
+        lines = [f"first step:     {self.first * 1e3:6.2f} ms (its one-off costs included)",
+                 f"median by hand: {hand * 1e3:6.2f} ms, of {len(self.by_hand)} readings",
+                 f"median, Timer:  {timer * 1e3:6.2f} ms, of {len(self.timer.times)} blocks"]
+        for method, (low, high) in self.middle_halves.items():
+            lines.append(f"middle half, {method + ':':<8} {low * 1e3:.2f} to {high * 1e3:.2f} ms")
+        gap = abs(hand / timer - 1)
+        if hand_low <= timer_high and timer_low <= hand_high:
+            verdict = f"the medians differ by {gap:.0%}, within noise: the middle halves overlap"
+        else:
+            shorter = "by hand than with Timer" if hand < timer else "with Timer than by hand"
+            verdict = (f"the median step read {gap:.0%} shorter {shorter}; the middle halves "
+                       "do not overlap")
+        lines += ["", f"the first step took {self.first / hand:.1f} times the median one", verdict]
+        return "\n".join(lines)
+
 
 def time_step_two_ways(step: Callable[[], Any], rounds: int = 5,
                        seconds: float = 0.05) -> StepTimes:
@@ -88,6 +117,13 @@ def time_step_two_ways(step: Callable[[], Any], rounds: int = 5,
         torch.set_num_threads(threads)
     merged, = bench.Measurement.merge(measured)
     return StepTimes(first, by_hand, merged, rounds)
+
+
+def _middle_half(times: list[float]) -> tuple[float, float]:
+    if len(times) < 2:
+        return times[0], times[0]
+    low, _, high = statistics.quantiles(times, n=4, method="inclusive")
+    return low, high
 
 
 def _reading(step: Callable[[], Any]) -> float:
