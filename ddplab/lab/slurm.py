@@ -4,9 +4,12 @@
 (2 nodes x 4 GPUs); ``render`` returns it with other values filled in::
 
     from ddplab.lab import slurm
-    print(slurm.render(nodes=4, gpus_per_node=8, target_args=["--epochs", "10"]))
+    job = ["--dataset", "cifar10", "--model", "resnet18", "--epochs", "10",
+           "--scale-lr", "--warmup-epochs", "1"]   # replaces the template's arguments whole
+    print(slurm.render(nodes=4, gpus_per_node=8, target_args=job))
 
-    python -m ddplab.lab.slurm --nodes 4 --gpus-per-node 8 -- --epochs 10 > job.sbatch
+    python -m ddplab.lab.slurm --nodes 4 --gpus-per-node 8 -- --dataset cifar10 \\
+        --model resnet18 --epochs 10 --scale-lr --warmup-epochs 1 > job.sbatch
     sbatch job.sbatch
 
 ``node_commands`` gives what to type on each machine when there is no scheduler;
