@@ -92,6 +92,10 @@ def test_four_ranks_meshes_placements_tp_modules_and_2d_equal_one_process():
             assert e["forward_collectives"] == {"all_reduce": 1}     # the row-wise output
             # the input's gradient: one all-reduce per column-wise layer that reads it
             assert e["backward_collectives"] == {"all_reduce": inputs}
+    once = {e["rank"]: e for e in result.events_of("tp_input_once")}
+    assert sorted(once) == list(range(4))
+    for e in once.values():   # the attention's input declared once: its gradient summed once
+        assert e["forward_collectives"] == e["backward_collectives"] == {"all_reduce": 1}
 
     if not FSDP_ON_CPU:
         reason = result.events_of("skipped")[0]["reason"]

@@ -320,6 +320,23 @@ def tensor_parallel(name: str, mesh: DeviceMesh, info: dist.DistInfo,
 # [/tp]
 
 
+def attention_input_once(mesh: DeviceMesh, info: dist.DistInfo,
+                         args: argparse.Namespace) -> dict[str, Any]:
+    """Section tp's attention with its input declared once, on the block (PrepareModuleInput):
+    count the collectives of one forward and one backward."""
+    plan = {"": PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Replicate()),
+            **PLANS["attention"]}
+    model = parallelize_module(build("attention", args, info.device), mesh, plan)
+    torch.manual_seed(args.seed + 1)
+    x = torch.randn(args.batch_size, args.seq, args.dim, device=info.device, requires_grad=True)
+    with collectives() as forward:
+        out = model(x)
+    with collectives() as backward:
+        out.pow(2).mean().backward()
+    return events.emit("tp_input_once", forward_collectives=forward,
+                       backward_collectives=backward)
+
+
 # [sp]
 class NormMLP(nn.Module):
     """A residual block: ``x + mlp(norm(x))``, the norm a LayerNorm, the MLP section mlp's."""
@@ -522,6 +539,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             try_plan(read_plan(args.mlp_plan), mesh_1d, info, args)
         elif part in ("mlp", "attention"):
             tensor_parallel(part, mesh_1d, info, args)
+            if part == "attention":
+                attention_input_once(mesh_1d, info, args)
         else:
             problem = (None if mesh_2d else "2-D parallelism here needs 4 (or an even number "
                        "above 4) processes: --nproc-per-node 4") or fsdp_problem(info.device)
