@@ -157,7 +157,7 @@ def main() -> None:
     # [loop]
     progress = resume(args.checkpoint_dir, model, optimizer, scaler) or \
         {"step": 0, "epoch": 0, "samples": 0}
-    step = progress["step"]
+    step = first = progress["step"]   # first: the step this run starts at (0, or a resume's)
     for epoch in range(progress["epoch"], args.epochs):
         sampler.set_epoch(epoch)  # a new order every epoch, the same after a resume
         done = progress["samples"] // (world * args.batch_size) if epoch == progress["epoch"] else 0
@@ -179,7 +179,8 @@ def main() -> None:
     # [/loop]
     accuracy = evaluate(model, args, test_set, rank, device)
     if rank == 0:
-        print(f"test accuracy {accuracy:.4f} after {step} steps", flush=True)
+        print(f"test accuracy {accuracy:.4f}; trained steps {first}-{step - 1} "
+              f"({step} in the job)", flush=True)
         log_accuracy(accuracy)
     dist.destroy_process_group()
 
