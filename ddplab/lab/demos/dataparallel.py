@@ -125,7 +125,7 @@ def memory_by_hand(model: nn.Module, batch_size: int, devices: int,
     """Add up the bytes of the tensors each GPU holds in one DataParallel step with momentum SGD.
 
     GPU 0 holds the model itself (its replica shares the model's storage), the momentum
-    buffers, the whole input batch (lesson 02's worker moves it to GPU 0 before the forward,
+    buffers (SGD makes them in its first ``step()``: counted from then on), the whole input batch (lesson 02's worker moves it to GPU 0 before the forward,
     and scatter leaves GPU 0's chunk a view of it: it copies only the chunks bound for another
     GPU), its outputs, and the gathered outputs with the labels, where the loss is computed;
     every other GPU holds a replica (weights and buffers), its input chunk and its outputs. In
@@ -135,7 +135,8 @@ def memory_by_hand(model: nn.Module, batch_size: int, devices: int,
     ``torch/nn/parallel/_functions.py``), where the sum becomes the model's ``.grad``. So at
     that reduction every GPU holds a replica's gradient, and GPU 0 the sum as well: ``peak``;
     once backward has ended, the replicas and their gradients are gone and GPU 0 keeps the
-    weights, ``.grad`` and the momentum: ``after backward`` (the batch's tensors left out).
+    weights, ``.grad`` and the momentum: ``after backward`` of any step after the first (the
+    batch's tensors left out).
     Activations kept for backward are left out too: they depend on the model's layers, and
     every GPU keeps those of its own chunk.
 
