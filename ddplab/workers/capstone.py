@@ -179,8 +179,8 @@ def main() -> None:
     # [/loop]
     accuracy = evaluate(model, args, test_set, rank, device)
     if rank == 0:
-        print(f"test accuracy {accuracy:.4f}; trained steps {first}-{step - 1} "
-              f"({step} in the job)", flush=True)
+        trained = f"steps {first}-{step - 1}" if step > first else "no step"
+        print(f"test accuracy {accuracy:.4f}; trained {trained} ({step} in the job)", flush=True)
         log_accuracy(accuracy)
     dist.destroy_process_group()
 
