@@ -111,9 +111,23 @@ def test_the_bf16_verdict_names_this_cpus_case():
     assert "Training gained too." in native                 # 1.5x: less than the 1.6x products
     more = precision.bf16_verdict(steady, 2.2, "faster", native={"avx512_bf16": True,
                                                                   "amx": False})
-    assert "more than the products" in more               # training may gain more than them
+    assert "more than the products above: probably noise" in more   # no cause named
+    assert "spread over 2x" in precision.bf16_verdict(steady, 2.07, "machine busy: re-run",
+                                                      native={"avx512_bf16": True, "amx": False})
     unknown = precision.bf16_verdict([], 1.0, "no clear difference")
     assert "unknown" in unknown and "none (busy at every size)" in unknown
     busy = precision.bf16_verdict([], 2.2, "faster", native={"avx512_bf16": True, "amx": False})
     assert busy.splitlines()[-1] == "Verdict: no steady measurement; re-run the cell above."
     assert "ran on GPUs" in precision.bf16_verdict(steady, 1.2, "faster", gpus=2)
+
+
+def test_the_speed_verdict_calls_a_busy_machine_before_any_difference():
+    busy_fp32, busy_bf16 = [927, 1100, 1388], [1587, 2900, 6640]    # a 4x spread, median 2.6x
+    assert precision.speed_verdict(busy_fp32, busy_bf16) == "machine busy: re-run"
+    assert precision.speed_verdict(busy_bf16, busy_fp32) == "machine busy: re-run"
+    assert precision.speed_verdict([1000, 1050, 1100], [1150, 1200, 1250]) == "faster"
+    assert precision.speed_verdict([1000, 1050, 1100], [800, 850, 900]) == "slower"
+    assert precision.speed_verdict([1000, 1050, 1100], [1080, 1200, 1250]) == \
+        "no clear difference"                                     # the spreads overlap
+    assert precision.speed_verdict([1000, 1050, 1100], [1110, 1120, 1130], noise=0.10) == \
+        "no clear difference"                                     # apart, but within 10%

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 import time
@@ -315,6 +316,25 @@ def native_bf16() -> Optional[dict[str, bool]]:
     return {"avx512_bf16": "avx512_bf16" in flags, "amx": "amx_bf16" in flags}
 
 
+def speed_verdict(reference: Sequence[float], other: Sequence[float], noise: float = 0.10
+                  ) -> str:
+    """Compare two precisions' launches (samples/s each): ``other`` against ``reference``.
+
+    ``"machine busy: re-run"`` when either one's launches spread more than 2x (slowest to
+    fastest), before any comparison; ``"faster"`` or ``"slower"`` only when the two spreads do
+    not overlap and the medians differ by more than ``noise``; else ``"no clear difference"``.
+
+    Lesson: 06.
+    """
+    if any(max(runs) > 2 * min(runs) for runs in (reference, other)):
+        return "machine busy: re-run"
+    ratio = statistics.median(other) / statistics.median(reference)
+    apart = min(other) > max(reference) or max(other) < min(reference)
+    if apart and abs(ratio - 1) > noise:
+        return "faster" if ratio > 1 else "slower"
+    return "no clear difference"
+
+
 def bf16_verdict(steady: Sequence[dict[str, Any]], ratio: float, speed_verdict: str,
                  gpus: int = 0, native: Optional[dict[str, bool]] = None) -> str:
     """The measurement's conclusion, as lines of text: this CPU's bf16 units, the steady
@@ -333,11 +353,12 @@ def bf16_verdict(steady: Sequence[dict[str, Any]], ratio: float, speed_verdict: 
              f"bf16 training: {ratio:.2f}x of fp32's median, {speed_verdict}"]
     best = max((r["speedup"] for r in steady), default=None)
     training = {"faster": "Training gained too" + (
-                    ", more than the products above: a training step also runs convolutions, "
-                    "products of other sizes and elementwise operations on half the bytes."
+                    ", more than the products above: probably noise on a busy machine, "
+                    "re-run the launches."
                     if best is not None and ratio > best else "."),
                 "slower": "Training did not gain: the small model's steps go mostly into small "
-                          "operations, casts and the all-reduce."
+                          "operations, casts and the all-reduce.",
+                "machine busy: re-run": "Training's launches spread over 2x: re-run them."
                 }.get(speed_verdict, "Training shows no clear difference: the small model's "
                                      "steps go mostly into small operations, casts and the "
                                      "all-reduce.")
@@ -368,8 +389,8 @@ read = {"matmul": cuda.fp32_precision, "convolutions": cudnn.conv.fp32_precision
 cudnn.fp32_precision = "tf32"                    # the CUDA backend's setting
 read["matmul, CUDA backend tf32"] = cuda.fp32_precision
 cudnn.fp32_precision = "none"
-torch.backends.fp32_precision = "tf32"           # the top parent
-read["matmul, parent set to tf32"] = cuda.fp32_precision
+torch.backends.fp32_precision = "tf32"           # the generic setting, the top parent
+read["generic set to tf32"] = cuda.fp32_precision
 try:                                             # an old name, read after a new setting
     read["then allow_tf32 reads"] = str(cuda.allow_tf32)
 except RuntimeError:
@@ -388,7 +409,7 @@ def tf32_settings() -> dict[str, str]:
         ``torch.backends.cudnn.conv.fp32_precision`` as a fresh process has them),
         ``float32 matmul precision`` (``torch.get_float32_matmul_precision()``), the matmul
         setting once ``torch.backends.cudnn.fp32_precision`` (``matmul, CUDA backend tf32``)
-        and then only ``torch.backends.fp32_precision`` (``matmul, parent set to tf32``) are
+        and then only ``torch.backends.fp32_precision`` (``generic set to tf32``) are
         ``"tf32"``, and ``then allow_tf32 reads``: the old name's value, or ``"RuntimeError"``.
 
     Lesson: 06.
