@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import traceback
 
 import pytest
 
@@ -78,6 +79,23 @@ def test_child_error_is_the_first_exception_line_and_the_lines_after_it():
     said = spawning.child_error(stderr, lines=2)
     assert said.splitlines() == stderr.splitlines()[3:6]   # the first child's, not the raise line
     assert spawning.child_error("no exception here\n  at all") == ""
+
+
+def test_child_error_keeps_the_bootstrapping_error_through_its_idiom():
+    """What a child without the guard raises (notebook 03's Your turn), the idiom included."""
+    from multiprocessing import process, spawn
+
+    current = process.current_process()
+    current._inheriting = True                    # as in a child still importing __main__
+    try:
+        spawn._check_not_importing_main()
+        raised = ""
+    except RuntimeError as error:
+        raised = "".join(traceback.format_exception_only(error))
+    finally:
+        del current._inheriting
+    said = spawning.child_error("Traceback (most recent call last):\n" + raised)
+    assert said.startswith("RuntimeError") and "if __name__ == '__main__':" in said
 
 
 class _Tried:

@@ -53,6 +53,8 @@ def test_ranks_see_different_data_but_share_the_averaged_gradient(run):
     own = [first[r]["own_grad_checksum"] for r in (0, 1)]           # before the all-reduce:
     assert own[0] != own[1]                                          # each rank's own, and the
     assert math.isclose(sum(own) / 2, first[0]["grad_checksum"], rel_tol=1e-6)   # shared = mean
+    assert all("my loss" in run.log(r) and "averaged gradient checksum" in run.log(r)
+               for r in (0, 1))                                  # the printed one: the averaged
 
 
 def test_global_batch_and_shares(run):

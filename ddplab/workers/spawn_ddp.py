@@ -169,7 +169,8 @@ def report_first_step(rank: int, loss: torch.Tensor, model: torch.nn.Module,
                       own: Sequence[torch.Tensor]) -> None:
     """Print and emit this rank's own loss, own gradient's and all-reduced gradient's checksums."""
     grad = checksum([p.grad for p in model.parameters()])
-    print(f"first step: my loss {loss.item():.6f}, gradient checksum {grad:.12f}", flush=True)
+    print(f"first step: my loss {loss.item():.6f}, averaged gradient checksum {grad:.12f}",
+          flush=True)
     events.emit("metric", rank=rank, name="first_step", loss=loss.item(), grad_checksum=grad,
                 own_grad_checksum=checksum(own))
 

@@ -139,11 +139,12 @@ def _quiet_spawn_log() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def child_error(stderr: str, lines: int = 6) -> str:
+def child_error(stderr: str, lines: int = 10) -> str:
     """The first exception a child printed: its ``...Error`` line and the ``lines`` after it.
 
     What ``python hello.py`` printed when its children failed (notebook 03's Your turn), without
-    the tracebacks around it. "" when no line names an exception.
+    the tracebacks around it; 10 lines keep multiprocessing's bootstrapping error through the
+    idiom it names. "" when no line names an exception.
 
     Lesson: 03.
     """
