@@ -226,8 +226,25 @@ def dp_by_hand(model: nn.Module, name: str = "", batch_size: int = 32, devices: 
                               scatter_sizes(batch_size, devices), max(abs_diffs), max(rel_diffs))
 
 
+class _Repeats:
+    """Seconds per repeat (``times``), read as their median and middle half."""
+
+    times: list[float]
+
+    @property
+    def median(self) -> float:
+        """The median time of one repeat."""
+        return statistics.median(self.times)
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """The lower and upper quartiles: the middle half of the repeats lies between them."""
+        low, _, high = statistics.quantiles(self.times, n=4, method="inclusive")
+        return low, high
+
+
 @dataclass
-class CopyTiming:
+class CopyTiming(_Repeats):
     """What ``time_copies`` measured for one model: its bytes and one copy's seconds per repeat.
 
     Lesson: 02.
@@ -236,17 +253,6 @@ class CopyTiming:
     model: str
     nbytes: int                # parameters and buffers: what a replica copies
     times: list[float]
-
-    @property
-    def median(self) -> float:
-        """The median time of one copy."""
-        return statistics.median(self.times)
-
-    @property
-    def spread(self) -> tuple[float, float]:
-        """The lower and upper quartiles: the middle half of the repeats lies between them."""
-        low, _, high = statistics.quantiles(self.times, n=4, method="inclusive")
-        return low, high
 
 
 def time_copies(models: Mapping[str, nn.Module], repeats: int = 11) -> list[CopyTiming]:
@@ -290,7 +296,7 @@ def _in_turn(calls: Mapping[Any, Callable[[], Any]], repeats: int) -> dict[Any, 
 
 
 @dataclass
-class StepTiming:
+class StepTiming(_Repeats):
     """What ``time_steps`` measured for one way of running the step: its seconds per repeat.
 
     ``devices`` is 1 for the plain step (DataParallel with one device calls the module itself).
@@ -300,17 +306,6 @@ class StepTiming:
 
     devices: int
     times: list[float]
-
-    @property
-    def median(self) -> float:
-        """The median time of one step."""
-        return statistics.median(self.times)
-
-    @property
-    def spread(self) -> tuple[float, float]:
-        """The lower and upper quartiles: the middle half of the repeats lies between them."""
-        low, _, high = statistics.quantiles(self.times, n=4, method="inclusive")
-        return low, high
 
 
 def time_steps(model: nn.Module, batch_size: int = 32, devices: Sequence[int] = (2, 4),

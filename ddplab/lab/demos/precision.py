@@ -326,13 +326,11 @@ def speed_verdict(reference: Sequence[float], other: Sequence[float], noise: flo
 
     Lesson: 06.
     """
+    from .. import bench   # the same rule as notebook 09's table
+
     if any(max(runs) > 2 * min(runs) for runs in (reference, other)):
         return "machine busy: re-run"
-    ratio = statistics.median(other) / statistics.median(reference)
-    apart = min(other) > max(reference) or max(other) < min(reference)
-    if apart and abs(ratio - 1) > noise:
-        return "faster" if ratio > 1 else "slower"
-    return "no clear difference"
+    return bench.verdict(other, reference, noise)
 
 
 def bf16_verdict(steady: Sequence[dict[str, Any]], ratio: float, speed_verdict: str,
