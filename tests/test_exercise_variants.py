@@ -537,9 +537,9 @@ VARIANTS += [
     ), right=False, words=("off by 1", "step-24"), absent=("not complete",),
         runs=("killed", "resumed")),
     Variant("13 a sampler re-seeded on resume", "13", CAPSTONE, (
-        ('    step = progress["step"]\n',
+        ('    step = first = progress["step"]',
          '    sampler.seed = args.seed + progress["step"]   # the mistake: a new seed on resume\n'
-         '    step = progress["step"]\n'),
+         '    step = first = progress["step"]'),
     ), right=False, words=("another order", "same seed"), absent=("skips the batches done",),
         runs=("killed", "resumed")),
     Variant("13 the resume takes the newest folder, complete or not", "13", CAPSTONE, (
