@@ -92,7 +92,7 @@ def buffer_broadcasts(info: dist.DistInfo) -> list[dict[str, Any]]:
     model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)).to(info.device)   # BatchNorm's
     net = DDP(model, device_ids=info.device_ids)                                 # buffers
     x = torch.randn(4, 3, device=info.device)
-    rows = [("nothing yet (the first forward)", net.will_sync_module_buffers())]
+    rows = [("nothing yet (before the first forward)", net.will_sync_module_buffers())]
     net(x).sum().backward()
     rows.append(("a training forward, then backward", net.will_sync_module_buffers()))
     with torch.no_grad():
