@@ -79,7 +79,7 @@ def test_first_epochs_edits_an_untouched_copy_and_reuses_a_digits_baseline(tmp_p
 
 
 def test_first_epochs_runs_the_shipped_script_when_the_baseline_used_other_settings(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, capsys):
     launched = []
     monkeypatch.setattr(edited_script, "_first_epoch",
                         lambda script: launched.append(str(script)) or {"accuracy": 0.5,
@@ -90,3 +90,5 @@ def test_first_epochs_runs_the_shipped_script_when_the_baseline_used_other_setti
     outcome = edited_script.first_epochs(copy, baseline=(_Run(None), other))
     assert launched == ["ddplab.workers.single", str(copy)]
     assert not outcome.edited_for_you and outcome.zero_grad_only and outcome.truth == "same"
+    shown = capsys.readouterr().out                        # no prediction: no numbers shown
+    assert "set PREDICTION" in shown and "loss" not in shown and "accuracy" not in shown

@@ -88,7 +88,8 @@ def first_epochs(copy: Union[str, Path], worker: str = "ddplab.workers.single",
     A copy still equal to the shipped file gets its ``optimizer.zero_grad()`` line deleted (on
     disk) first. The shipped script's epoch 1 comes from ``baseline``, a (launch result, args)
     pair, when that run used :data:`DIGITS`, else from a new one-epoch run. Prints each
-    script's epoch 1 and the verdict against ``prediction``.
+    script's epoch 1 and the verdict against ``prediction``; with no prediction, it prints
+    neither (they show once ``prediction`` is set).
 
     Returns:
         :class:`Outcome`.
@@ -106,12 +107,15 @@ def first_epochs(copy: Union[str, Path], worker: str = "ddplab.workers.single",
     else:
         shipped = _first_epoch(worker)
     mine = _first_epoch(copy)
-    for name, epoch in (("the shipped script", shipped), ("your copy", mine)):
-        print(f"epoch 1, {name + ':':<19} loss {epoch['loss']:.3f}, "
-              f"test accuracy {epoch['accuracy']:.1%}")
     truth = verdict(mine, shipped)
-    print("\nyou did not predict: set PREDICTION and run this cell again" if prediction is None
-          else f"\nyou predicted {prediction!r}; it is {truth!r}")
+    if prediction is None:                # the numbers would give the answer away
+        print("you did not predict: set PREDICTION and run this cell again to see each "
+              "script's epoch 1")
+    else:
+        for name, epoch in (("the shipped script", shipped), ("your copy", mine)):
+            print(f"epoch 1, {name + ':':<19} loss {epoch['loss']:.3f}, "
+                  f"test accuracy {epoch['accuracy']:.1%}")
+        print(f"\nyou predicted {prediction!r}; it is {truth!r}")
     return Outcome(shipped, mine, truth, lacks_only(copy.read_text(), shipped_text),
                    edited_for_you)
 
