@@ -99,7 +99,8 @@ def data_parallel_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch
     chunks = inputs.chunk(devices)
     # [/scatter]
     # [replicate] copy the module (weights and buffers) to every GPU, at every forward;
-    # the copies are dropped after the step: what their forward writes to attributes is lost
+    # the copies are dropped after the step: what their forward writes to attributes is lost;
+    # DataParallel's copies are outputs of Broadcast, not leaves: their .grad stays empty
     if replicas is None:
         replicas = [copy.deepcopy(model) for _ in chunks]
     # [/replicate]
@@ -113,6 +114,8 @@ def data_parallel_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch
     F.cross_entropy(logits, labels).backward()
     # [/gather]
     # [reduce] backward flows into every replica; their gradients are summed onto GPU 0
+    # (here each copy is a leaf and keeps its .grad; in DataParallel, Broadcast.backward sums
+    # the replicas' gradients, and the sum becomes the model's .grad)
     names = [name for name, _ in model.named_parameters()]
     return {name: sum(dict(r.named_parameters())[name].grad for r in replicas).detach()
             for name in names}
