@@ -28,6 +28,7 @@ def test_saved_bytes_halves_activations_and_adds_16_bit_weight_copies():
         assert fp32["weight_copies"] == 0 and bf16["parameters"] == 0
         assert 0.5 < bf16["activations"] / fp32["activations"] < 0.55  # the loss stays float32
         assert 2 * bf16["weight_copies"] == fp32["parameters"] > 0      # half of what it copies
+        assert fp32["parameters"] == 4 * (256 * 256 + 256 * 10)        # not the first layer's
     new = {n: {d: s["activations"] + s["weight_copies"] for d, s in saved.items()}
            for n, saved in (("small", small), ("large", large))}
     assert new["small"][torch.bfloat16] > new["small"][None]   # the copies outweigh the savings

@@ -83,7 +83,8 @@ def saved_bytes(dtype: Optional[torch.dtype], batch: int) -> dict[str, int]:
     on ``batch`` samples; ``torch.autograd.graph.saved_tensors_hooks`` sees every tensor autograd
     saves for backward, and each storage is counted once. Autocast saves the 16-bit inputs of
     its matmuls, and also the 16-bit copies of the weights it casts for them: new memory, half
-    the bytes of the float32 weights they copy, whatever the batch.
+    the bytes of the float32 weights they copy, whatever the batch. The first layer's copy is
+    not kept: its input, the data, needs no gradient.
 
     Args:
         dtype: the CPU autocast dtype, or None for plain float32.
