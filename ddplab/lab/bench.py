@@ -406,8 +406,10 @@ def busy_machine(rows: Sequence[Row], cores: Optional[int] = None) -> dict[str, 
     """Did other work share the cores during the table? A slowdown of every row shows here.
 
     Each row's verdict compares it with another row, so a machine that slowed every row alike
-    goes unnoticed there. The load average does not: before the first launch it is other work
-    only; after the last it also holds the table's own processes, at most the largest row's.
+    goes unnoticed there. The load average does not: before the first launch it holds no row of
+    this table (but, being a 1-minute average, the notebook's own launches of the last minutes,
+    such as a previous table's); after the last it also holds the table's own processes, at
+    most the largest row's.
 
     Returns:
         ``{"before", "after": the 1-minute load average around the table (None: unknown),
