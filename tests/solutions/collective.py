@@ -44,10 +44,9 @@ def ring_shift(tensor: torch.Tensor) -> torch.Tensor:
     """Send ``tensor`` to the right neighbour, rank + 1, and return the tensor the left one,
     rank - 1, sent (both modulo the world size, so the ranks form a ring).
 
-    Every rank calls this at the same moment, so no rank may wait for its own send to finish
-    before it is ready to receive: on gloo a blocking send waits until its receiver has posted
-    the receive, whatever the size, so ranks that all send first wait for each other forever
-    (notebook 08, section 2, watched it time out).
+    Every rank calls this at the same moment. On gloo a blocking send waits until its receiver
+    has posted the receive, whatever the size, so ranks that all send first wait for each other
+    forever (notebook 08, section 2, watched it time out).
     """
     rank, world_size = torch_dist.get_rank(), torch_dist.get_world_size()
     received = torch.empty_like(tensor)
