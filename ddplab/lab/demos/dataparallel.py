@@ -128,7 +128,8 @@ def memory_by_hand(model: nn.Module, batch_size: int, devices: int,
     """Add up the bytes of the tensors each GPU holds in one DataParallel step with momentum SGD.
 
     GPU 0 holds the model itself (its replica shares the model's storage), the momentum
-    buffers (SGD makes them in its first ``step()``: counted from then on), the whole input batch (lesson 02's worker moves it to GPU 0 before the forward,
+    buffers (SGD makes them in its first ``step()``: counted from then on), the whole input
+    batch (lesson 02's worker moves it to GPU 0 before the forward,
     and scatter leaves GPU 0's chunk a view of it: it copies only the chunks bound for another
     GPU), its outputs, and the gathered outputs with the labels, where the loss is computed;
     every other GPU holds a replica (weights and buffers), its input chunk and its outputs. In
