@@ -341,16 +341,16 @@ def machine_text(rows: Sequence[Row], workload: str, gpus: int) -> str:
 
 
 def cpu_bf16_text(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
-    """torch's widest CPU kernels, and the bf16 instructions the CPU lists (Linux).
+    """torch's widest CPU kernels, and the bf16 instructions the CPU lists (Linux:
+    ``env.cpu_flags``; unknown elsewhere).
 
     Lesson: 09 (AMP's row on a CPU).
     """
     from torch.backends.cpu import get_cpu_capability
 
-    path = Path(cpuinfo)
-    flags = path.read_text().split() if path.exists() else []
-    bf16 = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
-    listed = ", ".join(bf16) if bf16 else "none" if flags else "unknown"
+    flags = _env.cpu_flags(cpuinfo)
+    bf16 = [f for f in ("avx512_bf16", "amx_bf16") if f in (flags or ())]
+    listed = ", ".join(bf16) if bf16 else "none" if flags is not None else "unknown"
     return (f"torch.backends.cpu.get_cpu_capability() = {get_cpu_capability()}; "
             f"bf16 instructions listed by the CPU: {listed}")
 

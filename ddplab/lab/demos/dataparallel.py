@@ -243,8 +243,9 @@ class _Repeats:
     @property
     def spread(self) -> tuple[float, float]:
         """The lower and upper quartiles: the middle half of the repeats lies between them."""
-        low, _, high = statistics.quantiles(self.times, n=4, method="inclusive")
-        return low, high
+        from .timing import middle_half
+
+        return middle_half(self.times)
 
 
 @dataclass

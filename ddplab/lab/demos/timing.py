@@ -18,7 +18,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -56,7 +56,7 @@ class StepTimes:
     @property
     def middle_halves(self) -> dict[str, tuple[float, float]]:
         """Each method's first and third quartiles, in seconds: its middle half of the repeats."""
-        return {"by hand": _middle_half(self.by_hand), "Timer": _middle_half(self.timer.times)}
+        return {"by hand": middle_half(self.by_hand), "Timer": middle_half(self.timer.times)}
 
     def report(self) -> str:
         """The first step, both medians and middle halves, and how the two medians compare.
@@ -119,7 +119,9 @@ def time_step_two_ways(step: Callable[[], Any], rounds: int = 5,
     return StepTimes(first, by_hand, merged, rounds)
 
 
-def _middle_half(times: list[float]) -> tuple[float, float]:
+def middle_half(times: Sequence[float]) -> tuple[float, float]:
+    """The first and third quartiles of ``times``: the middle half of the repeats lies between
+    them (one reading: that reading twice)."""
     if len(times) < 2:
         return times[0], times[0]
     low, _, high = statistics.quantiles(times, n=4, method="inclusive")
