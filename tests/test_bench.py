@@ -73,8 +73,13 @@ def test_a_busy_machine_is_said_in_every_verdict_and_the_notes():
     assert bench.busy_machine(rows, cores=2)["others"] == 2.5
     table = bench.markdown_table(rows)
     assert "| reference |" in table and table.count("machine busy: re-run") == 2
+    assert "| 1.00 | reference | 1 | 100% |" in table                 # the single run's own
+    assert table.count("| busy | machine busy: re-run |") == 2        # no speed-up of ours,
+    assert table.count("| 1 | busy |") == 1 and "| 2 | busy |" in table   # no efficiency
+    assert "1.50" not in table and "75%" not in table
     notes = bench.table_notes(rows, predicted=1.4, gpus=0)
-    assert "machine busy" in notes and "you predicted 1.4x: right" in notes
+    assert "machine busy" in notes and "you predicted 1.4x: compare after a re-run" in notes
+    assert "1.50x" not in notes and "right" not in notes
     assert "2.5 cores' worth of work" in notes and "re-run" in notes
     amp = _row("DDP xN + AMP", 2, 300.0)                      # 3.00x on 2 processes
     amp.setup.amp = "bf16"

@@ -287,6 +287,9 @@ def table_notes(rows: Sequence[Row], predicted: Optional[float] = None, gpus: in
             else f"off by {abs(predicted - speedup):.2f}x"))]
     load = busy_machine(rows)
     if load["busy"]:  # the readings below would not hold: one line
+        lines = ["DDP x2: no speed-up read on a busy machine; "
+                 + ("you did not predict" if predicted is None
+                    else f"you predicted {predicted}x: compare after a re-run")]
         lines.append(f"machine busy: other processes kept about {load['others']:.1f} cores'"
                      f" worth of work on {load['cores']} cores (1-minute load average): re-run"
                      " the table when the machine is quiet")
@@ -435,7 +438,7 @@ def markdown_table(rows: Sequence[Row]) -> str:
 
     A row that repeats another here ("DDP xN" with N = 2) has no measurement of its own: the
     source's N GPUs have no counterpart on this machine. On a busy machine (``busy_machine``)
-    every verdict says so.
+    every verdict says so, and every speed-up and efficiency but the reference's reads "busy".
 
     Lesson: 09.
     """
@@ -447,11 +450,12 @@ def markdown_table(rows: Sequence[Row]) -> str:
         gpus, seconds = SOURCE_SECONDS.get(row.setup.name, (None, float("nan")))
         amp = f", {row.setup.amp}" if row.setup.amp != "off" else ""
         said = row_verdict(row, rows)
-        if busy and said != "reference":
-            said = "machine busy: re-run"
-        ours = (f"{_fmt(row.epoch_time, '.2f')} | {_fmt(row.samples_per_s, '.0f')} | "
-                f"{_fmt(row.speedup, '.2f')} | {said}")
+        speedup = _fmt(row.speedup, ".2f")
         efficiency = _fmt(row.speedup / row.setup.devices, ".0%")
+        if busy and said != "reference":  # a ratio of two moments' loads, not of the setups
+            said, speedup, efficiency = "machine busy: re-run", "busy", "busy"
+        ours = (f"{_fmt(row.epoch_time, '.2f')} | {_fmt(row.samples_per_s, '.0f')} | "
+                f"{speedup} | {said}")
         if row.setup.same_as:
             ours = (f"n/a on this machine | n/a | n/a | N = {row.setup.nprocs}: "
                     f"the {row.setup.same_as} row")

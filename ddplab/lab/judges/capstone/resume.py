@@ -85,10 +85,12 @@ def _resumed_hint(resumed: Any, killed: Any, ddp: Any) -> Optional[str]:
                         "the GradScaler's, where one is enabled).")
             if step == first and got.get("scaler") != exp.get("scaler"):
                 return (f"rank {rank}, step {step}: the weights are restored but not the "
-                        f"GradScaler (its state {got.get('scaler')}, the unbroken "
-                        f"run's {exp.get('scaler')}): a new scaler starts from its initial "
-                        "scale and skips or overflows steps the unbroken job did not. Point 8: "
-                        "a checkpoint holds the scaler too.")
+                        f"GradScaler: its state after this step is {got.get('scaler')}, the "
+                        f"unbroken run's {exp.get('scaler')}. A new scaler restarts at its "
+                        "initial scale with its count of unskipped steps at 0: the resumed steps "
+                        "equal the unbroken run's only while the two scales agree, and part from "
+                        "them once one backs off or grows and the other does not. Point 8: a "
+                        "checkpoint holds the scaler too.")
             if got["lr"] != exp.get("lr"):
                 return (f"step {step}: the LR was {got['lr']}, the unbroken run's "
                         f"{exp.get('lr')}: the step count comes from the checkpoint.")
