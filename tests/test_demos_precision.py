@@ -67,6 +67,7 @@ def test_matmul_speed_reports_both_precisions_and_restores_threads():
         for name in ("fp32", "bf16"):
             assert 0 < r[f"{name}_ms"] <= r[f"{name}_second_ms"] <= r[f"{name}_max_ms"]
         assert r["speedup"] == pytest.approx(r["fp32_ms"] / r["bf16_ms"])
+        assert r["fp32_gflops"] == pytest.approx(2 * r["size"] ** 3 / r["fp32_ms"] / 1e6)
     assert torch.get_num_threads() == threads
 
 
@@ -99,11 +100,32 @@ def test_native_bf16_reads_the_cpus_flags(monkeypatch):
     assert precision.native_bf16() is None
 
 
+def _row(size, fp32_ms, bf16_ms, second=1.0):
+    return {"size": size, "fp32_ms": fp32_ms, "bf16_ms": bf16_ms, "speedup": fp32_ms / bf16_ms,
+            "fp32_second_ms": fp32_ms * second, "bf16_second_ms": bf16_ms * second,
+            "fp32_gflops": 2 * size ** 3 / fp32_ms / 1e6}
+
+
+def test_readings_flag_busy_and_impossible_timings():
+    avx512 = {"avx512_bf16": True, "amx": False}
+    # a loaded machine's pattern: fp32 at 72, 35, 24 GFLOP/s, bf16 7.28x at 256
+    loaded = [_row(64, 0.00728, 0.0080), _row(128, 0.1198, 0.080), _row(256, 1.385, 0.190)]
+    assert [round(r["fp32_gflops"]) for r in loaded] == [72, 35, 24]
+    assert precision.readings(loaded, avx512) == [
+        "steady", "suspect: fp32 slows with size", "suspect: above this CPU's bf16 bound"]
+    assert precision.readings(loaded, {"avx512_bf16": True, "amx": True})[2] == \
+        "suspect: fp32 slows with size"                   # AMX: no bound on the speed-up
+    assert precision.readings(loaded[2:], None) == ["steady"]   # unknown units, nothing smaller
+    quiet = [_row(64, 0.010, 0.012), _row(256, 0.50, 0.27), _row(512, 4.0, 2.1, second=1.3)]
+    assert precision.readings(quiet, avx512) == ["steady", "steady", "busy: not counted"]
+
+
 def test_the_bf16_verdict_names_this_cpus_case():
     steady = [{"size": 256, "speedup": 0.8}, {"size": 1024, "speedup": 1.6}]
     native = precision.bf16_verdict(steady, 1.5, "faster", native={"avx512_bf16": True,
                                                                     "amx": False})
-    assert "units: AVX-512 BF16" in native and "natively" in native and "size 1024" in native
+    assert "units: AVX-512 BF16" in native and "natively" in native
+    assert "bf16 products were faster at size 1024, not at 256." in native   # what was printed
     none = precision.bf16_verdict(steady, 1.5, "faster", native={"avx512_bf16": False,
                                                                   "amx": False})
     assert "units: none" in none and "did not come from them" in none
@@ -116,7 +138,7 @@ def test_the_bf16_verdict_names_this_cpus_case():
     assert "spread over 2x" in precision.bf16_verdict(steady, 2.07, "machine busy: re-run",
                                                       native={"avx512_bf16": True, "amx": False})
     unknown = precision.bf16_verdict([], 1.0, "no clear difference")
-    assert "unknown" in unknown and "none (busy at every size)" in unknown
+    assert "unknown" in unknown and "none (busy or suspect at every size)" in unknown
     busy = precision.bf16_verdict([], 2.2, "faster", native={"avx512_bf16": True, "amx": False})
     assert busy.splitlines()[-1] == "Verdict: no steady measurement; re-run the cell above."
     assert "ran on GPUs" in precision.bf16_verdict(steady, 1.2, "faster", gpus=2)

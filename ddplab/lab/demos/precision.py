@@ -10,6 +10,7 @@ own process, so every fact about float16, bfloat16 and the GradScaler is shown o
     tiny_gradient(torch.float16, use_scaler=False)    # 0.0: the gradient underflowed
     scaler_overflow_step()                # an inf gradient: step skipped, scale halved
     matmul_speed()                        # float32 against bf16 products on this CPU
+    readings(rows, native_bf16())         # which sizes' timings count: steady, busy, suspect
     native_bf16()                         # does this CPU have bf16 units (AVX-512 BF16, AMX)?
     tf32_settings()                       # TF32's defaults and parents, read in a fresh Python
 
@@ -30,6 +31,8 @@ import torch
 from torch import nn
 
 BATCH_MS = 4.0  # a timed batch of matrix products lasts about this long, or longer
+STEADY = 1.25   # a size counts if its second-fastest run is within 25% of its fastest
+AVX512_BF16_BOUND = 2.5  # above this speed-up, without AMX, the fp32 runs were slowed by load
 
 
 def autocast_facts(device_type: str = "cpu", dtype: Optional[torch.dtype] = None
@@ -253,8 +256,9 @@ def matmul_speed(sizes: Sequence[int] = (64, 128, 256), repeats: int = 7, inner:
     Returns:
         One row per size: ``size``, ``fp32_ms`` and ``bf16_ms`` (the fastest run, per
         product), ``fp32_second_ms`` and ``bf16_second_ms`` (the second fastest),
-        ``fp32_max_ms`` and ``bf16_max_ms`` (the slowest), and ``speedup``
-        (``fp32_ms / bf16_ms``).
+        ``fp32_max_ms`` and ``bf16_max_ms`` (the slowest), ``fp32_gflops`` and
+        ``bf16_gflops`` (``2 * size**3`` operations over the fastest run's time, in GFLOP/s),
+        and ``speedup`` (``fp32_ms / bf16_ms``).
 
     Lesson: 06.
     """
@@ -290,8 +294,45 @@ def _time_matmul(size: int, repeats: int, inner: int) -> dict[str, float]:
         ordered = sorted(samples[bf16])
         row[f"{name}_ms"], row[f"{name}_max_ms"] = ordered[0], ordered[-1]
         row[f"{name}_second_ms"] = ordered[min(1, len(ordered) - 1)]
+        row[f"{name}_gflops"] = 2 * size ** 3 / (row[f"{name}_ms"] * 1e-3) / 1e9
     row["speedup"] = row["fp32_ms"] / row["bf16_ms"]
     return row
+
+
+def readings(rows: Sequence[dict[str, float]], native: Optional[dict[str, bool]],
+             steady: float = STEADY) -> list[str]:
+    """Say for each ``matmul_speed`` row whether its timing counts: ``"steady"`` or why not.
+
+    Checked in this order; the first that applies is the reading:
+
+    - ``"busy: not counted"``: a precision's second-fastest run is more than ``steady`` times
+      its fastest (the quiet moment did not come back).
+    - ``"suspect: above this CPU's bf16 bound"``: the speed-up exceeds ``AVX512_BF16_BOUND``
+      (2.5x) on a CPU whose flags list no AMX. AVX-512 BF16's dot product does twice the
+      multiply-adds of a float32 FMA instruction as wide (pairs of bf16 into each float32
+      lane), a CPU with no bf16 units does float32's multiply-adds; 2.5x leaves room for the
+      halved bytes. More means the float32 runs were slowed by load through every repeat.
+      With AMX, or unknown flags: no bound.
+    - ``"suspect: fp32 slows with size"``: float32's GFLOP/s is below half that of a smaller
+      size. A larger product reuses each number it loads more often, so it should not run at
+      half the rate; load only slows runs down, so the smaller size's rate is the real one.
+
+    Lesson: 06.
+    """
+    bound = None if native is None or native["amx"] else AVX512_BF16_BOUND
+    out = []
+    for i, row in enumerate(rows):
+        best_before = max((r["fp32_gflops"] for r in rows[:i] if r["size"] < row["size"]),
+                          default=0.0)
+        if any(row[f"{n}_second_ms"] > steady * row[f"{n}_ms"] for n in ("fp32", "bf16")):
+            out.append("busy: not counted")
+        elif bound is not None and row["speedup"] > bound:
+            out.append("suspect: above this CPU's bf16 bound")
+        elif row["fp32_gflops"] < best_before / 2:
+            out.append("suspect: fp32 slows with size")
+        else:
+            out.append("steady")
+    return out
 
 
 def native_bf16() -> Optional[dict[str, bool]]:
@@ -343,11 +384,12 @@ def bf16_verdict(steady: Sequence[dict[str, Any]], ratio: float, speed_verdict: 
     units = [name for name, key in (("AVX-512 BF16", "avx512_bf16"), ("AMX", "amx"))
              if native and native[key]]
     gains = [str(r["size"]) for r in steady if r["speedup"] > 1]
+    losses = [str(r["size"]) for r in steady if r["speedup"] <= 1]
     lines = ["this CPU's bf16 units: " + (", ".join(units) or "none" if native is not None
                                           else "unknown (the kernel lists no CPU flags here)"),
              "bf16 products, steady sizes: " + (", ".join(
                  f"{r['size']}: {r['speedup']:.2f}x of fp32" for r in steady)
-                 or "none (busy at every size)"),
+                 or "none (busy or suspect at every size)"),
              f"bf16 training: {ratio:.2f}x of fp32's median, {speed_verdict}"]
     best = max((r["speedup"] for r in steady), default=None)
     training = {"faster": "Training gained too" + (
@@ -365,10 +407,12 @@ def bf16_verdict(steady: Sequence[dict[str, Any]], ratio: float, speed_verdict: 
     elif not steady:
         lines.append("Verdict: no steady measurement; re-run the cell above.")
     elif units:
-        lines.append("Verdict: this CPU computes bf16 natively: a bf16 product gains once it is "
-                     "large enough to pay for the casts (" + (
-                         f"here at size {', '.join(gains)}). " if gains else
-                         "at none of the sizes measured here). ") + training)
+        lines.append("Verdict: this CPU computes bf16 natively. Of the steady sizes, bf16 "
+                     "products were faster " + (
+                         f"at size{'s' * (len(gains) > 1)} {', '.join(gains)}" if gains
+                         else "at none") + (
+                         f", not at {', '.join(losses)}" if gains and losses else "") + ". "
+                     + training)
     elif native is not None:
         lines.append("Verdict: this CPU has no bf16 units: its bf16 products do float32's "
                      "arithmetic plus the conversions, " + (
