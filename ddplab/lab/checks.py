@@ -76,7 +76,7 @@ def check(key: str, answer: Any) -> Verdict:
     Example::
 
         ddplab.check("02", [1, 2, 3, 4])                         # a warm-up answer: told why not
-        ddplab.check("03", ddplab.launch("../exercises/ddp_wrap.py", nprocs=2))
+        ddplab.check("03", ddplab.launch("../exercises/ddp_wrap.py", nprocs=2))   # a run: judged
         ddplab.check("13", {"ddp": ddp, "fsdp": fsdp, "killed": killed, "resumed": resumed,
                             "resharded": resharded})
 
