@@ -66,14 +66,16 @@ def main() -> None:
     events.emit("metric", name="average", value=average(x.clone()).tolist())
 
     # 2. one step round the ring, then an all-reduce made of world_size - 1 steps
-    events.emit("metric", name="shifted", value=ring_shift(x.clone()).tolist())
+    shifted = ring_shift(x.clone())
+    events.emit("metric", name="shifted", value=shifted.tolist())
     total, message = x.clone(), x.clone()
     for _ in range(info.world_size - 1):
         message = ring_shift(message)
         total += message
     events.emit("metric", name="ring_sum", value=total.tolist())
-    print(f"rank {info.rank}: input {x.tolist()[:2]}..., ring sum {total.tolist()[:2]}...",
-          flush=True)
+    unwritten = " (ring_shift not written yet)" if torch.equal(shifted, x) else ""
+    print(f"rank {info.rank}: input {x.tolist()[:2]}..., ring sum {total.tolist()[:2]}..."
+          f"{unwritten}", flush=True)
 
     # cleanup
     dist.cleanup()
