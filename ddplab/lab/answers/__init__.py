@@ -5,7 +5,7 @@ the verdict points at the answer.
 The answer files need torch only (a rank may import them); ``show_after`` imports ddplab's code
 viewer only when it shows something.
 
-Lessons: 10 (running_loss), 11 (sharding), 12 (tensor_parallel).
+Lessons: 04 (sampler), 10 (running_loss), 11 (sharding), 12 (tensor_parallel).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 # exercise -> (its answer's file in this folder, the ``# [name]`` section shown)
-SHOWN = {"10": ("running_loss.py", "running-loss"),
+SHOWN = {"04": ("sampler.py", "left-out"),
+         "10": ("running_loss.py", "running-loss"),
          "11": ("sharding.py", "pipeline-step"),
          "11b": ("sharding.py", "fsdp2-precision"),
          "12": ("tensor_parallel.py", "llama_plan")}
