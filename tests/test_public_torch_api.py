@@ -10,6 +10,7 @@ replaced the patches: its rendezvous handlers come from torch's public registry.
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -109,6 +110,45 @@ def test_no_module_of_ddplab_patches_torch_or_reads_a_private_torch_name():
     assert problems == {}
 
 
+def notebook_sources(notebook: Path) -> list[tuple[int, str]]:
+    """Each code cell of ``notebook`` as Python: IPython's magics and shell lines blanked, a
+    ``%%writefile`` cell's file kept, other cell magics left out."""
+    cells = []
+    for index, cell in enumerate(json.loads(notebook.read_text())["cells"]):
+        lines = "".join(cell["source"]).split("\n") if cell["cell_type"] == "code" else [""]
+        if lines[0].startswith("%%"):
+            if not lines[0].startswith("%%writefile"):
+                continue
+            lines[0] = ""
+        cells.append((index, "\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                                       for line in lines)))
+    return cells
+
+
+def test_the_notebook_reader_keeps_python_and_written_files():
+    import tempfile
+
+    cells = [{"cell_type": "code", "source": ["%%writefile w.py\n", "import torch._C\n"]},
+             {"cell_type": "code", "source": ["%%bash\n", "torch._x\n"]},
+             {"cell_type": "code", "source": ["!ls\n", "import torch\n", "torch.cuda._lazy_init()"]},
+             {"cell_type": "markdown", "source": ["torch._y"]}]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "n.ipynb"
+        path.write_text(json.dumps({"cells": cells}))
+        found = {i: torch_use_problems(source) for i, source in notebook_sources(path)}
+    assert found == {0: ["line 2: imports torch._C"], 2: ["line 3: reads torch.cuda._lazy_init"],
+                     3: []}
+
+
+def test_no_notebook_patches_torch_or_names_a_private_torch_object():
+    """The lessons' cells, proofs and written workers too: torch's source is read as text."""
+    problems = {f"{path.name} cell {index}": found
+                for path in sorted((PACKAGE.parent / "notebooks").glob("*.ipynb"))
+                for index, source in notebook_sources(path)
+                if (found := torch_use_problems(source))}
+    assert problems == {}
+
+
 def test_the_projects_grep_finds_nothing_and_no_switch_turns_a_fix_off():
     hits = [f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
             for path in sorted(PACKAGE.rglob("*.py"))
@@ -151,8 +191,6 @@ def test_the_rendezvous_handler_comes_from_torchs_public_registry():
     """The agent's store is in-process (no server thread in the process that forks the ranks);
     each round the agent serves a fresh workers' store once the ranks are forked, on loopback
     here."""
-    import json
-
     out = subprocess.run([sys.executable, "-c", HANDLER], capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
