@@ -37,19 +37,19 @@ def test_overlap_is_zero_for_turns_and_the_shared_time_otherwise():
     assert timeline.overlap(three) == pytest.approx(3.0)     # 1..4: two or three at once
 
 
-def test_with_sends_reads_a_sends_cost_from_the_gaps_and_adds_the_sends_to_the_ideal_step():
-    # 2 micro-batches, a work unit of 1 per pass, each send 0.5: rank 0 forwards at 0 and 1.5
+def test_with_gaps_reads_the_hand_off_gaps_and_adds_them_to_the_ideal_step():
+    # 2 micro-batches, a work unit of 1 per pass, each hand-off 0.5: rank 0 forwards at 0 and 1.5
     run = spans((0, "forward", 0, 0, 1), (0, "forward", 1, 1.5, 2.5),
                 (1, "forward", 0, 1.5, 2.5), (1, "forward", 1, 3, 4),
                 (1, "backward", 1, 4, 5), (1, "backward", 0, 5.5, 6.5),
                 (0, "backward", 1, 5.5, 6.5), (0, "backward", 0, 7, 8), micro_batches=2)
-    assert timeline.send_gaps(run, 0, "forward") == [0.5]
-    assert timeline.send_gaps(run, 1, "backward") == [0.5]
-    model = timeline.with_sends(run)
-    assert model["send"] == 0.5 and model["work"] == 4
-    step = 3 / 2 * 4 + 2 * 2 * 0.5                      # (M + S - 1) / M x work + 2 (M + S - 2) sends
+    assert timeline.handoff_gaps(run, 0, "forward") == [0.5]
+    assert timeline.handoff_gaps(run, 1, "backward") == [0.5]
+    model = timeline.with_gaps(run)
+    assert model["gap"] == 0.5 and model["work"] == 4
+    step = 3 / 2 * 4 + 2 * 2 * 0.5           # (M + S - 1) / M x work + 2 (M + S - 2) gaps
     assert model["idle"] == pytest.approx(1 - 4 / step)
-    assert timeline.with_sends(TURNS)["send"] == 0.0     # one micro-batch: no gap to read
-    assert timeline.with_sends(TURNS)["idle"] == pytest.approx(0.5)
+    assert timeline.with_gaps(TURNS)["gap"] == 0.0     # one micro-batch: no gap to read
+    assert timeline.with_gaps(TURNS)["idle"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="no spans"):
-        timeline.with_sends([])
+        timeline.with_gaps([])

@@ -9,7 +9,7 @@ phase: ``rank``, ``micro_batches``, ``micro``, ``phase`` (``forward`` or ``backw
     runs = timeline.spans_by_run(result.events_of("span"))   # {1: [...], 4: [...]}
     timeline.bubble(runs[4]), timeline.ideal_bubble(stages=2, micro_batches=4)
     timeline.busy_shares(runs[4]), timeline.overlap(runs[4])   # {rank: busy / step}, seconds
-    timeline.with_sends(runs[4])         # the ideal step plus its sends: {send, work, idle}
+    timeline.with_gaps(runs[4])          # the ideal step plus its hand-off gaps: {gap, work, idle}
     timeline.plot(runs)
 
 Lesson: 11.
@@ -78,33 +78,36 @@ def overlap(spans: Sequence[Span]) -> float:
     return both
 
 
-def send_gaps(spans: Sequence[Span], rank: int, phase: str) -> list[float]:
-    """Seconds between two ``phase`` spans in a row of ``rank``: there the rank only sends.
+def handoff_gaps(spans: Sequence[Span], rank: int, phase: str) -> list[float]:
+    """Seconds between two ``phase`` spans in a row of ``rank``: its hand-off gaps.
 
-    Rank 0 between two forwards, the last rank between two backwards, sends one message.
+    Rank 0 between two forwards, the last rank between two backwards, computes nothing: it
+    sends one message with a blocking ``send``, which on gloo also waits until the receiving
+    rank has posted its ``recv`` (notebook 08, section 2). A gap is that send plus that wait,
+    not a send's cost alone.
     """
     own = sorted((s for s in spans if (s["rank"], s["phase"]) == (rank, phase)),
                  key=lambda s: s["start"])
     return [b["start"] - a["end"] for a, b in zip(own, own[1:])]
 
 
-def with_sends(spans: Sequence[Span], stages: Optional[int] = None) -> dict[str, float]:
-    """GPipe's ideal step plus the ``2 (M + S - 2)`` sends on its path, from one run's spans.
+def with_gaps(spans: Sequence[Span], stages: Optional[int] = None) -> dict[str, float]:
+    """GPipe's ideal step plus ``2 (M + S - 2)`` hand-off gaps on its path, from one run's spans.
 
     Returns:
-        ``send``: a send's cost, the median of the first rank's forward gaps and the last
-        rank's backward gaps (0 with one micro-batch); ``work``: compute per stage;
+        ``gap``: the median hand-off gap (see ``handoff_gaps``) of the first rank's forwards
+        and the last rank's backwards (0 with one micro-batch); ``work``: compute per stage;
         ``idle``: the idle share of that step (seconds, except ``idle``).
     """
     if not spans:
         raise ValueError("no spans: pass the span events of one run (see spans_by_run)")
     stages = stages or len({s["rank"] for s in spans})
     m = int(spans[0]["micro_batches"])
-    gaps = send_gaps(spans, 0, "forward") + send_gaps(spans, stages - 1, "backward")
-    send = statistics.median(gaps) if gaps else 0.0
+    gaps = handoff_gaps(spans, 0, "forward") + handoff_gaps(spans, stages - 1, "backward")
+    gap = statistics.median(gaps) if gaps else 0.0
     work = sum(s["end"] - s["start"] for s in spans) / stages
-    step = (m + stages - 1) / m * work + 2 * (m + stages - 2) * send
-    return {"send": send, "work": work, "idle": 1 - work / step if step > 0 else 0.0}
+    step = (m + stages - 1) / m * work + 2 * (m + stages - 2) * gap
+    return {"gap": gap, "work": work, "idle": 1 - work / step if step > 0 else 0.0}
 
 
 def ideal_bubble(stages: int, micro_batches: int) -> float:
