@@ -62,6 +62,30 @@ def test_a_notebook_over_the_cell_limit_says_why(path):
         f"or say why in its first markdown cell (\"... more than {MAX_CELLS} cells because ...\")")
 
 
+MAX_WORDS = 3000   # of markdown: a lesson a learner reads in one sitting
+
+
+def markdown_words(nb: dict) -> int:
+    """Words of a notebook's markdown cells, reference-link definitions (``[a]: https://...``)
+    left out: a source's address is not reading."""
+    return sum(len(line.split()) for cell in nb["cells"] if cell["cell_type"] == "markdown"
+               for line in "".join(cell["source"]).split("\n")
+               if not re.match(r"\[[^\]]+\]:\s*https?://", line))
+
+
+def test_words_are_counted_without_link_definitions():
+    nb = {"cells": [{"cell_type": "markdown", "source": ["One two [three](x).\n", "\n",
+                                                           "[a]: https://example.org/a b c\n"]},
+                    {"cell_type": "code", "source": ["four five"]}]}
+    assert markdown_words(nb) == 3
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_notebook_stays_under_the_word_limit(path):
+    words = markdown_words(json.loads(path.read_text()))
+    assert words <= MAX_WORDS, f"{path.name}: {words} words of markdown, over {MAX_WORDS}: cut"
+
+
 def test_the_reason_for_a_long_notebook_is_read_from_its_first_markdown_cell():
     def notebook(*sources: str) -> dict:
         return {"cells": [{"cell_type": "code", "source": "import ddplab"}]
