@@ -79,7 +79,8 @@ def test_a_busy_machine_is_said_in_every_verdict_and_the_notes():
     assert "1.50" not in table and "75%" not in table
     notes = bench.table_notes(rows, predicted=1.4, gpus=0)
     assert "machine busy" in notes and "you predicted 1.4x: compare after a re-run" in notes
-    assert "1.50x" not in notes and "right" not in notes
+    assert "DDP x2: measured 1.50x, unreliable: machine busy;" in notes   # the ratio, flagged
+    assert "right" not in notes and "off by" not in notes                 # no prediction judged
     assert "2.5 cores' worth of work" in notes and "re-run" in notes
     amp = _row("DDP xN + AMP", 2, 300.0)                      # 3.00x on 2 processes
     amp.setup.amp = "bf16"

@@ -275,7 +275,8 @@ def fastest_epochs(times: Sequence[float], other: Sequence[float],
 def table_notes(rows: Sequence[Row], predicted: Optional[float] = None, gpus: int = 0) -> str:
     """What to read in the table, as text: the prediction, a busy machine, odd ratios.
 
-    On a busy machine (``busy_machine``) the prediction and one line saying so, nothing more.
+    On a busy machine (``busy_machine``) the measured ratio flagged as unreliable, the
+    prediction and one line saying so, nothing more.
 
     Lesson: 09.
     """
@@ -287,7 +288,7 @@ def table_notes(rows: Sequence[Row], predicted: Optional[float] = None, gpus: in
             else f"off by {abs(predicted - speedup):.2f}x"))]
     load = busy_machine(rows)
     if load["busy"]:  # the readings below would not hold: one line
-        lines = ["DDP x2: no speed-up read on a busy machine; "
+        lines = [f"DDP x2: measured {speedup:.2f}x, unreliable: machine busy; "
                  + ("you did not predict" if predicted is None
                     else f"you predicted {predicted}x: compare after a re-run")]
         lines.append(f"machine busy: other processes kept about {load['others']:.1f} cores'"
