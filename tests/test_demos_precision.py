@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -135,13 +137,23 @@ def test_the_bf16_verdict_names_this_cpus_case():
     more = precision.bf16_verdict(steady, 2.2, "faster", native={"avx512_bf16": True,
                                                                   "amx": False})
     assert "more than the products above: probably noise" in more   # no cause named
-    assert "spread over 2x" in precision.bf16_verdict(steady, 2.07, "machine busy: re-run",
-                                                      native={"avx512_bf16": True, "amx": False})
+    busy_launches = precision.bf16_verdict(steady, 2.07, "machine busy: re-run",
+                                           native={"avx512_bf16": True, "amx": False})
+    assert "spread over 2x" in busy_launches and "2.07x" not in busy_launches   # ratio not read
     unknown = precision.bf16_verdict([], 1.0, "no clear difference")
     assert "unknown" in unknown and "none (busy or suspect at every size)" in unknown
     busy = precision.bf16_verdict([], 2.2, "faster", native={"avx512_bf16": True, "amx": False})
     assert busy.splitlines()[-1] == "Verdict: no steady measurement; re-run the cell above."
     assert "ran on GPUs" in precision.bf16_verdict(steady, 1.2, "faster", gpus=2)
+    one = precision.bf16_verdict([{"size": 64, "speedup": 0.09}], 2.0, "faster",
+                                 native={"avx512_bf16": True, "amx": False})
+    assert "only size 64 was steady, a thin reading" in one and "at none" not in one
+    assert "were not faster there" in one           # said of size 64 alone, not of every size
+
+
+def test_matmul_speed_times_sizes_up_to_512_by_default():
+    assert inspect.signature(precision.matmul_speed).parameters["sizes"].default == (
+        64, 128, 256, 512)
 
 
 def test_the_speed_verdict_calls_a_busy_machine_before_any_difference():

@@ -239,7 +239,7 @@ def deprecated_amp_names() -> list[str]:
     return [f"{w.category.__name__}: {w.message}" for w in caught]
 
 
-def matmul_speed(sizes: Sequence[int] = (64, 128, 256), repeats: int = 7, inner: int = 10
+def matmul_speed(sizes: Sequence[int] = (64, 128, 256, 512), repeats: int = 7, inner: int = 10
                  ) -> list[dict[str, float]]:
     """Time square matrix products on the CPU in float32 and under bf16 autocast.
 
@@ -390,7 +390,9 @@ def bf16_verdict(steady: Sequence[dict[str, Any]], ratio: float, speed_verdict: 
              "bf16 products, steady sizes: " + (", ".join(
                  f"{r['size']}: {r['speedup']:.2f}x of fp32" for r in steady)
                  or "none (busy or suspect at every size)"),
-             f"bf16 training: {ratio:.2f}x of fp32's median, {speed_verdict}"]
+             "bf16 training: " + ("not read (machine busy)" if speed_verdict
+                                  == "machine busy: re-run"
+                                  else f"{ratio:.2f}x of fp32's median, {speed_verdict}")]
     best = max((r["speedup"] for r in steady), default=None)
     training = {"faster": "Training gained too" + (
                     ", more than the products above: probably noise on a busy machine, "
@@ -407,12 +409,16 @@ def bf16_verdict(steady: Sequence[dict[str, Any]], ratio: float, speed_verdict: 
     elif not steady:
         lines.append("Verdict: no steady measurement; re-run the cell above.")
     elif units:
-        lines.append("Verdict: this CPU computes bf16 natively. Of the steady sizes, bf16 "
-                     "products were faster " + (
-                         f"at size{'s' * (len(gains) > 1)} {', '.join(gains)}" if gains
-                         else "at none") + (
-                         f", not at {', '.join(losses)}" if gains and losses else "") + ". "
-                     + training)
+        if len(steady) == 1:    # one size says nothing about the others: no generalizing
+            products = (f"only size {steady[0]['size']} was steady, a thin reading: bf16 "
+                        f"products were {'faster' if gains else 'not faster'} there; re-run "
+                        "the cell above for the other sizes. ")
+        else:
+            products = ("of the steady sizes, bf16 products were faster " + (
+                f"at size{'s' * (len(gains) > 1)} {', '.join(gains)}" if gains
+                else "at none") + (f", not at {', '.join(losses)}" if gains and losses else "")
+                + ". ")
+        lines.append("Verdict: this CPU computes bf16 natively; " + products + training)
     elif native is not None:
         lines.append("Verdict: this CPU has no bf16 units: its bf16 products do float32's "
                      "arithmetic plus the conversions, " + (
