@@ -7,11 +7,11 @@ Run it (2 processes; add ``--no-barrier`` to see the race)::
         --no-barrier
 
 Rank 0 needs ``--delay`` seconds before it writes (a big model on a busy disk). Without the
-barrier the other ranks reach ``torch.load`` before the file exists and fail with
-FileNotFoundError, or, if an older checkpoint is still in the folder (``--keep`` on an earlier
-run), silently load that old one. So that the race is lost every time, on any machine however
-busy, rank 0 of the barrier-less run also waits until every other rank has read the file (a
-marker file each leaves once it has loaded) or the job has failed: no clock decides the outcome.
+barrier the other ranks reach ``torch.load`` before rank 0 has written the file. ``--keep``
+leaves the file in the folder after the run, and ``--epoch`` sets the epoch stamped in it. So
+that the race is lost every time, on any machine however busy, rank 0 of the barrier-less run
+also waits until every other rank has read the file (a marker file each leaves once it has
+loaded) or the job has failed: no clock decides the outcome.
 
 Every rank emits one ``metric`` event named ``loaded`` with the ``epoch`` stamped in the file
 it read and the ``checksum`` of its weights before and after loading.
