@@ -42,6 +42,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ddplab import data, dist, events, models
 
+#: Notebook 09b's control run adds these arguments; the notebook names them after its question.
+CONTROL = ("--loader-seed-per-rank",)
+
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m ddplab.workers.input_pipeline",
