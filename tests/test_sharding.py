@@ -43,9 +43,9 @@ def test_the_library_step_shown_before_exercise_1_leaves_out_the_loss_weighting(
 
     shown = source("ddplab/workers/pipeline.py", "library")           # section 7 of notebook 11
     after = source("ddplab/workers/pipeline.py", "library-loss")      # after exercise 1's verdict
-    assert "ScheduleGPipe(" in shown and "library_loss(" in shown
-    assert "micro_batches" not in shown.replace("n_microbatches=micro_batches", "") \
-        .replace("library_loss(micro_batches)", "")
+    assert "ScheduleGPipe(" in shown and "loss_fn=loss_fn" in shown
+    assert "library_loss" not in shown and "loss_fn =" not in shown
+    assert "micro_batches" not in shown.replace("n_microbatches=micro_batches", "")
     assert "/ micro_batches" in after and "scale_grads" in after
 
 
