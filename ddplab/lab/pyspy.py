@@ -79,8 +79,9 @@ def dump_ranks(job_pid: int, nprocs: int, source: str, *, deadline_s: float = 12
         if failed:
             failing_since = failing_since or time.monotonic()
             if any(word in failed[0] for word in DENIED):
-                found.error = (f"py-spy may not trace these processes (it needs root, or sudo, "
-                               f"or ptrace_scope 0 on Linux): {failed[0]}")
+                found.error = (f"py-spy may not trace these processes (it needs ptrace permission: "
+                               f"root or sudo, CAP_SYS_PTRACE (Docker: --cap-add SYS_PTRACE), "
+                               f"or kernel.yama.ptrace_scope 0 on Linux): {failed[0]}")
                 return found
             if time.monotonic() - failing_since > 2:
                 found.error = f"py-spy kept failing for 2 s: {failed[0]}"
