@@ -38,6 +38,15 @@ def test_time_step_two_ways_alternates_on_one_thread_and_restores_the_threads():
     assert times.rounds == 3 and len(times.by_hand) >= 3 and times.first >= 0.001
     assert times.hand_median == statistics.median(times.by_hand)
     assert len(times.timer.times) >= 3 and times.timer.median >= 0.001      # per step
+    assert len(times.steps_per_block) == 3 and min(times.steps_per_block) >= 1
+
+
+def test_a_step_longer_than_the_run_time_gets_blocks_of_one_step():
+    import time
+
+    times = timing.time_step_two_ways(lambda: time.sleep(0.02), rounds=2, seconds=0.01)
+    assert times.steps_per_block == (1, 1)   # one step outlasts min_run_time: no bigger block
+    assert " blocks of 1 step each" in times.report()
 
 
 def test_time_step_two_ways_restores_the_threads_after_an_error():

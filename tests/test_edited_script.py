@@ -75,7 +75,9 @@ def test_first_epochs_edits_an_untouched_copy_and_reuses_a_digits_baseline(tmp_p
     assert copy.read_text() == WITHOUT and outcome.edited_for_you and outcome.zero_grad_only
     assert launched == [copy]                              # the baseline's epoch 1 reused
     assert (outcome.shipped, outcome.mine, outcome.truth) == (good, bad, "worse")
-    assert "you predicted 'worse'; it is 'worse'" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "you predicted 'worse'; it is 'worse'" in shown
+    assert "optimizer.zero_grad() was deleted" in shown                  # said, prediction or not
 
 
 def test_first_epochs_runs_the_shipped_script_when_the_baseline_used_other_settings(
@@ -92,3 +94,4 @@ def test_first_epochs_runs_the_shipped_script_when_the_baseline_used_other_setti
     assert not outcome.edited_for_you and outcome.zero_grad_only and outcome.truth == "same"
     shown = capsys.readouterr().out                        # no prediction: no numbers shown
     assert "set PREDICTION" in shown and "loss" not in shown and "accuracy" not in shown
+    assert "was deleted" not in shown                      # the learner edited it: nothing said

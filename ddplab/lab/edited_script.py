@@ -87,9 +87,9 @@ def first_epochs(copy: Union[str, Path], worker: str = "ddplab.workers.single",
 
     A copy still equal to the shipped file gets its ``optimizer.zero_grad()`` line deleted (on
     disk) first. The shipped script's epoch 1 comes from ``baseline``, a (launch result, args)
-    pair, when that run used :data:`DIGITS`, else from a new one-epoch run. Prints each
-    script's epoch 1 and the verdict against ``prediction``; with no prediction, it prints
-    neither (they show once ``prediction`` is set).
+    pair, when that run used :data:`DIGITS`, else from a new one-epoch run. Prints that the
+    line was deleted when it was, then each script's epoch 1 and the verdict against
+    ``prediction``; with no prediction, it prints neither (they show once it is set).
 
     Returns:
         :class:`Outcome`.
@@ -101,6 +101,7 @@ def first_epochs(copy: Union[str, Path], worker: str = "ddplab.workers.single",
     edited_for_you = copy.read_text() == shipped_text
     if edited_for_you:                    # not edited (as under CI): delete the line for them
         copy.write_text(without(shipped_text))
+        print("your copy was untouched: optimizer.zero_grad() was deleted from it (reload it)")
     run, args = baseline if baseline is not None else (None, None)
     if args is not None and list(args[:-2]) == DIGITS and args[-2] == "--epochs":
         shipped = run.check().events_of("epoch")[0]      # the same seed, data and settings

@@ -47,6 +47,7 @@ class StepTimes:
     by_hand: list[float]      # one time.perf_counter() reading per step, after the first
     timer: Any                # Timer's measurements of every round, merged: seconds per step
     rounds: int               # rounds of (readings by hand, then Timer.blocked_autorange)
+    steps_per_block: tuple[int, ...] = ()   # the steps in each round's Timer blocks
 
     @property
     def hand_median(self) -> float:
@@ -68,7 +69,8 @@ class StepTimes:
         (hand_low, hand_high), (timer_low, timer_high) = self.middle_halves.values()
         lines = [f"first step:     {self.first * 1e3:6.2f} ms (its one-off costs included)",
                  f"median by hand: {hand * 1e3:6.2f} ms, of {len(self.by_hand)} readings",
-                 f"median, Timer:  {timer * 1e3:6.2f} ms, of {len(self.timer.times)} blocks"]
+                 f"median, Timer:  {timer * 1e3:6.2f} ms, of {len(self.timer.times)} blocks"
+                 + self._block_size()]
         for method, (low, high) in self.middle_halves.items():
             lines.append(f"middle half, {method + ':':<8} {low * 1e3:.2f} to {high * 1e3:.2f} ms")
         gap = abs(hand / timer - 1)
@@ -81,6 +83,13 @@ class StepTimes:
         lines += ["", f"the first step took {self.first / hand:.1f} times the median one", verdict]
         return "\n".join(lines)
 
+    def _block_size(self) -> str:
+        sizes = sorted(set(self.steps_per_block))
+        if not sizes:
+            return ""
+        steps = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]} to {sizes[-1]}"
+        return f" of {steps} step{'' if sizes == [1] else 's'} each"
+
 
 def time_step_two_ways(step: Callable[[], Any], rounds: int = 5,
                        seconds: float = 0.05) -> StepTimes:
@@ -91,6 +100,7 @@ def time_step_two_ways(step: Callable[[], Any], rounds: int = 5,
     time blocks of calls: a busy stretch of the machine falls on both methods, not on one.
     Timer's clock is ``time.perf_counter`` (its default would synchronize a GPU). The number
     of threads torch uses is set to 1, Timer's default, and restored even on an error.
+    Timer picks its block size from the step's time: one step per block when a step is long.
 
     Args:
         step: the work to time, called with no arguments.
@@ -116,7 +126,7 @@ def time_step_two_ways(step: Callable[[], Any], rounds: int = 5,
     finally:
         torch.set_num_threads(threads)
     merged, = bench.Measurement.merge(measured)
-    return StepTimes(first, by_hand, merged, rounds)
+    return StepTimes(first, by_hand, merged, rounds, tuple(m.number_per_run for m in measured))
 
 
 def middle_half(times: Sequence[float]) -> tuple[float, float]:
