@@ -132,6 +132,16 @@ def test_time_steps_times_the_plain_step_then_the_by_hand_step_untouched_on_one_
     assert step.median == pytest.approx(0.006) and step.spread == pytest.approx((0.004, 0.008))
 
 
+def test_compare_calls_a_difference_only_on_apart_middle_halves_and_medians_over_10_percent():
+    plain = dataparallel.StepTiming(1, times=[1.0, 1.0, 1.0, 1.0, 9.0])      # one outlier
+    assert dataparallel.compare(dataparallel.StepTiming(2, [2.0] * 5), plain) == "slower"
+    assert dataparallel.compare(dataparallel.StepTiming(2, [0.5] * 5), plain) == "faster"
+    near = dataparallel.StepTiming(2, [1.05] * 5)              # apart, but 5% off the median
+    assert dataparallel.compare(near, plain) == "no clear difference"
+    wide = dataparallel.StepTiming(2, [0.5, 0.9, 2.0, 3.0, 4.0])   # middle halves overlap
+    assert dataparallel.compare(wide, plain) == "no clear difference"
+
+
 def test_copy_timing_reports_the_median_copy_with_its_spread():
     timing = dataparallel.CopyTiming("cnn", 100, times=[0.008, 0.002, 0.004, 0.012, 0.006])
     assert timing.median == pytest.approx(0.006)

@@ -354,6 +354,21 @@ def time_steps(model: nn.Module, batch_size: int = 32, devices: Sequence[int] = 
     return [StepTiming(n, times[n]) for n in steps]
 
 
+def compare(step: _Repeats, reference: _Repeats, noise: float = 0.10) -> str:
+    """Say "slower", "faster" or "no clear difference": ``step``'s time against ``reference``'s.
+
+    A difference is called only where the two middle halves (``spread``) do not overlap and
+    the medians differ by more than ``noise``, a fraction of the reference's median.
+
+    Lesson: 02.
+    """
+    (low, high), (ref_low, ref_high) = step.spread, reference.spread
+    ratio = step.median / reference.median
+    if (low > ref_high or high < ref_low) and abs(ratio - 1) > noise:
+        return "slower" if ratio > 1 else "faster"
+    return "no clear difference"
+
+
 def _nbytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
