@@ -374,3 +374,13 @@ def test_cnn_flops_grow_with_the_square_of_the_width_in_two_convolutions():
     # multiply-adds: 3 convolutions (8x8, 8x8, then 4x4 after the pool) and the 2x2x64 head
     assert narrow == 2 * (9 * 64 * 32 + 9 * 64 * 32 * 64 + 9 * 16 * 64 * 64 + 4 * 64 * 10)
     assert 3.9 < wide / narrow < 4
+
+
+def test_source_model_fits_the_single_and_two_gpu_epochs_and_grows_the_all_reduce():
+    model = bench.source_model((1, 2, 4, 8))
+    single, pair = bench.SOURCE_SECONDS["single"][1], bench.SOURCE_SECONDS["DDP x2"][1]
+    assert math.isclose(model[1], single) and math.isclose(model[2], pair)   # the fitted rows
+    allreduce = 2 * pair - single                # an epoch's all-reduces, each GPU sending once
+    assert math.isclose(model[4], (single + 1.5 * allreduce) / 4)             # 2(n-1)/n at 4
+    assert model[8] < model[4] < model[2]                                     # still shrinking
+    assert math.isclose(model[8] * 8 - single, 1.75 * allreduce)              # bytes grow only

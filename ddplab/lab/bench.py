@@ -203,6 +203,17 @@ def _fmt(value: float, spec: str) -> str:
     return "n/a" if value is None or not math.isfinite(value) else format(value, spec)
 
 
+def source_model(gpus: Sequence[int] = (1, 2, 4)) -> dict[int, float]:
+    """Notebook 09's step model fitted to the source's single and "DDP x2" epochs: the model's
+    seconds per epoch for each GPU count (the exercise's expected values).
+
+    Lesson: 09.
+    """
+    single, pair = SOURCE_SECONDS["single"][1], SOURCE_SECONDS["DDP x2"][1]
+    allreduce = 2 * pair - single   # an epoch's all-reduces when each GPU sends the gradient once
+    return {n: (single + 2 * (n - 1) / n * allreduce) / n for n in gpus}
+
+
 def verdict(rates: Sequence[float], reference: Sequence[float], noise: float = NOISE) -> str:
     """Say "faster", "slower" or "no clear difference": one run's speeds against another's.
 
