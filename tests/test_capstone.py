@@ -780,3 +780,22 @@ def test_the_references_five_runs_are_judged_in_one_line(tmp_path, monkeypatch, 
     lab.judge(five)
     assert capsys.readouterr().out == ("the reference job's five runs: the judge says: "
                                        "step 3 differs\n")
+
+
+def test_a_reference_with_a_piece_taken_out_is_not_correct_once_the_judge_names_it(
+        tmp_path, monkeypatch, capsys):
+    """WITHOUT set: the judge's line names the fault, the proofs after it verify nothing
+    (``correct`` is False) and section 5 says why it launches nothing."""
+    five = {name: _run(range(32)) for name in judge13.RUNS}
+    lab, _ = _lab(tmp_path, monkeypatch, yours=False)
+    monkeypatch.setattr(judge13, "judge_capstone", lambda runs: "the GradScaler differs")
+    lab.judge(five)
+    capsys.readouterr()
+    assert lab.hint == "the GradScaler differs" and not lab.correct
+    lab.without = "scaler"
+    assert not lab.launching("Section 5", judged=True)
+    said = capsys.readouterr().out
+    assert "without 'scaler'" in said and "set WITHOUT back" in said and "section 4" not in said
+    monkeypatch.setattr(judge13, "judge_capstone", lambda runs: None)   # the whole reference
+    lab.judge(five)
+    assert lab.correct

@@ -38,6 +38,7 @@ from .showcode import show
 WRONG = "the judge found your job wrong. Fix what it named, then run the notebook again."
 CHANGED = "your job changed since section 2 judged it: run the notebook again from the top."
 UNJUDGED = "run section 4 first: it judges the five runs this section builds on."
+FAULT = "the judge named the fault of the reference job without {!r} (above): set WITHOUT back."
 TODO = "Your job ran: delete the `# TODO(exercise)` line in exercises/capstone.py."
 BROKEN = "The run above failed: fix what it says (your file still holds its TODO line)."
 
@@ -103,15 +104,18 @@ class Capstone:
 
     @property
     def correct(self) -> bool:
-        """Whether the five runs were judged right (the reference's are, by the course)."""
-        return self.final is not None and (bool(self.final) if self.yours else True)
+        """Whether the five runs were judged right (the whole reference's are, by the course;
+        with a piece taken out, ``without``, the judge's ``hint`` says whether they were)."""
+        return self.final is not None and (bool(self.final) if self.yours else self.hint is None)
 
     def launching(self, section: str, judged: bool = False) -> bool:
         """Whether ``section`` launches (``judged``: only after :meth:`judge` said right);
         when not, one line says why."""
         if self.go and self.job.read_bytes() != self._judged:
             self.go, self.why = False, CHANGED
-        why = self.why if not self.go else UNJUDGED if judged and not self.correct else None
+        why = self.why if not self.go else None
+        if why is None and judged and not self.correct:
+            why = FAULT.format(self.without) if self.final and self.hint else UNJUDGED
         if why:
             print(f"{section}: not launched, {why}")
             return False
