@@ -95,3 +95,34 @@ def test_first_epochs_runs_the_shipped_script_when_the_baseline_used_other_setti
     shown = capsys.readouterr().out                        # no prediction: no numbers shown
     assert "set PREDICTION" in shown and "loss" not in shown and "accuracy" not in shown
     assert "was deleted" not in shown                      # the learner edited it: nothing said
+
+
+def _outcome(mine, shipped=None, zero_grad_only=True):
+    shipped = shipped or {"accuracy": 0.8, "loss": 0.7, "samples": 1347, "steps": 43}
+    mine = {"samples": 1347, "steps": 43, **mine}
+    return edited_script.Outcome(shipped, mine, edited_script.verdict(mine, shipped),
+                                 zero_grad_only, False)
+
+
+def test_check_passes_a_copy_without_zero_grad_that_fell_far_and_hides_it_until_predicted():
+    fell = _outcome({"accuracy": 0.1, "loss": 2.3})
+    assert "more than 30 points" in edited_script.check(fell, "worse")
+    hidden = edited_script.check(fell)
+    assert hidden.startswith("verified:") and "30" not in hidden and "worse" not in hidden
+
+
+@pytest.mark.parametrize("mine", [
+    {"accuracy": 0.9, "loss": 0.2},              # better: not worse
+    {"accuracy": 0.1, "loss": 1.4},              # the loss only doubled, not more
+    {"accuracy": 0.6, "loss": 2.3},              # the accuracy fell by only 20 points
+    {"accuracy": 0.1, "loss": 2.3, "steps": 42},  # not the same run
+])
+def test_check_fails_a_copy_without_zero_grad_that_did_not_fall_as_expected(mine):
+    with pytest.raises(AssertionError):
+        edited_script.check(_outcome(mine), "worse")
+
+
+def test_check_leaves_the_learners_own_experiment_unchecked():
+    own = _outcome({"accuracy": 0.9, "loss": 0.2}, zero_grad_only=False)
+    assert edited_script.check(own).startswith("your own experiment: not checked;")
+    assert "loss 0.200" in edited_script.check(own, "same")

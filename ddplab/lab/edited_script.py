@@ -80,6 +80,38 @@ class Outcome:
     edited_for_you: bool      # the copy was untouched, so the line was deleted from it
 
 
+def check(outcome: Outcome, prediction: Optional[str] = None) -> str:
+    """The line notebook 01 prints about ``outcome``; raises AssertionError if it does not hold.
+
+    Both epochs must come from the same run (samples and steps). A copy that lacks
+    ``optimizer.zero_grad()`` and nothing else must compare as the lesson expects; any other
+    copy is the learner's own experiment and is not checked. With no ``prediction`` the line
+    gives neither the numbers nor the result.
+
+    Lesson: 01.
+    """
+    mine, shipped = outcome.mine, outcome.shipped
+    seen = (f"loss {mine['loss']:.3f} vs {shipped['loss']:.3f}, "
+            f"accuracy {mine['accuracy']:.1%} vs {shipped['accuracy']:.1%}")
+    if (shipped["samples"], shipped["steps"]) != (mine["samples"], mine["steps"]):
+        raise AssertionError(f"the two epochs are not the same run: {seen}")
+    if outcome.zero_grad_only:
+        if outcome.truth != "worse":
+            raise AssertionError(seen)
+        if not mine["loss"] > 2 * shipped["loss"]:
+            raise AssertionError(f"the loss should at least double: {seen}")
+        if not mine["accuracy"] < shipped["accuracy"] - 0.3:
+            raise AssertionError(f"the accuracy should fall by more than 30 points: {seen}")
+        if prediction is None:
+            return ("verified: your copy's epoch 1 against the shipped one (outcome shown once "
+                    "you predict)")
+        return ("verified: without zero_grad() the loss of epoch 1 at least doubled and the "
+                "accuracy fell by more than 30 points")
+    if prediction is None:
+        return "your own experiment: not checked; the cell that copies the script resets it"
+    return f"your own experiment: not checked ({seen}); the cell that copies the script resets it"
+
+
 def first_epochs(copy: Union[str, Path], worker: str = "ddplab.workers.single",
                  baseline: Optional[tuple[Any, Sequence]] = None,
                  prediction: Optional[str] = None) -> Outcome:
