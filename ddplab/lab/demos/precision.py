@@ -443,6 +443,8 @@ try:                                             # an old name, read after a new
     read["then allow_tf32 reads"] = str(cuda.allow_tf32)
 except RuntimeError:
     read["then allow_tf32 reads"] = "RuntimeError"
+cuda.fp32_precision = "ieee"                     # a new setting that agrees with the old one
+read["matmul ieee, then allow_tf32 reads"] = str(cuda.allow_tf32)
 print(json.dumps(read))
 """
 
@@ -458,7 +460,8 @@ def tf32_settings() -> dict[str, str]:
         ``float32 matmul precision`` (``torch.get_float32_matmul_precision()``), the matmul
         setting once ``torch.backends.cudnn.fp32_precision`` (``matmul, CUDA backend tf32``)
         and then only ``torch.backends.fp32_precision`` (``generic set to tf32``) are
-        ``"tf32"``, and ``then allow_tf32 reads``: the old name's value, or ``"RuntimeError"``.
+        ``"tf32"``, and ``then allow_tf32 reads``: the old name's value, or ``"RuntimeError"``
+        (the two disagree), and ``matmul ieee, then allow_tf32 reads`` (they agree).
 
     Lesson: 06.
     """
