@@ -6,7 +6,7 @@ machine shows what ``nn.DataParallel`` does in one training step:
 - ``scatter_sizes``: how DataParallel cuts a batch over the GPUs (``Tensor.chunk``).
 - ``data_parallel_gradient`` does step by step what DataParallel does in one forward and
   backward (scatter, replicate, parallel_apply, gather, reduce), and ``dp_by_hand`` compares
-  its gradient with the full batch's: equal without BatchNorm, different with it.
+  its gradient with the full batch's (notebook 02 asks when they agree).
 - ``memory_by_hand`` adds up the bytes of the tensors each GPU holds in that step, at its
   peak (the gradient reduction) and after backward, to show why GPU 0 needs more memory.
 - ``time_copies`` times one copy of each of several models, as the replicate step makes one
@@ -198,11 +198,9 @@ class GradientComparison:
 def dp_by_hand(model: nn.Module, name: str = "", batch_size: int = 32, devices: int = 2,
                seed: int = 0, image_shape: Sequence[int] = (1, 8, 8), num_classes: int = 10
                ) -> GradientComparison:
-    """Compare DataParallel's gradient (done by hand) with the gradient of the full batch.
-
-    Without BatchNorm the two agree to float rounding: the loss of the gathered outputs is the
-    loss of the full batch. With BatchNorm (``cnn_bn``) each replica normalises its chunk with
-    the chunk's own mean and variance, so the computation itself is different.
+    """Compare DataParallel's gradient (done by hand) with the gradient of the full batch:
+    ``max_rel_diff`` is their largest relative difference, ``equal`` whether it is float
+    rounding (under 1e-5). Which models agree is notebook 02's question (section 2).
 
     Args:
         model: the model to test, for ``image_shape`` images and ``num_classes`` classes (the
