@@ -384,3 +384,12 @@ def test_source_model_fits_the_single_and_two_gpu_epochs_and_grows_the_all_reduc
     assert math.isclose(model[4], (single + 1.5 * allreduce) / 4)             # 2(n-1)/n at 4
     assert model[8] < model[4] < model[2]                                     # still shrinking
     assert math.isclose(model[8] * 8 - single, 1.75 * allreduce)              # bytes grow only
+
+
+def test_verdict_can_judge_on_another_span_of_the_runs():
+    from ddplab.lab.demos.timing import middle_half
+
+    fast, slow = [10.0, 10.0, 10.0, 10.0, 30.0], [20.0, 20.0, 20.0, 20.0, 20.0]   # an outlier
+    assert bench.verdict(slow, fast) == "no clear difference"                   # full ranges meet
+    assert bench.verdict(slow, fast, spread=middle_half) == "faster"           # middle halves apart
+    assert bench.verdict(fast, slow, spread=middle_half) == "slower"

@@ -27,7 +27,7 @@ import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .. import env as _env
 from ..launcher.api import launch
@@ -214,19 +214,23 @@ def source_model(gpus: Sequence[int] = (1, 2, 4)) -> dict[int, float]:
     return {n: (single + 2 * (n - 1) / n * allreduce) / n for n in gpus}
 
 
-def verdict(rates: Sequence[float], reference: Sequence[float], noise: float = NOISE) -> str:
+def verdict(rates: Sequence[float], reference: Sequence[float], noise: float = NOISE,
+            spread: Optional[Callable[[Sequence[float]], tuple[float, float]]] = None) -> str:
     """Say "faster", "slower" or "no clear difference": one run's speeds against another's.
 
     Notebook 06's rule: a difference is called only when the two spreads (slowest to fastest
     epoch or launch) do not overlap and the medians differ by more than ``noise``. A run of one
-    epoch has no spread: its one value is its spread.
+    epoch has no spread: its one value is its spread. ``spread`` gives another span of a run's
+    values (notebook 02 passes the middle half, ``timing.middle_half``).
 
-    Lesson: 09 (notebook 06 applies the same rule to whole launches).
+    Lesson: 09 (notebooks 06 and 02 apply the same rule to whole launches and to steps).
     """
     if not rates or not reference:
         return "n/a"
+    span = spread or (lambda values: (min(values), max(values)))
+    (low, high), (ref_low, ref_high) = span(rates), span(reference)
     ratio = statistics.median(rates) / statistics.median(reference)
-    apart = min(rates) > max(reference) or max(rates) < min(reference)
+    apart = low > ref_high or high < ref_low
     if apart and abs(ratio - 1) > noise:
         return "faster" if ratio > 1 else "slower"
     return "no clear difference"
@@ -293,15 +297,13 @@ def table_notes(rows: Sequence[Row], predicted: Optional[float] = None, gpus: in
     """
     by = {r.setup.name: r for r in rows}
     speedup = by["DDP x2"].samples_per_s / by["single"].samples_per_s
-    lines = [f"DDP x2: {speedup:.2f}x the single run; " + (
-        "you did not predict" if predicted is None else f"you predicted {predicted}x: " + (
-            "right, within 0.25x" if abs(predicted - speedup) <= 0.25
-            else f"off by {abs(predicted - speedup):.2f}x"))]
     load = busy_machine(rows)
+    said = ("you did not predict" if predicted is None else f"you predicted {predicted}x: " + (
+        "compare after a re-run" if load["busy"] else "right, within 0.25x"
+        if abs(predicted - speedup) <= 0.25 else f"off by {abs(predicted - speedup):.2f}x"))
+    lines = [f"DDP x2: measured {speedup:.2f}x, unreliable: machine busy; {said}" if load["busy"]
+             else f"DDP x2: {speedup:.2f}x the single run; {said}"]
     if load["busy"]:  # the readings below would not hold: one line
-        lines = [f"DDP x2: measured {speedup:.2f}x, unreliable: machine busy; "
-                 + ("you did not predict" if predicted is None
-                    else f"you predicted {predicted}x: compare after a re-run")]
         lines.append(f"machine busy: other processes kept about {load['others']:.1f} cores'"
                      f" worth of work on {load['cores']} cores (1-minute load average): re-run"
                      " the table when the machine is quiet")

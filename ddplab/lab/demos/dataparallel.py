@@ -355,16 +355,18 @@ def time_steps(model: nn.Module, batch_size: int = 32, devices: Sequence[int] = 
 def compare(step: _Repeats, reference: _Repeats, noise: float = 0.10) -> str:
     """Say "slower", "faster" or "no clear difference": ``step``'s time against ``reference``'s.
 
-    A difference is called only where the two middle halves (``spread``) do not overlap and
-    the medians differ by more than ``noise``, a fraction of the reference's median.
+    ``bench.verdict``'s rule on the middle halves (``spread``): a difference is called only
+    where they do not overlap and the medians differ by more than ``noise``, a fraction of the
+    reference's median. Times, not speeds: a step ``bench.verdict`` reads "faster" (a higher
+    number) took longer, so it is "slower".
 
     Lesson: 02.
     """
-    (low, high), (ref_low, ref_high) = step.spread, reference.spread
-    ratio = step.median / reference.median
-    if (low > ref_high or high < ref_low) and abs(ratio - 1) > noise:
-        return "slower" if ratio > 1 else "faster"
-    return "no clear difference"
+    from .. import bench
+    from .timing import middle_half
+
+    said = bench.verdict(step.times, reference.times, noise, spread=middle_half)
+    return {"faster": "slower", "slower": "faster"}.get(said, said)
 
 
 def _nbytes(model: nn.Module) -> int:
